@@ -1,0 +1,1 @@
+"""Device profiles: TOML descriptions of boards and their loader (stdlib only)."""

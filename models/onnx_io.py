@@ -1,0 +1,275 @@
+"""Intake of user ONNX files: every way a file can be unusable becomes a ``ModelError``.
+
+``load_onnx`` refuses garbage and truncated files, models failing the checker,
+external data that points outside the model's folder, opsets newer than the
+installed onnxruntime runs, and dynamic dimensions with no shape given. What it
+returns has static input shapes, inferred shapes for every tensor and a unique name
+on every node, so everything downstream may rely on those.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+from google.protobuf.message import DecodeError
+from onnx import TensorProto, helper
+
+from models.errors import ModelError
+
+_MAX_PROTO_BYTES = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A validated model with static shapes, and the content hash of the file(s) it came from."""
+
+    path: Path
+    proto: onnx.ModelProto
+    sha256: str
+
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    """``"1,3,224,224"`` -> ``(1, 3, 224, 224)``; every dimension a positive integer."""
+    try:
+        dims = tuple(int(d) for d in text.replace("x", ",").split(",") if d.strip())
+    except ValueError:
+        raise ModelError(f"bad shape {text!r}: give comma-separated positive integers, e.g. 1,3,224,224") from None
+    if not dims or any(d <= 0 for d in dims):
+        raise ModelError(f"bad shape {text!r}: give comma-separated positive integers, e.g. 1,3,224,224")
+    return dims
+
+
+def parse_input_shapes(values: list[str] | None) -> dict[str, tuple[int, ...]] | None:
+    """CLI form ``[name=]1,3,224,224`` (repeatable) -> {name or "": shape}."""
+    if not values:
+        return None
+    shapes: dict[str, tuple[int, ...]] = {}
+    for value in values:
+        name, sep, dims = value.rpartition("=")
+        shapes[name if sep else ""] = parse_shape(dims)
+    return shapes
+
+
+@functools.lru_cache(maxsize=1)
+def max_ort_opset() -> int:
+    """The newest default-domain opset the installed onnxruntime accepts, found by probing."""
+    import onnxruntime as ort
+
+    def accepts(version: int) -> bool:
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
+        y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])
+        graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "probe", [x], [y])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", version)], ir_version=8)
+        options = ort.SessionOptions()
+        options.log_severity_level = 4
+        try:
+            ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        except Exception:
+            return False
+        return True
+
+    lo, hi = 7, 64  # lo is accepted by every onnxruntime we support; hi by none
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if accepts(mid) else (lo, mid)
+    return lo
+
+
+def _tensors_with_data(graph: onnx.GraphProto) -> Iterator[TensorProto]:
+    yield from graph.initializer
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.TENSOR:
+                yield attr.t
+            elif attr.type == onnx.AttributeProto.GRAPH:
+                yield from _tensors_with_data(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for g in attr.graphs:
+                    yield from _tensors_with_data(g)
+
+
+def _external_files(model: onnx.ModelProto, folder: Path) -> list[Path]:
+    """Check every external-data location stays inside the model's folder; return the files."""
+    root = folder.resolve()
+    files: list[Path] = []
+    for tensor in _tensors_with_data(model.graph):
+        if tensor.data_location != TensorProto.EXTERNAL:
+            continue
+        location = next((e.value for e in tensor.external_data if e.key == "location"), "")
+        if not location:
+            raise ModelError(f"tensor {tensor.name!r} is stored externally but names no location")
+        rel = Path(location)
+        if rel.is_absolute() or ".." in rel.parts:
+            raise ModelError(
+                f"tensor {tensor.name!r} points its external data at {location!r}, outside the model's folder; "
+                "only files beside the model are read. Re-save the model with its data in its folder."
+            )
+        target = (folder / rel).resolve()
+        if not target.is_relative_to(root):
+            raise ModelError(
+                f"tensor {tensor.name!r}: external data {location!r} resolves to {target}, outside {root} "
+                "(a symlink?); copy the data file into the model's folder"
+            )
+        if not target.is_file():
+            raise ModelError(f"tensor {tensor.name!r}: external data file {location!r} is missing beside the model")
+        if target not in files:
+            files.append(target)
+    return files
+
+
+def _file_hash(paths: list[Path]) -> str:
+    digest = hashlib.sha256()
+    for p in paths:
+        with p.open("rb") as fh:
+            while chunk := fh.read(1 << 22):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _fix_input_shapes(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]] | None) -> None:
+    init_names = {t.name for t in model.graph.initializer}
+    real_inputs = [i for i in model.graph.input if i.name not in init_names]
+    shapes = dict(shapes or {})
+    if "" in shapes:
+        if len(real_inputs) != 1:
+            names = ", ".join(i.name for i in real_inputs)
+            raise ModelError(f"the model has inputs {names}; name the one each shape is for: --input-shape NAME=1,3,224,224")
+        shapes[real_inputs[0].name] = shapes.pop("")
+    unknown = set(shapes) - {i.name for i in real_inputs}
+    if unknown:
+        raise ModelError(
+            f"--input-shape names {', '.join(sorted(unknown))}, which the model does not have; "
+            f"its inputs are {', '.join(i.name for i in real_inputs)}"
+        )
+    for inp in real_inputs:
+        if not inp.type.HasField("tensor_type"):
+            raise ModelError(f"input {inp.name!r} is not a tensor; only tensor inputs are supported")
+        dims = inp.type.tensor_type.shape.dim
+        given = shapes.get(inp.name)
+        current = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in dims]
+        if given is None:
+            if not inp.type.tensor_type.HasField("shape") or any(not isinstance(d, int) or d <= 0 for d in current):
+                raise ModelError(
+                    f"input {inp.name!r} has dynamic dimensions {current}; give a static shape, "
+                    f"e.g. --input-shape {inp.name}=" + ",".join(str(d) if isinstance(d, int) and d > 0 else "1" for d in current)
+                )
+            continue
+        if inp.type.tensor_type.HasField("shape") and len(dims) != len(given):
+            raise ModelError(f"input {inp.name!r} has rank {len(dims)} ({current}); the given shape {list(given)} has rank {len(given)}")
+        for fixed, want in zip(current, given, strict=False):
+            if isinstance(fixed, int) and fixed > 0 and fixed != want:
+                raise ModelError(f"input {inp.name!r} has fixed shape {current}; the given shape {list(given)} contradicts it")
+        inp.type.tensor_type.ClearField("shape")
+        for d in given:
+            inp.type.tensor_type.shape.dim.add().dim_value = d
+
+
+def _name_nodes(graph: onnx.GraphProto) -> None:
+    """Give every node a unique, non-empty name (partitions and costs are keyed by it)."""
+    seen: set[str] = set()
+    for i, node in enumerate(graph.node):
+        name = node.name or f"{node.op_type}_{i}"
+        while name in seen:
+            name = f"{name}_{i}"
+        node.name = name
+        seen.add(name)
+
+
+def load_onnx(path: str | Path, input_shapes: Mapping[str, tuple[int, ...]] | None = None) -> LoadedModel:
+    """Load and validate a user's ONNX file; see the module docstring for what is refused."""
+    path = Path(path)
+    if not path.exists():
+        raise ModelError(f"no such file: {path}")
+    if not path.is_file():
+        raise ModelError(f"{path} is not a file; give the path of an .onnx model")
+    size = path.stat().st_size
+    if size == 0:
+        raise ModelError(f"{path} is empty; re-export the model")
+    if size > _MAX_PROTO_BYTES:
+        raise ModelError(f"{path} is {size} bytes, over protobuf's 2 GiB limit; save its weights as external data")
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except (DecodeError, RuntimeError, ValueError) as exc:
+        raise ModelError(f"{path} is not a readable ONNX model (truncated or not ONNX: {exc}); re-export it") from None
+    if model.ir_version <= 0 or not model.HasField("graph") or len(model.graph.node) == 0:
+        raise ModelError(f"{path} does not hold an ONNX model (no IR version or no graph nodes); is it the right file?")
+    data_files = _external_files(model, path.parent)
+    if data_files:
+        onnx.load_external_data_for_model(model, str(path.parent))
+
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    if opset is None:
+        raise ModelError(f"{path} imports no default-domain opset; re-export it with a standard opset")
+    supported = max_ort_opset()
+    if opset > supported:
+        import onnxruntime as ort
+
+        raise ModelError(
+            f"{path} uses opset {opset}; the installed onnxruntime {ort.__version__} runs opsets up to {supported}. "
+            f"Re-export with --opset {supported} or upgrade onnxruntime."
+        )
+    skeleton = _skeleton(model)
+    try:
+        onnx.checker.check_model(skeleton)
+    except (onnx.checker.ValidationError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelError(f"{path} fails the ONNX checker: {first}") from None
+
+    _fix_input_shapes(model, input_shapes)
+    _name_nodes(model.graph)
+    skeleton = _skeleton(model)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(skeleton, strict_mode=True, data_prop=True)
+    except Exception as exc:  # onnx raises several types (InferenceError, RuntimeError) here
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelError(f"shape inference failed on {path}: {first}") from None
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(inferred.graph.value_info)
+    del model.graph.output[:]
+    model.graph.output.extend(inferred.graph.output)
+    return LoadedModel(path=path, proto=model, sha256=_file_hash([path, *data_files]))
+
+
+def _skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model with large weights turned into typed graph inputs.
+
+    Checking and shape inference serialise the whole model; without the weights they
+    take milliseconds instead of most of a second on ResNet-50. Small initializers
+    (shape tensors, scalars) stay, so data propagation through Reshape still works.
+    """
+    sk = onnx.ModelProto()
+    sk.ir_version = model.ir_version
+    sk.opset_import.extend(model.opset_import)
+    sk.functions.extend(model.functions)
+    g = sk.graph
+    g.name = model.graph.name
+    g.node.extend(model.graph.node)
+    g.input.extend(model.graph.input)
+    g.output.extend(model.graph.output)
+    g.value_info.extend(model.graph.value_info)
+    g.sparse_initializer.extend(model.graph.sparse_initializer)
+    declared = {i.name for i in model.graph.input}
+    for init in model.graph.initializer:
+        if len(init.raw_data) > 4096:
+            if init.name not in declared:
+                g.input.append(helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
+        else:
+            g.initializer.append(init)
+    return sk
+
+
+def write_model_atomic(model: onnx.ModelProto, path: Path) -> None:
+    """Write an ONNX model in one file through a temporary name and rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_bytes(model.SerializeToString())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)

@@ -1,0 +1,389 @@
+"""Cutting a model into partitions by the tensor names at their boundaries.
+
+A grouping maps partition names to ONNX node names. It is valid when every node is in
+exactly one partition and the partitions depend on each other without a cycle;
+partitions with no path between them run in parallel. Each partition is extracted
+with ``onnx.utils.Extractor`` (built once per model), and ``verify_partitions`` runs
+them chained with onnxruntime against the full model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx.utils
+
+from models.errors import PartitionError
+from models.graph import OpGraph
+from models.onnx_io import write_model_atomic
+
+MANIFEST_VERSION = 1
+VERIFY_TOLERANCE = 1e-5
+
+
+@dataclass(frozen=True)
+class Partition:
+    name: str
+    nodes: tuple[str, ...]  # ONNX node names, topological order
+    inputs: tuple[str, ...]  # boundary tensors read (graph inputs or other partitions' outputs)
+    outputs: tuple[str, ...]  # boundary tensors produced (read by other partitions or graph outputs)
+    model: onnx.ModelProto
+
+    def sha256(self) -> str:
+        return hashlib.sha256(self.model.SerializeToString()).hexdigest()
+
+
+@dataclass(frozen=True)
+class TensorRoute:
+    """A tensor crossing a partition boundary: who makes it (None = graph input) and who reads it."""
+
+    tensor: str
+    producer: str | None
+    consumers: tuple[str, ...]
+    nbytes: int
+    graph_output: bool
+
+
+@dataclass(frozen=True)
+class PartitionSet:
+    partitions: tuple[Partition, ...]  # dependency order
+    routes: tuple[TensorRoute, ...]
+    graph_inputs: tuple[str, ...]
+    graph_outputs: tuple[str, ...]
+    model_sha256: str
+
+    def by_name(self, name: str) -> Partition:
+        return next(p for p in self.partitions if p.name == name)
+
+    def dependencies(self) -> dict[str, tuple[str, ...]]:
+        """Partition -> the partitions it reads from."""
+        deps: dict[str, set[str]] = {p.name: set() for p in self.partitions}
+        for r in self.routes:
+            for c in r.consumers:
+                if r.producer is not None:
+                    deps[c].add(r.producer)
+        return {k: tuple(sorted(v)) for k, v in deps.items()}
+
+    def parallel_pairs(self) -> list[tuple[str, str]]:
+        """Pairs of partitions with no path between them (they can run at the same time)."""
+        deps = self.dependencies()
+        ancestors: dict[str, set[str]] = {}
+        for p in self.partitions:
+            anc: set[str] = set()
+            for d in deps[p.name]:
+                anc |= {d} | ancestors[d]
+            ancestors[p.name] = anc
+        names = [p.name for p in self.partitions]
+        return [
+            (a, b)
+            for i, a in enumerate(names)
+            for b in names[i + 1 :]
+            if a not in ancestors[b] and b not in ancestors[a]
+        ]
+
+    def manifest(self) -> dict[str, object]:
+        return {
+            "version": MANIFEST_VERSION,
+            "model_sha256": self.model_sha256,
+            "graph_inputs": list(self.graph_inputs),
+            "graph_outputs": list(self.graph_outputs),
+            "partitions": [
+                {
+                    "name": p.name,
+                    "file": f"{p.name}.onnx",
+                    "sha256": p.sha256(),
+                    "nodes": list(p.nodes),
+                    "inputs": list(p.inputs),
+                    "outputs": list(p.outputs),
+                    "after": list(self.dependencies()[p.name]),
+                }
+                for p in self.partitions
+            ],
+            "tensors": [
+                {
+                    "name": r.tensor,
+                    "producer": r.producer,
+                    "consumers": list(r.consumers),
+                    "bytes": r.nbytes,
+                    "graph_output": r.graph_output,
+                }
+                for r in self.routes
+            ],
+        }
+
+    def save(self, folder: Path) -> Path:
+        """Write one .onnx per partition and manifest.json (each file written atomically)."""
+        folder.mkdir(parents=True, exist_ok=True)
+        for p in self.partitions:
+            write_model_atomic(p.model, folder / f"{p.name}.onnx")
+        path = folder / "manifest.json"
+        tmp = path.with_name(f".manifest.json.tmp-{os.getpid()}")
+        tmp.write_text(json.dumps(self.manifest(), indent=2) + "\n")
+        os.replace(tmp, path)
+        return path
+
+
+def _validate(graph: OpGraph, groups: Mapping[str, Sequence[str]]) -> dict[str, str]:
+    """Every node in exactly one partition; returns node -> partition."""
+    if not groups:
+        raise PartitionError("no partitions given")
+    known = {n.name for n in graph.nodes}
+    part_of: dict[str, str] = {}
+    for part, nodes in groups.items():
+        if not part or "/" in part or part.startswith("."):
+            raise PartitionError(f"partition name {part!r} is not usable as a file name")
+        if not nodes:
+            raise PartitionError(f"partition {part!r} holds no nodes")
+        for node in nodes:
+            if node not in known:
+                raise PartitionError(f"partition {part!r} names node {node!r}, which the model does not have")
+            if node in part_of and part_of[node] != part:
+                raise PartitionError(f"node {node!r} is in two partitions: {part_of[node]!r} and {part!r}")
+            part_of[node] = part
+    missing = [n.name for n in graph.nodes if n.name not in part_of]
+    if missing:
+        more = f" and {len(missing) - 8} more" if len(missing) > 8 else ""
+        raise PartitionError(f"{len(missing)} node(s) are in no partition: {', '.join(missing[:8])}{more}")
+    return part_of
+
+
+def _partition_order(graph: OpGraph, part_of: dict[str, str], names: list[str]) -> list[str]:
+    """Topological order of partitions; a cycle is reported with the edges that close it."""
+    succ: dict[str, dict[str, tuple[str, str]]] = {p: {} for p in names}
+    for e in graph.edges:
+        a, b = part_of[e.src], part_of[e.dst]
+        if a != b:
+            succ[a].setdefault(b, (e.src, e.dst))
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(p: str) -> None:
+        state[p] = 1
+        stack.append(p)
+        for q in succ[p]:
+            if state.get(q) == 1:
+                cycle = stack[stack.index(q) :] + [q]
+                hops = [f"{succ[x][y][0]} ({x}) -> {succ[x][y][1]} ({y})" for x, y in zip(cycle, cycle[1:], strict=False)]
+                raise PartitionError(
+                    "partitions form a cycle " + " -> ".join(cycle) + ": " + "; ".join(hops)
+                    + ". Move these nodes so data flows one way between partitions."
+                )
+            if q not in state:
+                visit(q)
+        stack.pop()
+        state[p] = 2
+
+    for p in names:
+        if p not in state:
+            visit(p)
+    # No cycle: Kahn's algorithm, keeping the caller's order where dependencies allow.
+    waiting = {p: 0 for p in names}
+    for p in names:
+        for q in succ[p]:
+            waiting[q] += 1
+    ready = [p for p in names if waiting[p] == 0]
+    result: list[str] = []
+    while ready:
+        p = min(ready, key=names.index)
+        ready.remove(p)
+        result.append(p)
+        for q in succ[p]:
+            waiting[q] -= 1
+            if waiting[q] == 0:
+                ready.append(q)
+    return result
+
+
+def cut_partitions(model: onnx.ModelProto, graph: OpGraph, groups: Mapping[str, Sequence[str]]) -> PartitionSet:
+    """Cut ``model`` (as returned by ``load_onnx``) into one ONNX model per group of ONNX node names."""
+    if graph.granularity != "op":
+        raise PartitionError("cut_partitions takes the operator-level graph; expand blocks with their members")
+    part_of = _validate(graph, groups)
+    order = _partition_order(graph, part_of, list(groups))
+    graph_inputs = tuple(t.name for t in graph.inputs)
+    graph_outputs = tuple(t.name for t in graph.outputs)
+
+    producer_part: dict[str, str | None] = {t: None for t in graph_inputs}
+    for node in graph.nodes:
+        for t in node.outputs:
+            producer_part[t] = part_of[node.name]
+    readers: dict[str, list[str]] = {}
+    for node in graph.nodes:
+        for t in node.inputs:
+            p = part_of[node.name]
+            if producer_part.get(t) != p and p not in readers.setdefault(t, []):
+                readers[t].append(p)
+    routes = tuple(
+        TensorRoute(
+            tensor=t,
+            producer=producer_part.get(t),
+            consumers=tuple(sorted(readers.get(t, []), key=order.index)),
+            nbytes=graph.tensors[t].nbytes if t in graph.tensors else 0,
+            graph_output=t in graph_outputs,
+        )
+        for t in dict.fromkeys([*readers, *graph_outputs])
+    )
+
+    extractor = onnx.utils.Extractor(model)
+    parts = []
+    for name in order:
+        members = [n.name for n in graph.nodes if part_of[n.name] == name]
+        inputs = tuple(r.tensor for r in routes if name in r.consumers)
+        outputs = tuple(r.tensor for r in routes if r.producer == name)
+        if not outputs:
+            raise PartitionError(f"partition {name!r} produces nothing another partition or the caller reads")
+        sub = extractor.extract_model(list(inputs), list(outputs))
+        got = {n.name for n in sub.graph.node}
+        if got != set(members):
+            extra = sorted(got - set(members))[:5]
+            lost = sorted(set(members) - got)[:5]
+            raise PartitionError(
+                f"partition {name!r} does not cut cleanly: by its boundary it would also hold {extra} and "
+                f"lose {lost} (nodes whose outputs nothing reads?)"
+            )
+        sub.graph.name = name
+        parts.append(Partition(name, tuple(members), inputs, outputs, sub))
+    return PartitionSet(tuple(parts), routes, graph_inputs, graph_outputs, graph.model_sha256)
+
+
+def run_partitions(parts: PartitionSet, feeds: Mapping[str, np.ndarray], threads: int = 0) -> dict[str, np.ndarray]:
+    """Run the partitions chained in dependency order with onnxruntime; return the graph outputs."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    values: dict[str, np.ndarray] = dict(feeds)
+    for p in parts.partitions:
+        session = ort.InferenceSession(p.model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        result = session.run(list(p.outputs), {t: values[t] for t in p.inputs})
+        values.update(zip(p.outputs, result, strict=True))
+    return {t: values[t] for t in parts.graph_outputs}
+
+
+def verify_partitions(
+    model: onnx.ModelProto, parts: PartitionSet, feeds: Mapping[str, np.ndarray], tolerance: float = VERIFY_TOLERANCE
+) -> float:
+    """Chained partitions vs the full model on the same inputs; returns the max abs difference."""
+    import onnxruntime as ort
+
+    full = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    expected = dict(zip(parts.graph_outputs, full.run(list(parts.graph_outputs), dict(feeds)), strict=True))
+    got = run_partitions(parts, feeds)
+    worst = 0.0
+    for t, ref in expected.items():
+        if got[t].shape != ref.shape:
+            raise PartitionError(f"output {t!r}: partitions give shape {got[t].shape}, the full model {ref.shape}")
+        diff = float(np.max(np.abs(got[t].astype(np.float64) - ref))) if ref.size else 0.0
+        worst = max(worst, diff)
+    if worst > tolerance:
+        raise PartitionError(f"chained partitions differ from the full model by {worst:.3g} > {tolerance:g}")
+    return worst
+
+
+def random_feeds(graph: OpGraph, model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
+    """Inputs for checks: normal floats; integer ids kept below the table they index (Gather)."""
+    rng = np.random.default_rng(seed)
+    bounds: dict[str, int] = {}
+    inits = {t.name: t for t in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "Gather" and len(node.input) > 1 and node.input[0] in inits:
+            bounds[node.input[1]] = int(inits[node.input[0]].dims[0])
+    feeds = {}
+    for t in graph.inputs:
+        if t.dtype.startswith(("int", "uint")):
+            feeds[t.name] = rng.integers(0, bounds.get(t.name, 2), size=t.shape).astype(t.dtype)
+        elif t.dtype == "bool":
+            feeds[t.name] = rng.integers(0, 2, size=t.shape).astype(bool)
+        else:
+            feeds[t.name] = rng.standard_normal(t.shape).astype(t.dtype)
+    return feeds
+
+
+def example_grouping(blocks: OpGraph, parts: int = 4) -> dict[str, list[str]]:
+    """A valid grouping of ONNX nodes into ``parts`` partitions, with a parallel pair when the graph has one.
+
+    Two independent blocks A and B near the middle become partitions of their own;
+    their common ancestors form the head (split by topological prefix if more parts
+    are wanted) and everything else the tail. Without independent blocks (a pure
+    chain such as MobileNetV2) the topological order is cut into contiguous pieces.
+    """
+    if parts < 1:
+        raise PartitionError("ask for at least one partition")
+    order = [n.name for n in blocks.nodes]
+    if parts > len(order):
+        raise PartitionError(f"the graph has {len(order)} blocks; it cannot be cut into {parts} partitions")
+    members = {n.name: list(n.members) for n in blocks.nodes}
+    pair = _middle_pair(blocks) if parts >= 3 else None
+    if pair is None:
+        return _contiguous(order, members, parts)
+    a, b = pair
+    ancestors = _ancestors(blocks)
+    head = [n for n in order if n in ancestors[a] | ancestors[b]]
+    tail = [n for n in order if n not in ancestors[a] | ancestors[b] and n not in (a, b)]
+    groups: dict[str, list[str]] = {}
+    head_parts = max(0, min(parts - 2 - (1 if tail else 0), len(head)))
+    if head and head_parts == 0:
+        tail = head + tail  # still valid: head precedes everything it feeds
+        tail.sort(key=order.index)
+    for i, chunk in enumerate(_chunks(head, head_parts)):
+        groups[f"p{len(groups)}_head{i}"] = [m for n in chunk for m in members[n]]
+    groups[f"p{len(groups)}_branch_a"] = members[a]
+    groups[f"p{len(groups)}_branch_b"] = members[b]
+    if tail:
+        groups[f"p{len(groups)}_tail"] = [m for n in tail for m in members[n]]
+    return groups
+
+
+def _ancestors(blocks: OpGraph) -> dict[str, set[str]]:
+    anc: dict[str, set[str]] = {}
+    for n in blocks.nodes:
+        acc: set[str] = set()
+        for p in blocks.predecessors[n.name]:
+            acc |= {p} | anc[p]
+        anc[n.name] = acc
+    return anc
+
+
+def _middle_pair(blocks: OpGraph) -> tuple[str, str] | None:
+    """Two blocks with no path between them, the pair closest to the middle by FLOPs."""
+    anc = _ancestors(blocks)
+    order = [n.name for n in blocks.nodes]
+    total = sum(n.flops for n in blocks.nodes) or 1
+    done = 0
+    position: dict[str, float] = {}
+    for n in blocks.nodes:
+        done += n.flops
+        position[n.name] = done / total
+    best: tuple[float, tuple[str, str]] | None = None
+    for fork, succ in blocks.successors.items():
+        for i, a in enumerate(succ):
+            for b in succ[i + 1 :]:
+                if a in anc[b] or b in anc[a]:
+                    continue
+                score = abs(position[fork] - 0.5)
+                if best is None or score < best[0]:
+                    best = (score, (a, b) if order.index(a) < order.index(b) else (b, a))
+    return best[1] if best else None
+
+
+def _chunks(names: list[str], k: int) -> list[list[str]]:
+    if k <= 0:
+        return []
+    size, extra = divmod(len(names), k)
+    out, start = [], 0
+    for i in range(k):
+        end = start + size + (1 if i < extra else 0)
+        out.append(names[start:end])
+        start = end
+    return [c for c in out if c]
+
+
+def _contiguous(order: list[str], members: dict[str, list[str]], parts: int) -> dict[str, list[str]]:
+    return {f"p{i}": [m for n in chunk for m in members[n]] for i, chunk in enumerate(_chunks(order, parts))}

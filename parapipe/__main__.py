@@ -1,0 +1,3 @@
+from parapipe.cli import main
+
+main()

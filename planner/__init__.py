@@ -1,0 +1,1 @@
+"""Planner: cost model, ILP, baselines, Pareto sweep, Plan and simulator (see DESIGN.md)."""
