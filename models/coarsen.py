@@ -53,7 +53,6 @@ def coarsen(graph: OpGraph, granularity: str) -> OpGraph:
 def _fuse_elementwise(graph: OpGraph, uf: _UnionFind) -> None:
     graph_outputs = {t.name for t in graph.outputs}
     for node in graph.nodes:
-        preds = graph.predecessors[node.name]
         if node.op_type == "Constant":
             succ = graph.successors[node.name]
             if len(succ) == 1 and not set(node.outputs) & graph_outputs:
@@ -61,13 +60,16 @@ def _fuse_elementwise(graph: OpGraph, uf: _UnionFind) -> None:
             continue
         if node.op_type not in FUSABLE:
             continue
-        dynamic = [t for t in node.inputs if graph.producer.get(t) is None or graph.index[graph.producer[t]].op_type != "Constant"]
+        dynamic = [
+            t
+            for t in node.inputs
+            if graph.producer.get(t) is None or graph.index[graph.producer[t]].op_type != "Constant"
+        ]
         if len(dynamic) != 1 or dynamic[0] not in graph.producer:
             continue
         producer = graph.producer[dynamic[0]]
         if graph.successors[producer] == (node.name,) and not set(graph.index[producer].outputs) & graph_outputs:
             uf.union(producer, node.name)
-        del preds
 
 
 def _contract_chains(graph: OpGraph, uf: _UnionFind) -> None:
@@ -140,8 +142,15 @@ def _build_blocks(graph: OpGraph, uf: _UnionFind, granularity: str) -> OpGraph:
         if block_of[e.src] != block_of[e.dst]
     )
     return OpGraph(
-        name=graph.name, granularity=granularity, nodes=_topo(blocks, edges), edges=edges, inputs=graph.inputs,
-        outputs=graph.outputs, tensors=graph.tensors, model_sha256=graph.model_sha256, opset=graph.opset,
+        name=graph.name,
+        granularity=granularity,
+        nodes=_topo(blocks, edges),
+        edges=edges,
+        inputs=graph.inputs,
+        outputs=graph.outputs,
+        tensors=graph.tensors,
+        model_sha256=graph.model_sha256,
+        opset=graph.opset,
         ir_version=graph.ir_version,
     )
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from models.errors import ExportError, ModelError
-from models.zoo import InputSpec, ZooEntry, ZOO, zoo_entry
+from models.zoo import ZOO, InputSpec, ZooEntry, zoo_entry
 
 # Above this size ONNX's protobuf limit forces external data (one file beside the model).
 _EXTERNAL_DATA_BYTES = 1_800_000_000
@@ -79,9 +79,7 @@ def resolve_module(spec: str, input_shape: tuple[int, ...] | None) -> tuple[str,
             inputs = (InputSpec(inputs[0].name, input_shape, inputs[0].dtype, inputs[0].high),)
         return spec, entry.build(), inputs
     if ":" not in spec:
-        raise ModelError(
-            f"{spec!r} is neither a zoo model ({', '.join(ZOO)}) nor path/to/file.py:ClassName"
-        )
+        raise ModelError(f"{spec!r} is neither a zoo model ({', '.join(ZOO)}) nor path/to/file.py:ClassName")
     file_part, _, class_name = spec.rpartition(":")
     path = Path(file_part)
     if not path.is_file():
@@ -182,10 +180,12 @@ def export_model(
     )
 
 
-def _torch_export(module: object, args: tuple, path: Path, input_names: list[str], opset: int | None, external: bool) -> None:
+def _torch_export(
+    module: object, args: tuple, path: Path, input_names: list[str], opset: int | None, external: bool
+) -> None:
     import torch
 
-    for noisy in ("torch.onnx", "torch._dynamo", "torch.export", "torch._export", "onnxscript"):
+    for noisy in ("torch.onnx", "torch._dynamo", "torch.export", "torch._export", "torch.fx", "onnxscript"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
     sink = io.StringIO()
     try:
@@ -215,8 +215,14 @@ def _explain_failure(module: object, args: tuple, exc: BaseException) -> str:
     headline = str(root).strip().splitlines()[0] if str(root).strip() else type(root).__name__
     lines = [f"export failed: {type(root).__name__}: {headline}"]
     breaks: list[str] = []
+    for noisy in ("torch._dynamo", "torch.fx", "torch._subclasses"):
+        logging.getLogger(noisy).setLevel(logging.ERROR)
     try:
-        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        with (
+            warnings.catch_warnings(),
+            contextlib.redirect_stdout(io.StringIO()),
+            contextlib.redirect_stderr(io.StringIO()),
+        ):
             warnings.simplefilter("ignore")
             explanation = torch._dynamo.explain(module)(*args)
         for reason in explanation.break_reasons:

@@ -19,10 +19,19 @@ from models.errors import ModelError
 from models.ops import node_flops, op_class
 
 _DTYPE_BYTES = {
-    onnx.TensorProto.FLOAT: 4, onnx.TensorProto.FLOAT16: 2, onnx.TensorProto.BFLOAT16: 2,
-    onnx.TensorProto.DOUBLE: 8, onnx.TensorProto.INT64: 8, onnx.TensorProto.INT32: 4,
-    onnx.TensorProto.INT16: 2, onnx.TensorProto.INT8: 1, onnx.TensorProto.UINT8: 1,
-    onnx.TensorProto.BOOL: 1, onnx.TensorProto.UINT16: 2, onnx.TensorProto.UINT32: 4, onnx.TensorProto.UINT64: 8,
+    onnx.TensorProto.FLOAT: 4,
+    onnx.TensorProto.FLOAT16: 2,
+    onnx.TensorProto.BFLOAT16: 2,
+    onnx.TensorProto.DOUBLE: 8,
+    onnx.TensorProto.INT64: 8,
+    onnx.TensorProto.INT32: 4,
+    onnx.TensorProto.INT16: 2,
+    onnx.TensorProto.INT8: 1,
+    onnx.TensorProto.UINT8: 1,
+    onnx.TensorProto.BOOL: 1,
+    onnx.TensorProto.UINT16: 2,
+    onnx.TensorProto.UINT32: 4,
+    onnx.TensorProto.UINT64: 8,
 }
 
 
@@ -163,11 +172,15 @@ def _tensor_infos(model: onnx.ModelProto) -> dict[str, TensorInfo]:
         if any(d < 0 for d in dims):
             continue
         size = _DTYPE_BYTES.get(tt.elem_type, 4)
-        infos[vi.name] = TensorInfo(vi.name, dims, onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type).name, math.prod(dims) * size)
+        infos[vi.name] = TensorInfo(
+            vi.name, dims, onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type).name, math.prod(dims) * size
+        )
     for init in g.initializer:
         dims = tuple(init.dims)
         infos[init.name] = TensorInfo(
-            init.name, dims, onnx.helper.tensor_dtype_to_np_dtype(init.data_type).name,
+            init.name,
+            dims,
+            onnx.helper.tensor_dtype_to_np_dtype(init.data_type).name,
             math.prod(dims) * _DTYPE_BYTES.get(init.data_type, 4),
         )
     return infos
@@ -239,8 +252,15 @@ def build_graph(model: onnx.ModelProto, sha256: str = "", name: str = "") -> OpG
         dyn_inputs = tuple(dict.fromkeys(t for t in node.input if t and t not in init_names))
         nodes.append(
             OpNode(
-                name=node.name, op_type=node.op_type, members=(node.name,), inputs=dyn_inputs, outputs=outputs,
-                flops=flops, param_bytes=params, flops_by_class=((cls, flops),), op_types=(node.op_type,),
+                name=node.name,
+                op_type=node.op_type,
+                members=(node.name,),
+                inputs=dyn_inputs,
+                outputs=outputs,
+                flops=flops,
+                param_bytes=params,
+                flops_by_class=((cls, flops),),
+                op_types=(node.op_type,),
             )
         )
         for t in dyn_inputs:

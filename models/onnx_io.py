@@ -139,7 +139,9 @@ def _fix_input_shapes(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ..
     if "" in shapes:
         if len(real_inputs) != 1:
             names = ", ".join(i.name for i in real_inputs)
-            raise ModelError(f"the model has inputs {names}; name the one each shape is for: --input-shape NAME=1,3,224,224")
+            raise ModelError(
+                f"the model has inputs {names}; name the one each shape is for: --input-shape NAME=1,3,224,224"
+            )
         shapes[real_inputs[0].name] = shapes.pop("")
     unknown = set(shapes) - {i.name for i in real_inputs}
     if unknown:
@@ -157,14 +159,19 @@ def _fix_input_shapes(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ..
             if not inp.type.tensor_type.HasField("shape") or any(not isinstance(d, int) or d <= 0 for d in current):
                 raise ModelError(
                     f"input {inp.name!r} has dynamic dimensions {current}; give a static shape, "
-                    f"e.g. --input-shape {inp.name}=" + ",".join(str(d) if isinstance(d, int) and d > 0 else "1" for d in current)
+                    f"e.g. --input-shape {inp.name}="
+                    + ",".join(str(d) if isinstance(d, int) and d > 0 else "1" for d in current)
                 )
             continue
         if inp.type.tensor_type.HasField("shape") and len(dims) != len(given):
-            raise ModelError(f"input {inp.name!r} has rank {len(dims)} ({current}); the given shape {list(given)} has rank {len(given)}")
+            raise ModelError(
+                f"input {inp.name!r} has rank {len(dims)} ({current}); the given shape {list(given)} has rank {len(given)}"
+            )
         for fixed, want in zip(current, given, strict=False):
             if isinstance(fixed, int) and fixed > 0 and fixed != want:
-                raise ModelError(f"input {inp.name!r} has fixed shape {current}; the given shape {list(given)} contradicts it")
+                raise ModelError(
+                    f"input {inp.name!r} has fixed shape {current}; the given shape {list(given)} contradicts it"
+                )
         inp.type.tensor_type.ClearField("shape")
         for d in given:
             inp.type.tensor_type.shape.dim.add().dim_value = d

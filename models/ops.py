@@ -15,10 +15,47 @@ OP_CLASSES = ("conv", "depthwise", "matmul", "elementwise", "pooling", "other")
 
 ELEMENTWISE = frozenset(
     {
-        "Relu", "LeakyRelu", "PRelu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Erf", "Gelu",
-        "Add", "Sub", "Mul", "Div", "Pow", "Sqrt", "Exp", "Log", "Neg", "Abs", "Reciprocal", "Max", "Min",
-        "Softmax", "LogSoftmax", "BatchNormalization", "LayerNormalization", "InstanceNormalization", "Cast",
-        "Where", "Equal", "Less", "Greater", "Not", "And", "Or", "Elu", "Selu", "Softplus", "Mish", "Swish",
+        "Relu",
+        "LeakyRelu",
+        "PRelu",
+        "Clip",
+        "Sigmoid",
+        "HardSigmoid",
+        "HardSwish",
+        "Tanh",
+        "Erf",
+        "Gelu",
+        "Add",
+        "Sub",
+        "Mul",
+        "Div",
+        "Pow",
+        "Sqrt",
+        "Exp",
+        "Log",
+        "Neg",
+        "Abs",
+        "Reciprocal",
+        "Max",
+        "Min",
+        "Softmax",
+        "LogSoftmax",
+        "BatchNormalization",
+        "LayerNormalization",
+        "InstanceNormalization",
+        "Cast",
+        "Where",
+        "Equal",
+        "Less",
+        "Greater",
+        "Not",
+        "And",
+        "Or",
+        "Elu",
+        "Selu",
+        "Softplus",
+        "Mish",
+        "Swish",
     }
 )
 POOLING = frozenset(
@@ -28,12 +65,41 @@ MATMUL = frozenset({"MatMul", "Gemm", "MatMulInteger", "QLinearMatMul", "Einsum"
 CONV = frozenset({"Conv", "ConvTranspose", "QLinearConv", "ConvInteger"})
 # Ops a fine-grained block may absorb into the producer of their one dynamic input.
 FUSABLE = frozenset(
-    {"Relu", "LeakyRelu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Gelu", "BatchNormalization",
-     "Add", "Sub", "Mul", "Div", "Erf", "Cast", "Elu", "Selu", "Softplus", "Swish"}
+    {
+        "Relu",
+        "LeakyRelu",
+        "Clip",
+        "Sigmoid",
+        "HardSigmoid",
+        "HardSwish",
+        "Tanh",
+        "Gelu",
+        "BatchNormalization",
+        "Add",
+        "Sub",
+        "Mul",
+        "Div",
+        "Erf",
+        "Cast",
+        "Elu",
+        "Selu",
+        "Softplus",
+        "Swish",
+    }
 )
 # Per-element cost of elementwise ops that are more than one arithmetic operation.
-_ELEMENT_COST = {"Softmax": 5, "LogSoftmax": 6, "LayerNormalization": 8, "BatchNormalization": 2,
-                 "InstanceNormalization": 8, "Gelu": 8, "Erf": 4, "Sigmoid": 4, "Tanh": 4, "Exp": 2}
+_ELEMENT_COST = {
+    "Softmax": 5,
+    "LogSoftmax": 6,
+    "LayerNormalization": 8,
+    "BatchNormalization": 2,
+    "InstanceNormalization": 8,
+    "Gelu": 8,
+    "Erf": 4,
+    "Sigmoid": 4,
+    "Tanh": 4,
+    "Exp": 2,
+}
 
 
 def _attr(node: onnx.NodeProto, name: str, default: object) -> object:

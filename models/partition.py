@@ -10,6 +10,7 @@ them chained with onnxruntime against the full model.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -169,10 +170,13 @@ def _partition_order(graph: OpGraph, part_of: dict[str, str], names: list[str]) 
         stack.append(p)
         for q in succ[p]:
             if state.get(q) == 1:
-                cycle = stack[stack.index(q) :] + [q]
-                hops = [f"{succ[x][y][0]} ({x}) -> {succ[x][y][1]} ({y})" for x, y in zip(cycle, cycle[1:], strict=False)]
+                cycle = [*stack[stack.index(q) :], q]
+                hops = [f"{succ[x][y][0]} ({x}) -> {succ[x][y][1]} ({y})" for x, y in itertools.pairwise(cycle)]
                 raise PartitionError(
-                    "partitions form a cycle " + " -> ".join(cycle) + ": " + "; ".join(hops)
+                    "partitions form a cycle "
+                    + " -> ".join(cycle)
+                    + ": "
+                    + "; ".join(hops)
                     + ". Move these nodes so data flows one way between partitions."
                 )
             if q not in state:

@@ -88,7 +88,10 @@ def zoo(as_json: JsonFlag = False) -> None:
     """List the zoo models `export` knows by name."""
     from models.zoo import ZOO
 
-    rows = [{"name": e.name, "inputs": [list(i.shape) for i in e.inputs], "description": e.description} for e in ZOO.values()]
+    rows = [
+        {"name": e.name, "inputs": [list(i.shape) for i in e.inputs], "description": e.description}
+        for e in ZOO.values()
+    ]
     if as_json:
         _print_json(rows)
         return
@@ -115,7 +118,10 @@ def inspect(
     if as_json:
         _print_json(summary)
         return
-    out.print(f"[bold]{file}[/]  IR {summary['ir_version']}, opset {summary['opset']}, sha256 {loaded.sha256[:12]}", highlight=False)
+    out.print(
+        f"[bold]{file}[/]  IR {summary['ir_version']}, opset {summary['opset']}, sha256 {loaded.sha256[:12]}",
+        highlight=False,
+    )
     for kind in ("inputs", "outputs"):
         for t in summary[kind]:  # type: ignore[attr-defined]
             out.print(f"  {kind[:-1]:6} {t['name']}: {t['dtype']}[{'x'.join(map(str, t['shape']))}]", highlight=False)
@@ -165,7 +171,10 @@ def partition(
     manifest = cut.save(output)
     result = {
         "manifest": str(manifest),
-        "partitions": [{"name": p.name, "nodes": len(p.nodes), "inputs": list(p.inputs), "outputs": list(p.outputs)} for p in cut.partitions],
+        "partitions": [
+            {"name": p.name, "nodes": len(p.nodes), "inputs": list(p.inputs), "outputs": list(p.outputs)}
+            for p in cut.partitions
+        ],
         "parallel_pairs": [list(p) for p in cut.parallel_pairs()],
         "max_abs_diff": diff,
     }
@@ -176,7 +185,10 @@ def partition(
     for p in cut.partitions:
         table.add_row(p.name, str(len(p.nodes)), ", ".join(p.inputs), ", ".join(p.outputs))
     out.print(table)
-    out.print(f"parallel pairs: {cut.parallel_pairs() or 'none'}; chained vs full max abs diff {diff:.2e}; wrote {manifest}", highlight=False)
+    out.print(
+        f"parallel pairs: {cut.parallel_pairs() or 'none'}; chained vs full max abs diff {diff:.2e}; wrote {manifest}",
+        highlight=False,
+    )
 
 
 def _read_groups(path: Path, error: type[Exception]) -> dict[str, list[str]]:

@@ -53,7 +53,11 @@ def run_demo(model: str, workdir: Path, console: Console) -> None:
     flops = {n.name: n.flops for n in graph.nodes}
     for p in cut.partitions:
         table.add_row(
-            p.name, str(len(p.nodes)), f"{sum(flops[n] for n in p.nodes) / 1e9:.3f}", ", ".join(p.inputs), ", ".join(p.outputs)
+            p.name,
+            str(len(p.nodes)),
+            f"{sum(flops[n] for n in p.nodes) / 1e9:.3f}",
+            ", ".join(p.inputs),
+            ", ".join(p.outputs),
         )
     console.print(table)
     console.print(

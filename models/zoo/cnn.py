@@ -91,9 +91,7 @@ def _shortcut(cin: int, cout: int, stride: int) -> nn.Module:
 
 
 class ResNet(nn.Module):
-    def __init__(
-        self, block: type[BasicBlock] | type[Bottleneck], layers: list[int], num_classes: int = 1000
-    ) -> None:
+    def __init__(self, block: type[BasicBlock] | type[Bottleneck], layers: list[int], num_classes: int = 1000) -> None:
         super().__init__()
         self.stem = nn.Sequential(ConvBN(3, 64, 7, 2, 3), nn.MaxPool2d(3, 2, 1))
         stages: list[nn.Module] = []
@@ -147,7 +145,15 @@ class InvertedResidual(nn.Module):
 
 
 class MobileNetV2(nn.Module):
-    SETTINGS = [(1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1)]
+    SETTINGS: tuple[tuple[int, int, int, int], ...] = (
+        (1, 16, 1, 1),
+        (6, 24, 2, 2),
+        (6, 32, 3, 2),
+        (6, 64, 4, 2),
+        (6, 96, 3, 1),
+        (6, 160, 3, 2),
+        (6, 320, 1, 1),
+    )
 
     def __init__(self, num_classes: int = 1000) -> None:
         super().__init__()
