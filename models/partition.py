@@ -235,26 +235,60 @@ def cut_partitions(model: onnx.ModelProto, graph: OpGraph, groups: Mapping[str, 
         for t in dict.fromkeys([*readers, *graph_outputs])
     )
 
-    extractor = onnx.utils.Extractor(model)
+    extractor = GroupExtractor(model, graph)
     parts = []
     for name in order:
         members = [n.name for n in graph.nodes if part_of[n.name] == name]
         inputs = tuple(r.tensor for r in routes if name in r.consumers)
         outputs = tuple(r.tensor for r in routes if r.producer == name)
+        parts.append(extractor.extract(name, members, inputs, outputs))
+    return PartitionSet(tuple(parts), routes, graph_inputs, graph_outputs, graph.model_sha256)
+
+
+class GroupExtractor:
+    """Cuts groups of nodes out of one model; ``onnx.utils.Extractor`` is built once and reused."""
+
+    def __init__(self, model: onnx.ModelProto, graph: OpGraph) -> None:
+        self.extractor = onnx.utils.Extractor(model)
+        self.graph = graph
+
+    def boundary(self, members: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(tensors the group reads from outside, tensors it produces that outside or the caller reads)."""
+        inside = set(members)
+        index = self.graph.index
+        produced = {t for m in members for t in index[m].outputs}
+        inputs = tuple(dict.fromkeys(t for m in members for t in index[m].inputs if t not in produced))
+        graph_outputs = {t.name for t in self.graph.outputs}
+        outputs = []
+        for m in members:
+            for t in index[m].outputs:
+                readers = [s for s in self.graph.successors[m] if s not in inside and t in index[s].inputs]
+                if readers or t in graph_outputs:
+                    outputs.append(t)
+        return inputs, tuple(outputs)
+
+    def extract(
+        self,
+        name: str,
+        members: Sequence[str],
+        inputs: Sequence[str] | None = None,
+        outputs: Sequence[str] | None = None,
+    ) -> Partition:
+        if inputs is None or outputs is None:
+            inputs, outputs = self.boundary(members)
         if not outputs:
             raise PartitionError(f"partition {name!r} produces nothing another partition or the caller reads")
-        sub = extractor.extract_model(list(inputs), list(outputs))
+        sub = self.extractor.extract_model(list(inputs), list(outputs))
         got = {n.name for n in sub.graph.node}
         if got != set(members):
             extra = sorted(got - set(members))[:5]
             lost = sorted(set(members) - got)[:5]
             raise PartitionError(
                 f"partition {name!r} does not cut cleanly: by its boundary it would also hold {extra} and "
-                f"lose {lost} (nodes whose outputs nothing reads?)"
+                f"lose {lost} (is the group convex, and is every node's output read?)"
             )
         sub.graph.name = name
-        parts.append(Partition(name, tuple(members), inputs, outputs, sub))
-    return PartitionSet(tuple(parts), routes, graph_inputs, graph_outputs, graph.model_sha256)
+        return Partition(name, tuple(members), tuple(inputs), tuple(outputs), sub)
 
 
 def run_partitions(parts: PartitionSet, feeds: Mapping[str, np.ndarray], threads: int = 0) -> dict[str, np.ndarray]:

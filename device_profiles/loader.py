@@ -1,0 +1,266 @@
+"""Load and validate device profiles from TOML; find shipped ones by name.
+
+``load_profile("khadas-vim3")`` reads the shipped file, ``load_profile("my.toml")``
+a user's file in the same schema, and ``local`` / ``local-biglittle`` are built from
+this host at run time (``device_profiles.local``).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from device_profiles.schema import (
+    OP_CLASSES,
+    PU_KINDS,
+    SCHEMA_VERSION,
+    SOURCES,
+    DeviceProfile,
+    Host,
+    Link,
+    NetworkLink,
+    ProcessingUnit,
+    ProfileError,
+    Quantity,
+    Throttle,
+    check_number,
+)
+
+SHIPPED_DIR = Path(__file__).parent / "boards"
+RUNTIME_PROFILES = ("local", "local-biglittle")
+
+
+def shipped_names() -> list[str]:
+    return sorted([*RUNTIME_PROFILES, *(p.stem for p in SHIPPED_DIR.glob("*.toml"))])
+
+
+def load_profile(name_or_path: str | Path) -> DeviceProfile:
+    """A shipped profile by name, a runtime one (local, local-biglittle), or a TOML file by path."""
+    text = str(name_or_path)
+    if text in RUNTIME_PROFILES:
+        from device_profiles.local import build_local_profile
+
+        return build_local_profile(biglittle=text == "local-biglittle")
+    shipped = SHIPPED_DIR / f"{text}.toml"
+    path = shipped if shipped.is_file() else Path(text)
+    if not path.is_file():
+        raise ProfileError(
+            f"no device profile {text!r}: give one of {', '.join(shipped_names())} or the path of a TOML file"
+        )
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ProfileError(f"{path}: not valid TOML: {exc}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ProfileError(f"{path}: cannot read: {exc}") from None
+    try:
+        return parse_profile(data, origin=str(path))
+    except ProfileError as exc:
+        raise ProfileError(f"{path}: {exc}") from None
+
+
+class _Reader:
+    """Pulls typed fields out of a TOML table, naming the field path in every error."""
+
+    def __init__(self, data: Mapping[str, Any], path: str) -> None:
+        if not isinstance(data, Mapping):
+            raise ProfileError(f"{path}: expected a table, got {type(data).__name__}")
+        self.data, self.path, self.used = data, path, set()
+
+    def _at(self, key: str) -> str:
+        return f"{self.path}.{key}" if self.path else key
+
+    def get(self, key: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
+        self.used.add(key)
+        if key not in self.data:
+            if default is ...:
+                raise ProfileError(f"{self._at(key)}: missing field")
+            return default
+        value = self.data[key]
+        if not isinstance(value, kind) or (isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,))):
+            raise ProfileError(f"{self._at(key)}: expected {getattr(kind, '__name__', kind)}, got {value!r}")
+        return value
+
+    def quantity(self, key: str, *, positive: bool = False, default: Quantity | None = None) -> Quantity:
+        self.used.add(key)
+        if key not in self.data:
+            if default is not None:
+                return default
+            raise ProfileError(f"{self._at(key)}: missing field")
+        return parse_quantity(self.data[key], self._at(key), positive=positive)
+
+    def sub(self, key: str) -> _Reader:
+        return _Reader(self.get(key, dict), self._at(key))
+
+    def finish(self) -> None:
+        unknown = sorted(set(self.data) - self.used)
+        if unknown:
+            raise ProfileError(f"{self._at(unknown[0])}: unknown field (known here: {', '.join(sorted(self.used))})")
+
+
+def parse_quantity(raw: Any, path: str, *, positive: bool = False) -> Quantity:
+    if not isinstance(raw, Mapping):
+        raise ProfileError(f'{path}: expected {{ value = ..., source = "measured|spec-sheet|estimate", cite = "..." }}')
+    r = _Reader(raw, path)
+    value = check_number(f"{path}.value", r.get("value", (int, float)), positive=positive)
+    source = r.get("source", str)
+    if source not in SOURCES:
+        raise ProfileError(f"{path}.source: {source!r} is not one of {', '.join(SOURCES)}")
+    cite = r.get("cite", str, "")
+    if source != "measured" and not cite.strip():
+        raise ProfileError(f"{path}.cite: a {source} number needs a short citation saying where it comes from")
+    r.finish()
+    return Quantity(value, source, cite)
+
+
+def _pu(raw: Any, path: str, hosts: list[str]) -> ProcessingUnit:
+    r = _Reader(raw, path)
+    name = r.get("name", str)
+    kind = r.get("kind", str)
+    if kind not in PU_KINDS:
+        raise ProfileError(f"{path}.kind: {kind!r} is not one of {', '.join(PU_KINDS)}")
+    host = r.get("host", str, hosts[0])
+    if host not in hosts:
+        raise ProfileError(f"{path}.host: unknown host {host!r}; hosts are {', '.join(hosts)}")
+    cores_raw = r.get("cores", list, [])
+    cores = []
+    for i, c in enumerate(cores_raw):
+        if isinstance(c, bool) or not isinstance(c, int) or c < 0:
+            raise ProfileError(f"{path}.cores[{i}]: expected a non-negative core id, got {c!r}")
+        cores.append(c)
+    if kind == "cpu" and not cores:
+        raise ProfileError(f"{path}.cores: a cpu PU needs its core ids")
+    if len(set(cores)) != len(cores):
+        raise ProfileError(f"{path}.cores: core ids repeat: {cores}")
+    peaks_reader = r.sub("peak_gflops")
+    peaks = {}
+    for cls in list(peaks_reader.data):
+        if cls not in OP_CLASSES:
+            raise ProfileError(f"{path}.peak_gflops.{cls}: unknown op class; known: {', '.join(OP_CLASSES)}")
+        peaks[cls] = peaks_reader.quantity(cls, positive=True)
+    missing = [c for c in OP_CLASSES if c not in peaks]
+    if missing:
+        raise ProfileError(f"{path}.peak_gflops.{missing[0]}: missing field (every op class needs a peak)")
+    ops = r.get("supported_ops", list, [])
+    if not all(isinstance(o, str) for o in ops):
+        raise ProfileError(f"{path}.supported_ops: expected a list of ONNX op types")
+    ep_opts = r.get("ep_options", dict, {})
+    throttle = None
+    if "throttle" in r.data:
+        t = r.sub("throttle")
+        pct = check_number(f"{path}.throttle.quota_percent", t.get("quota_percent", (int, float)), positive=True)
+        if pct > 100:
+            raise ProfileError(f"{path}.throttle.quota_percent: at most 100, got {pct}")
+        throttle = Throttle(pct, t.get("method", str, "cgroup-v1-cfs"))
+        t.finish()
+    pu = ProcessingUnit(
+        name=name,
+        kind=kind,
+        host=host,
+        cores=tuple(cores),
+        execution_provider=r.get("execution_provider", str, "CPUExecutionProvider"),
+        ep_options=tuple(sorted((str(k), str(v)) for k, v in ep_opts.items())),
+        peak_gflops=peaks,
+        memory_bandwidth_gbps=r.quantity("memory_bandwidth_gbps", positive=True),
+        memory_bytes=r.quantity("memory_bytes", positive=True),
+        launch_overhead_us=r.quantity("launch_overhead_us"),
+        active_power_w=r.quantity("active_power_w"),
+        idle_power_w=r.quantity("idle_power_w"),
+        supported_ops=tuple(ops),
+        cluster=r.get("cluster", str, ""),
+        throttle=throttle,
+    )
+    r.finish()
+    return pu
+
+
+def _link(raw: Any, path: str, pus: dict[str, ProcessingUnit] | None) -> Link:
+    r = _Reader(raw, path)
+    a, b = r.get("a", str), r.get("b", str)
+    if pus is not None:
+        for end, key in ((a, "a"), (b, "b")):
+            if end not in pus:
+                raise ProfileError(f"{path}.{key}: link to unknown PU {end!r}; PUs are {', '.join(pus)}")
+        if pus[a].host != pus[b].host:
+            raise ProfileError(f"{path}: PUs {a!r} and {b!r} are on different hosts; use [[network]] for that")
+    zero = Quantity(0.0, "estimate", "none stated")
+    link = Link(
+        a=a,
+        b=b,
+        bandwidth_gbps=r.quantity("bandwidth_gbps", positive=True),
+        latency_us=r.quantity("latency_us"),
+        conversion_us_per_mb=r.quantity("conversion_us_per_mb", default=zero),
+    )
+    r.finish()
+    return link
+
+
+def parse_profile(data: Mapping[str, Any], origin: str = "") -> DeviceProfile:
+    r = _Reader(data, "")
+    version = r.get("schema_version", int)
+    if version != SCHEMA_VERSION:
+        raise ProfileError(f"schema_version: {version} is not supported; this parapipe reads version {SCHEMA_VERSION}")
+    name = r.get("name", str)
+    hosts_raw = r.get("hosts", list, [{"name": name}])
+    hosts = []
+    for i, h in enumerate(hosts_raw):
+        hr = _Reader(h, f"hosts[{i}]")
+        hosts.append(Host(hr.get("name", str), hr.get("description", str, "")))
+        hr.finish()
+    host_names = [h.name for h in hosts]
+    if len(set(host_names)) != len(host_names):
+        raise ProfileError(f"hosts: names repeat: {host_names}")
+    pus_raw = r.get("pus", list)
+    if not pus_raw:
+        raise ProfileError("pus: a profile needs at least one PU")
+    pus = [_pu(p, f"pus[{i}]", host_names) for i, p in enumerate(pus_raw)]
+    by_name: dict[str, ProcessingUnit] = {}
+    for i, p in enumerate(pus):
+        if p.name in by_name:
+            raise ProfileError(f"pus[{i}].name: PU name {p.name!r} repeats")
+        by_name[p.name] = p
+    owner: dict[tuple[str, int], str] = {}
+    for i, p in enumerate(pus):
+        for c in p.cores:
+            if p.kind != "cpu":
+                continue
+            if (p.host, c) in owner:
+                raise ProfileError(f"pus[{i}].cores: core {c} on host {p.host!r} is also in PU {owner[(p.host, c)]!r}")
+            owner[(p.host, c)] = p.name
+    links = [_link(x, f"links[{i}]", by_name) for i, x in enumerate(r.get("links", list, []))]
+    default_link = _link(r.get("default_link", dict), "default_link", None) if "default_link" in data else None
+    network = []
+    for i, raw in enumerate(r.get("network", list, [])):
+        nr = _Reader(raw, f"network[{i}]")
+        a, b = nr.get("a", str), nr.get("b", str)
+        for end, key in ((a, "a"), (b, "b")):
+            if end not in host_names:
+                raise ProfileError(f"network[{i}].{key}: unknown host {end!r}; hosts are {', '.join(host_names)}")
+        network.append(
+            NetworkLink(
+                a, b, nr.quantity("bandwidth_gbps", positive=True), nr.quantity("latency_us"),
+                nr.quantity("energy_nj_per_byte", default=Quantity(0.0, "estimate", "not stated")),
+            )
+        )
+        nr.finish()
+    profile = DeviceProfile(
+        name=name,
+        description=r.get("description", str, ""),
+        hosts=tuple(hosts),
+        pus=tuple(pus),
+        links=tuple(links),
+        network=tuple(network),
+        default_link=default_link,
+        origin=origin,
+        schema_version=version,
+        notes=tuple(r.get("notes", list, [])),
+    )
+    r.finish()
+    # every PU pair must have a data path, or planning across them is impossible
+    for p in pus:
+        for q in pus:
+            if p.name < q.name:
+                profile.link(p.name, q.name)
+    return profile

@@ -1,0 +1,152 @@
+"""The ``local`` and ``local-biglittle`` profiles, built from this host at run time.
+
+Cores come from the process's affinity mask; clusters from sysfs ``cpu_capacity`` and
+``cpufreq/cpuinfo_max_freq`` where present (cores with equal capacity and maximum
+frequency form one cluster). Peak throughput and power are estimates derived from
+what /proc/cpuinfo says; the profiler's measurements replace them. ``local-biglittle``
+splits two cores into a fast PU and a PU throttled to a share of each CFS period.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from device_profiles.schema import (
+    OP_CLASSES,
+    DeviceProfile,
+    Host,
+    Link,
+    ProcessingUnit,
+    ProfileError,
+    Quantity,
+    Throttle,
+)
+
+SYS_CPU = Path("/sys/devices/system/cpu")
+CGROUP_CPU = Path("/sys/fs/cgroup/cpu")
+LITTLE_QUOTA_PERCENT = 40.0
+# Fraction of the FMA peak each op class reaches in onnxruntime's CPU kernels (rough priors).
+_CLASS_EFFICIENCY = {"conv": 0.5, "matmul": 0.6, "depthwise": 0.08, "elementwise": 0.03, "pooling": 0.03, "other": 0.02}
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def _cpuinfo() -> tuple[float, int, str]:
+    """(GHz, FP32 FLOP per cycle per core, how they were found)."""
+    text = _read(Path("/proc/cpuinfo")) or ""
+    mhz = [float(line.split(":")[1]) for line in text.splitlines() if line.lower().startswith("cpu mhz")]
+    flags = next((line.split(":")[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+    model = next((line.split(":")[1].strip() for line in text.splitlines() if line.startswith("model name")), "cpu")
+    ghz = max(mhz) / 1000 if mhz else 2.0
+    if "avx512f" in flags:
+        per_cycle, isa = 64, "AVX-512 FMA"
+    elif "avx2" in flags and "fma" in flags:
+        per_cycle, isa = 32, "AVX2 FMA"
+    elif "asimd" in flags or "neon" in flags:
+        per_cycle, isa = 16, "NEON FMA"
+    else:
+        per_cycle, isa = 8, "SSE"
+    return ghz, per_cycle, f"{model}: {ghz:.2f} GHz x {per_cycle} FLOP/cycle ({isa})"
+
+
+def detect_clusters(cores: list[int]) -> dict[str, list[int]]:
+    """Group cores by (cpu_capacity, max frequency); name clusters big/little when they differ."""
+    keys: dict[tuple[int, int], list[int]] = {}
+    for c in cores:
+        cap = _read(SYS_CPU / f"cpu{c}" / "cpu_capacity")
+        freq = _read(SYS_CPU / f"cpu{c}" / "cpufreq" / "cpuinfo_max_freq")
+        keys.setdefault((int(cap) if cap else 1024, int(freq) if freq else 0), []).append(c)
+    if len(keys) == 1:
+        return {"cpu": cores}
+    ranked = sorted(keys, reverse=True)
+    names = ["big", "little"] if len(ranked) == 2 else [f"cluster{i}" for i in range(len(ranked))]
+    return {names[i]: keys[k] for i, k in enumerate(ranked)}
+
+
+def throttling_available() -> str | None:
+    """None when CFS throttling of single threads works here, else why it does not."""
+    if not (CGROUP_CPU / "cpu.cfs_quota_us").exists():
+        return f"no cgroup v1 cpu controller at {CGROUP_CPU}"
+    if not os.access(CGROUP_CPU, os.W_OK):
+        return f"{CGROUP_CPU} is not writable (run as root)"
+    return None
+
+
+def build_local_profile(biglittle: bool = False) -> DeviceProfile:
+    cores = sorted(os.sched_getaffinity(0))
+    ghz, per_cycle, how = _cpuinfo()
+    import psutil
+
+    mem = Quantity(float(psutil.virtual_memory().total), "measured", "psutil.virtual_memory().total")
+    bandwidth = Quantity(10.0, "estimate", "typical DDR4 share of one process; replaced by calibration")
+    overhead = Quantity(4.0, "estimate", "onnxruntime CPU kernel launch, order of microseconds")
+    notes: list[str] = ["energy on this host is modelled: no RAPL or hwmon power sensor is read unless present"]
+
+    def peaks(n_cores: int, share: float = 1.0) -> dict[str, Quantity]:
+        return {
+            cls: Quantity(
+                round(n_cores * ghz * per_cycle * _CLASS_EFFICIENCY[cls] * share, 3),
+                "estimate",
+                f"{how} x {n_cores} core(s) x efficiency {_CLASS_EFFICIENCY[cls]}"
+                + (f" x quota {share:.0%}" if share < 1 else ""),
+            )
+            for cls in OP_CLASSES
+        }
+
+    def pu(name: str, pu_cores: list[int], share: float = 1.0, throttle: Throttle | None = None) -> ProcessingUnit:
+        n = len(pu_cores)
+        return ProcessingUnit(
+            name=name,
+            kind="cpu",
+            host="local",
+            cores=tuple(pu_cores),
+            execution_provider="CPUExecutionProvider",
+            ep_options=(),
+            peak_gflops=peaks(n, share),
+            memory_bandwidth_gbps=bandwidth,
+            memory_bytes=mem,
+            launch_overhead_us=overhead,
+            active_power_w=Quantity(round(6.0 * n * share, 2), "estimate", "about 6 W per busy server core (TDP / cores)"),
+            idle_power_w=Quantity(round(1.0 * n, 2), "estimate", "about 1 W per idle core"),
+            cluster=name,
+            throttle=throttle,
+        )
+
+    if biglittle:
+        if len(cores) < 2:
+            raise ProfileError(f"local-biglittle needs two cores; this process may use {len(cores)}")
+        why_not = throttling_available()
+        if why_not:
+            raise ProfileError(f"local-biglittle is unavailable: {why_not}; use the 'local' profile instead")
+        share = LITTLE_QUOTA_PERCENT / 100
+        pus = (pu("big", [cores[0]]), pu("little", [cores[1]], share, Throttle(LITTLE_QUOTA_PERCENT)))
+        notes.append(
+            f"core {cores[1]} is made slow on purpose: threads pinned to it get {LITTLE_QUOTA_PERCENT:.0f}% of each CFS period"
+        )
+        name, desc = "local-biglittle", f"this host as a big.LITTLE board: core {cores[0]} fast, core {cores[1]} throttled"
+    else:
+        pus = tuple(pu(cname, ccores) for cname, ccores in detect_clusters(cores).items())
+        name, desc = "local", f"this host: {len(cores)} core(s), clusters {', '.join(p.name for p in pus)}"
+    shared_memory = Link(
+        a="*",
+        b="*",
+        bandwidth_gbps=Quantity(10.0, "estimate", "in-process handoff through shared DRAM"),
+        latency_us=Quantity(2.0, "estimate", "queue handoff between worker threads"),
+        conversion_us_per_mb=Quantity(0.0, "estimate", "same memory layout on every CPU core"),
+    )
+    return DeviceProfile(
+        name=name,
+        description=desc,
+        hosts=(Host("local", "this machine"),),
+        pus=pus,
+        links=(),
+        default_link=shared_memory,
+        origin="built at run time",
+        notes=tuple(notes),
+    )

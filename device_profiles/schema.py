@@ -1,0 +1,159 @@
+"""The device-profile schema: boards, their processing units, links and network.
+
+Every number is a ``Quantity`` carrying where it came from (``measured``,
+``spec-sheet`` or ``estimate``) and, unless measured, a short citation. Profiles are
+TOML files validated on load; errors name the file and the field.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import asdict, dataclass, field
+
+SCHEMA_VERSION = 1
+SOURCES = ("measured", "spec-sheet", "estimate")
+PU_KINDS = ("cpu", "gpu", "npu", "dsp")
+OP_CLASSES = ("conv", "depthwise", "matmul", "elementwise", "pooling", "other")
+
+
+class ProfileError(ValueError):
+    """A device profile is missing, malformed or contradicts itself. The message names the field."""
+
+
+@dataclass(frozen=True)
+class Quantity:
+    value: float
+    source: str
+    cite: str = ""
+
+    def __float__(self) -> float:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Throttle:
+    """Make a CPU PU slower on purpose: its worker threads get this share of each CFS period."""
+
+    quota_percent: float
+    method: str = "cgroup-v1-cfs"
+
+
+@dataclass(frozen=True)
+class ProcessingUnit:
+    name: str
+    kind: str
+    host: str
+    cores: tuple[int, ...]
+    execution_provider: str
+    ep_options: tuple[tuple[str, str], ...]
+    peak_gflops: dict[str, Quantity]  # per op class, all cores of the PU together
+    memory_bandwidth_gbps: Quantity
+    memory_bytes: Quantity
+    launch_overhead_us: Quantity
+    active_power_w: Quantity  # all cores busy
+    idle_power_w: Quantity
+    supported_ops: tuple[str, ...] = ()  # empty = every op
+    cluster: str = ""
+    throttle: Throttle | None = None
+
+    def supports(self, op_type: str) -> bool:
+        return not self.supported_ops or op_type in self.supported_ops
+
+
+@dataclass(frozen=True)
+class Link:
+    """Data path between two PUs of one host (shared memory, PCIe, ...)."""
+
+    a: str
+    b: str
+    bandwidth_gbps: Quantity
+    latency_us: Quantity
+    conversion_us_per_mb: Quantity  # layout/format conversion, e.g. CPU <-> Mali OpenCL images
+
+
+@dataclass(frozen=True)
+class Host:
+    name: str
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class NetworkLink:
+    """Network between two hosts (edge board <-> cloud node)."""
+
+    a: str
+    b: str
+    bandwidth_gbps: Quantity
+    latency_us: Quantity
+    energy_nj_per_byte: Quantity
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    name: str
+    description: str
+    hosts: tuple[Host, ...]
+    pus: tuple[ProcessingUnit, ...]
+    links: tuple[Link, ...]
+    network: tuple[NetworkLink, ...] = ()
+    default_link: Link | None = None  # for PU pairs on one host with no link of their own
+    origin: str = ""  # file it was loaded from, or "built at run time"
+    schema_version: int = SCHEMA_VERSION
+    notes: tuple[str, ...] = field(default=())
+
+    def pu(self, name: str) -> ProcessingUnit:
+        for p in self.pus:
+            if p.name == name:
+                return p
+        raise ProfileError(f"profile {self.name!r} has no PU {name!r}; it has {', '.join(p.name for p in self.pus)}")
+
+    def link(self, a: str, b: str) -> Link | NetworkLink | None:
+        """The data path from PU a to PU b (None when a == b)."""
+        if a == b:
+            return None
+        for link in self.links:
+            if {link.a, link.b} == {a, b}:
+                return link
+        ha, hb = self.pu(a).host, self.pu(b).host
+        if ha != hb:
+            for net in self.network:
+                if {net.a, net.b} == {ha, hb}:
+                    return net
+            raise ProfileError(f"profile {self.name!r}: no network link between hosts {ha!r} and {hb!r}")
+        if self.default_link is None:
+            raise ProfileError(f"profile {self.name!r}: no link between PUs {a!r} and {b!r} and no default_link")
+        return self.default_link
+
+    def content_hash(self) -> str:
+        data = asdict(self)
+        data.pop("origin")
+        return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
+
+    def quantities(self) -> list[tuple[str, Quantity]]:
+        """Every number with its field path, for listing sources."""
+        out: list[tuple[str, Quantity]] = []
+        for p in self.pus:
+            for cls, q in p.peak_gflops.items():
+                out.append((f"pus.{p.name}.peak_gflops.{cls}", q))
+            for f in ("memory_bandwidth_gbps", "memory_bytes", "launch_overhead_us", "active_power_w", "idle_power_w"):
+                out.append((f"pus.{p.name}.{f}", getattr(p, f)))
+        for link in (*self.links, *([self.default_link] if self.default_link else [])):
+            for f in ("bandwidth_gbps", "latency_us", "conversion_us_per_mb"):
+                out.append((f"links.{link.a}-{link.b}.{f}", getattr(link, f)))
+        for net in self.network:
+            for f in ("bandwidth_gbps", "latency_us", "energy_nj_per_byte"):
+                out.append((f"network.{net.a}-{net.b}.{f}", getattr(net, f)))
+        return out
+
+
+def check_number(path: str, value: object, *, positive: bool = False, allow_zero: bool = True) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ProfileError(f"{path}: expected a number, got {value!r}")
+    v = float(value)
+    if math.isnan(v) or math.isinf(v):
+        raise ProfileError(f"{path}: {value!r} is not a finite number")
+    if v < 0 or (positive and v == 0) or (not allow_zero and v == 0):
+        raise ProfileError(f"{path}: must be {'positive' if positive else 'non-negative'}, got {value!r}")
+    return v

@@ -1,0 +1,142 @@
+"""``CostTable``: what was measured, where, and under which conditions.
+
+Each entry is keyed by a content hash of (model, block members, PU config, ORT
+version, execution provider, board), so a repeated profiling run finds what is
+already there and measures nothing twice. Saving merges with what is on disk under
+a file lock and writes through a temporary file and a rename.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from models.errors import ParapipeError
+
+TABLE_VERSION = 1
+KINDS = ("op", "block", "partition")
+
+
+class CostTableError(ParapipeError):
+    """A cost table file is unreadable or of an unknown version."""
+
+
+@dataclass(frozen=True)
+class Conditions:
+    board: str
+    pu: str
+    cores: int
+    threads: int
+    ep: str
+    ort_version: str
+    opt_level: str  # "disable" for per-op profiles, "all" for fused blocks and partitions
+    throttle_percent: float | None = None
+
+
+@dataclass(frozen=True)
+class CostEntry:
+    key: str
+    kind: str  # op | block | partition
+    model_sha256: str
+    name: str  # op or block name, or a partition label
+    members: tuple[str, ...]  # ONNX node names
+    conditions: Conditions
+    median_ms: float
+    mean_ms: float
+    p10_ms: float
+    p90_ms: float
+    repeats: int
+    energy_mj: float | None = None
+    energy_source: str = "modelled"  # measured | modelled
+    flops: int = 0
+    measured_at: float = 0.0
+
+    @property
+    def config(self) -> tuple[str, int]:
+        return (self.conditions.pu, self.conditions.cores)
+
+
+def entry_key(model_sha256: str, kind: str, members: Iterable[str], cond: Conditions) -> str:
+    payload = json.dumps(
+        {"model": model_sha256, "kind": kind, "members": sorted(members), "cond": asdict(cond)}, sort_keys=True
+    )
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+@dataclass
+class CostTable:
+    """Entries by key. Mutable while a profiling run fills it; saved atomically."""
+
+    entries: dict[str, CostEntry] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.entries
+
+    def __iter__(self) -> Iterator[CostEntry]:
+        return iter(self.entries.values())
+
+    def add(self, entry: CostEntry) -> None:
+        self.entries[entry.key] = entry
+
+    def select(self, model_sha256: str | None = None, kind: str | None = None, board: str | None = None) -> list[CostEntry]:
+        return [
+            e
+            for e in self.entries.values()
+            if (model_sha256 is None or e.model_sha256 == model_sha256)
+            and (kind is None or e.kind == kind)
+            and (board is None or e.conditions.board == board)
+        ]
+
+    def to_json(self) -> dict[str, object]:
+        return {"version": TABLE_VERSION, "entries": [asdict(e) for e in sorted(self.entries.values(), key=lambda e: e.key)]}
+
+    @staticmethod
+    def from_json(data: object, origin: str = "cost table") -> CostTable:
+        if not isinstance(data, dict) or "version" not in data:
+            raise CostTableError(f"{origin} is not a parapipe cost table (no version field)")
+        if data["version"] != TABLE_VERSION:
+            raise CostTableError(f"{origin} has version {data['version']}; this parapipe reads version {TABLE_VERSION}")
+        table = CostTable()
+        try:
+            for raw in data["entries"]:
+                cond = Conditions(**raw.pop("conditions"))
+                raw["members"] = tuple(raw["members"])
+                table.add(CostEntry(conditions=cond, **raw))
+        except (KeyError, TypeError) as exc:
+            raise CostTableError(f"{origin} has a malformed entry: {exc}") from None
+        return table
+
+    @staticmethod
+    def load(path: Path) -> CostTable:
+        if not path.exists():
+            return CostTable()
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise CostTableError(f"cannot read cost table {path}: {exc}; move it away to start a new one") from None
+        return CostTable.from_json(data, str(path))
+
+    def save(self, path: Path) -> int:
+        """Merge into what is on disk (ours win on equal keys) and write atomically; returns the entry count."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock_path = path.with_name(f".{path.name}.lock")
+        with open(lock_path, "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            merged = CostTable.load(path)
+            merged.entries.update(self.entries)
+            tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+            try:
+                tmp.write_text(json.dumps(merged.to_json(), indent=1) + "\n")
+                os.replace(tmp, path)
+            finally:
+                tmp.unlink(missing_ok=True)
+        self.entries = merged.entries
+        return len(merged)

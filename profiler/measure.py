@@ -1,0 +1,177 @@
+"""Timing ONNX models and their operators with onnxruntime on a pinned worker thread.
+
+Only onnxruntime, numpy and the stdlib are used here, so the board-side agent can
+run the same code for remote profiling sessions.
+
+Per-operator times come from onnxruntime's profiler run at ORT_DISABLE_ALL: at that
+level no node is fused or renamed, so every "<node>_kernel_time" event maps back to
+an ONNX node name of the file. Fused execution (ORT_ENABLE_ALL, what deployments
+run) is measured on whole blocks and partitions instead; the cost model learns how
+the two relate.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+
+import numpy as np
+
+from profiler.pinning import run_pinned
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Latency of repeated runs in milliseconds, and busy CPU core-seconds per run."""
+
+    median_ms: float
+    mean_ms: float
+    p10_ms: float
+    p90_ms: float
+    repeats: int
+    cpu_s_per_run: float
+    energy_mj_per_run: float | None = None
+    energy_source: str = ""  # "measured" (a sensor) or "modelled" (power model), "" if not asked
+
+    @staticmethod
+    def of(
+        samples_ms: Sequence[float], cpu_s_per_run: float = 0.0, energy_mj: float | None = None, energy_source: str = ""
+    ) -> Timing:
+        ordered = sorted(samples_ms)
+        n = len(ordered)
+        return Timing(
+            median_ms=statistics.median(ordered),
+            mean_ms=statistics.fmean(ordered),
+            p10_ms=ordered[int(0.1 * (n - 1))],
+            p90_ms=ordered[round(0.9 * (n - 1))],
+            repeats=n,
+            cpu_s_per_run=cpu_s_per_run,
+            energy_mj_per_run=energy_mj,
+            energy_source=energy_source,
+        )
+
+
+@dataclass(frozen=True)
+class PuConfig:
+    """Where to run: a PU's name, the cores its worker is pinned to, threads, and any throttle."""
+
+    pu: str
+    cores: tuple[int, ...]
+    threads: int
+    provider: str = "CPUExecutionProvider"
+    throttle_percent: float | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.pu}x{self.threads}"
+
+
+def _session(model: bytes, cfg: PuConfig, opt_level: str, profile_prefix: str | None = None):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = cfg.threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    # Threads are already pinned by the worker; ORT must not spin on cores it was not given.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0" if cfg.throttle_percent else "1")
+    options.graph_optimization_level = {
+        "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    }[opt_level]
+    options.log_severity_level = 3
+    if profile_prefix:
+        options.enable_profiling = True
+        options.profile_file_prefix = profile_prefix
+    return ort.InferenceSession(model, options, providers=[cfg.provider])
+
+
+def _cpu_seconds() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+def time_model(
+    model: bytes,
+    feeds: Mapping[str, np.ndarray],
+    cfg: PuConfig,
+    warmup: int = 3,
+    repeats: int = 10,
+    opt_level: str = "all",
+    min_seconds: float = 0.0,
+    meter: Callable[[], AbstractContextManager] | None = None,
+) -> Timing:
+    """Latency of whole-model runs on a worker pinned to cfg.cores (fused execution by default).
+
+    ``meter`` makes an energy meter (``profiler.energy.EnergyMeter``) wrapped around the
+    timed runs; its reading, per run, goes into the Timing with its source.
+    """
+
+    def work() -> Timing:
+        session = _session(model, cfg, opt_level)
+        names = [o.name for o in session.get_outputs()]
+        for _ in range(warmup):
+            session.run(names, dict(feeds))
+        samples: list[float] = []
+        energy = meter() if meter is not None else contextlib.nullcontext()
+        cpu0 = _cpu_seconds()
+        with energy:
+            start = time.perf_counter()
+            while len(samples) < repeats or time.perf_counter() - start < min_seconds:
+                t0 = time.perf_counter()
+                session.run(names, dict(feeds))
+                samples.append((time.perf_counter() - t0) * 1e3)
+        cpu = (_cpu_seconds() - cpu0) / len(samples)
+        reading = getattr(energy, "reading", None)
+        if reading is None:
+            return Timing.of(samples, cpu)
+        return Timing.of(samples, cpu, reading.joules * 1e3 / len(samples), reading.source)
+
+    return run_pinned(work, cfg.cores, cfg.throttle_percent, name=cfg.label)
+
+
+def profile_ops(
+    model: bytes, feeds: Mapping[str, np.ndarray], cfg: PuConfig, warmup: int = 3, repeats: int = 10
+) -> dict[str, Timing]:
+    """Per-node kernel time (ms) from onnxruntime's profiler at ORT_DISABLE_ALL, by ONNX node name."""
+
+    def work() -> dict[str, Timing]:
+        with tempfile.TemporaryDirectory(prefix="parapipe-prof-") as tmp:
+            session = _session(model, cfg, "disable", os.path.join(tmp, "ort"))
+            names = [o.name for o in session.get_outputs()]
+            for _ in range(warmup + repeats):
+                session.run(names, dict(feeds))
+            path = session.end_profiling()
+            with open(path) as fh:
+                events = json.load(fh)
+        return parse_ort_profile(events, warmup)
+
+    return run_pinned(work, cfg.cores, cfg.throttle_percent, name=cfg.label)
+
+
+def parse_ort_profile(events: list[dict], skip_runs: int = 0) -> dict[str, Timing]:
+    """Group "<node>_kernel_time" events by node, run by run, dropping the first ``skip_runs`` runs."""
+    runs: list[dict[str, float]] = []
+    current: dict[str, float] = {}
+    for ev in events:
+        if ev.get("cat") == "Session" and ev.get("name") == "model_run":
+            runs.append(current)
+            current = {}
+        elif ev.get("cat") == "Node" and str(ev.get("name", "")).endswith("_kernel_time"):
+            node = ev["name"][: -len("_kernel_time")]
+            current[node] = current.get(node, 0.0) + float(ev.get("dur", 0)) / 1e3
+    # model_run events are written when a run ends, after its node events
+    kept = runs[skip_runs:]
+    per_node: dict[str, list[float]] = {}
+    for run in kept:
+        for node, ms in run.items():
+            per_node.setdefault(node, []).append(ms)
+    return {node: Timing.of(samples) for node, samples in per_node.items()}

@@ -1,0 +1,193 @@
+"""A profiling run on a board this host can reach directly (``local``, ``local-biglittle``).
+
+For each PU configuration (a CPU PU with 1..n threads pinned to its first cores):
+  1. per-operator kernel times from onnxruntime's profiler (unfused, ORT_DISABLE_ALL);
+  2. every block of the chosen granularity, cut out and timed fused (ORT_ENABLE_ALL);
+  3. a handful of whole partitions (runs of consecutive coarse blocks), timed fused,
+     so the cost model can learn how a partition relates to the sum of its blocks.
+Results go into a CostTable; entries already there are skipped, and whatever was
+measured is saved even if the run is interrupted.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from device_profiles.schema import DeviceProfile, ProcessingUnit
+from models.coarsen import coarsen
+from models.errors import ParapipeError
+from models.graph import OpGraph
+from models.onnx_io import LoadedModel
+from models.partition import GroupExtractor, cut_partitions, random_feeds
+from profiler.costtable import Conditions, CostEntry, CostTable, entry_key
+from profiler.energy import EnergyMeter, PowerModel
+from profiler.measure import PuConfig, Timing, profile_ops, time_model
+
+Progress = Callable[[str, int, int], None]  # (what, done, total)
+
+
+class ProfilingError(ParapipeError):
+    """A profiling run cannot start as asked."""
+
+
+@dataclass(frozen=True)
+class ProfileSummary:
+    measured: int
+    reused: int
+    entries: int
+    seconds: float
+    interrupted: bool
+    energy_source: str
+
+
+def pu_configs(profile: DeviceProfile, pu_names: Iterable[str] | None = None) -> list[PuConfig]:
+    """CPU PUs with 1..n threads on their first cores; PUs this host cannot run are refused."""
+    names = list(pu_names or [p.name for p in profile.pus])
+    configs = []
+    for name in names:
+        pu = profile.pu(name)
+        if pu.kind != "cpu" or pu.execution_provider != "CPUExecutionProvider":
+            raise ProfilingError(
+                f"PU {name!r} is a {pu.kind} using {pu.execution_provider}; it can only be profiled on its board "
+                "(remote profiling arrives with the deploy issue). Plan from the profile's figures instead."
+            )
+        for threads in range(1, len(pu.cores) + 1):
+            throttle = pu.throttle.quota_percent if pu.throttle else None
+            configs.append(PuConfig(pu.name, pu.cores[:threads], threads, pu.execution_provider, throttle))
+    return configs
+
+
+def calibration_partitions(coarse: OpGraph, max_parts: int = 4) -> list[tuple[str, tuple[str, ...]]]:
+    """Runs of consecutive coarse blocks: the model cut into 1..max_parts equal-FLOP pieces."""
+    out: list[tuple[str, tuple[str, ...]]] = []
+    total = sum(n.flops for n in coarse.nodes) or 1
+    for parts in range(1, max_parts + 1):
+        chunks: list[list[str]] = [[] for _ in range(parts)]
+        done = 0
+        for n in coarse.nodes:
+            idx = min(parts - 1, int(done / total * parts))
+            chunks[idx].extend(n.members)
+            done += n.flops
+        for i, chunk in enumerate(chunks):
+            if chunk:
+                out.append((f"part{parts}of{i}", tuple(chunk)))
+    seen: set[tuple[str, ...]] = set()
+    return [(label, m) for label, m in out if not (m in seen or seen.add(m))]
+
+
+def _boundary_values(model: LoadedModel, graph: OpGraph, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Every tensor crossing between operators, by running the model cut at every operator."""
+    cut = cut_partitions(model.proto, graph, {n.name: [n.name] for n in graph.nodes})
+    values = dict(feeds)
+    import onnxruntime as ort
+
+    for p in cut.partitions:
+        session = ort.InferenceSession(p.model.SerializeToString(), providers=["CPUExecutionProvider"])
+        values.update(zip(p.outputs, session.run(list(p.outputs), {t: values[t] for t in p.inputs}), strict=True))
+    return values
+
+
+def run_profile(
+    model: LoadedModel,
+    graph: OpGraph,
+    profile: DeviceProfile,
+    table: CostTable,
+    table_path: Path | None,
+    configs: list[PuConfig],
+    granularity: str = "coarse",
+    repeats: int = 10,
+    warmup: int = 3,
+    progress: Progress | None = None,
+    ort_version: str | None = None,
+) -> ProfileSummary:
+    import onnxruntime as ort
+
+    ort_version = ort_version or ort.__version__
+    start = time.perf_counter()
+    feeds = random_feeds(graph, model.proto)
+    granularities = ["fine", "coarse"] if granularity == "both" else [granularity]
+    block_sets = [coarsen(graph, g) for g in granularities]
+    coarse = block_sets[-1] if granularity != "fine" else coarsen(graph, "coarse")
+    blocks = {b.members: b for bs in block_sets for b in bs.nodes}
+    partitions = calibration_partitions(coarse)
+    flops = {n.name: n.flops for n in graph.nodes}
+    by_pu = {p.name: p for p in profile.pus}
+    energy_source = EnergyMeter(PowerModel(1, 0), 1).source
+    measured = reused = 0
+    values: dict[str, np.ndarray] | None = None
+    extractor: GroupExtractor | None = None
+    total = len(configs) * (1 + len(blocks) + len(partitions))
+    done = 0
+    interrupted = False
+
+    def cond(cfg: PuConfig, opt: str) -> Conditions:
+        return Conditions(profile.name, cfg.pu, len(cfg.cores), cfg.threads, cfg.provider, ort_version, opt, cfg.throttle_percent)
+
+    def entry(kind: str, name: str, members: tuple[str, ...], c: Conditions, t: Timing) -> CostEntry:
+        return CostEntry(
+            key=entry_key(model.sha256, kind, members, c), kind=kind, model_sha256=model.sha256, name=name,
+            members=members, conditions=c, median_ms=t.median_ms, mean_ms=t.mean_ms, p10_ms=t.p10_ms, p90_ms=t.p90_ms,
+            repeats=t.repeats, energy_mj=t.energy_mj_per_run, energy_source=t.energy_source or "none", flops=sum(flops[m] for m in members),
+            measured_at=time.time(),
+        )
+
+    def tick(what: str) -> None:
+        nonlocal done
+        done += 1
+        if progress:
+            progress(what, done, total)
+
+    def submodel(members: tuple[str, ...]) -> tuple[bytes, dict[str, np.ndarray]]:
+        nonlocal values, extractor
+        if values is None or extractor is None:
+            values = _boundary_values(model, graph, feeds)
+            extractor = GroupExtractor(model.proto, graph)
+        part = extractor.extract("measured", members)
+        return part.model.SerializeToString(), {t: values[t] for t in part.inputs}
+
+    try:
+        full_bytes = model.proto.SerializeToString()
+        for cfg in configs:
+            pu = by_pu[cfg.pu]
+            c_ops = cond(cfg, "disable")
+            op_keys = {n.name: entry_key(model.sha256, "op", (n.name,), c_ops) for n in graph.nodes}
+            if all(k in table for k in op_keys.values()):
+                reused += len(op_keys)
+            else:
+                timings = profile_ops(full_bytes, feeds, cfg, warmup, repeats)
+                for n in graph.nodes:
+                    if n.name in timings:
+                        table.add(entry("op", n.name, (n.name,), c_ops, timings[n.name]))
+                        measured += 1
+            tick(f"{cfg.label}: operators")
+            c_all = cond(cfg, "all")
+            work = [("block", b.name, members) for members, b in blocks.items()]
+            work += [("partition", label, members) for label, members in partitions]
+            for kind, name, members in work:
+                key = entry_key(model.sha256, kind, members, c_all)
+                if key in table:
+                    reused += 1
+                else:
+                    sub, sub_feeds = submodel(members)
+                    t = time_model(sub, sub_feeds, cfg, warmup, repeats, meter=_meter(pu, cfg.threads))
+                    table.add(entry(kind, name, members, c_all, t))
+                    measured += 1
+                tick(f"{cfg.label}: {kind} {name}")
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        if table_path is not None:
+            table.save(table_path)
+    return ProfileSummary(measured, reused, len(table), time.perf_counter() - start, interrupted, energy_source)
+
+
+def _meter(pu: ProcessingUnit, threads: int) -> Callable[[], EnergyMeter]:
+    """Energy meter for a run on ``threads`` cores of ``pu``: sensors if any, else its power figures."""
+    n = max(1, len(pu.cores))
+    model = PowerModel(pu.active_power_w.value / n, pu.idle_power_w.value / n)
+    return lambda: EnergyMeter(model, threads)
