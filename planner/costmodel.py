@@ -1,0 +1,230 @@
+"""``CostModel``: how long a block, a partition or a transfer takes on a PU configuration.
+
+Predictions, best first, for a group of ONNX nodes on (PU, cores):
+  1. ``measured``   the CostTable has this exact group measured fused;
+  2. ``calibrated`` the group is made of measured units (blocks, else single operators
+     scaled by a fitted fusion factor, else the roofline scaled per op class by
+     factors fitted on this config's operator profile), and a partition is
+     ``alpha * sum(units) + beta`` with alpha and beta fitted by least squares on the
+     measured partitions of this config (fused execution is not the sum of its ops);
+  3. ``roofline``   nothing measured for this config: the profile's peak throughput per
+     op class and memory bandwidth, plus its per-launch overhead.
+``holdout`` keeps chosen partitions out of every fit so ``evaluate`` can report the
+model's error on measurements it has not seen.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from device_profiles.schema import DeviceProfile, Link, NetworkLink
+from models.graph import OpGraph
+from profiler.costtable import CostEntry, CostTable
+
+Config = tuple[str, int]  # (PU name, cores)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    ms: float
+    source: str  # measured | calibrated | roofline
+
+
+@dataclass(frozen=True)
+class Fit:
+    """What calibration learnt for one PU configuration."""
+
+    class_scale: dict[str, float]  # measured / roofline per op class, from the operator profile
+    op_overhead_ms: float
+    fusion: float  # fused block time / sum of its operators' unfused times
+    alpha: float  # partition = alpha * sum(unit predictions) + beta
+    beta_ms: float
+    partitions_fitted: int
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    count: int
+    median_abs_pct: float
+    rmspe_pct: float
+    rows: tuple[tuple[str, float, float], ...]  # (label, measured ms, predicted ms)
+
+
+class CostModel:
+    def __init__(
+        self,
+        profile: DeviceProfile,
+        graph: OpGraph,
+        table: CostTable | None = None,
+        holdout: Iterable[str] = (),
+    ) -> None:
+        if graph.granularity != "op":
+            raise ValueError("CostModel needs the operator-level graph")
+        self.profile, self.graph = profile, graph
+        self.holdout = set(holdout)
+        self.fused: dict[tuple[Config, frozenset[str]], CostEntry] = {}
+        self.ops: dict[tuple[Config, str], float] = {}
+        self.partitions: dict[Config, list[CostEntry]] = {}
+        entries = table.select(model_sha256=graph.model_sha256, board=profile.name) if table else []
+        for e in entries:
+            cfg = (e.conditions.pu, e.conditions.cores)
+            if e.kind == "op":
+                self.ops[(cfg, e.members[0])] = e.mean_ms
+            elif e.kind == "block":
+                self.fused[(cfg, frozenset(e.members))] = e
+            elif e.kind == "partition":
+                if e.name not in self.holdout:
+                    self.fused[(cfg, frozenset(e.members))] = e
+                self.partitions.setdefault(cfg, []).append(e)
+        self.blocks = [frozenset(e.members) for (cfg, _), e in self.fused.items() if e.kind == "block"]
+        self.fits: dict[Config, Fit] = {}
+        for cfg in {c for c, _ in self.ops} | {c for c, _ in self.fused}:
+            self.fits[cfg] = self._fit(cfg)
+
+    # ------------------------------------------------------------------ roofline
+
+    def roofline_ms(self, node: str, pu: str, cores: int) -> float:
+        n = self.graph.index[node]
+        p = self.profile.pu(pu)
+        share = cores / max(1, len(p.cores)) if p.kind == "cpu" else 1.0
+        compute = 0.0
+        for cls, flops in n.flops_by_class:
+            compute += flops / (p.peak_gflops[cls].value * share * 1e9)
+        moved = n.param_bytes + sum(self.graph.tensors[t].nbytes for t in (*n.inputs, *n.outputs) if t in self.graph.tensors)
+        memory = moved / (p.memory_bandwidth_gbps.value * 1e9)
+        return (max(compute, memory) + p.launch_overhead_us.value / 1e6) * 1e3
+
+    # ------------------------------------------------------------------ calibration
+
+    def _fit(self, cfg: Config) -> Fit:
+        pu, cores = cfg
+        ratios: dict[str, list[float]] = {}
+        overheads: list[float] = []
+        for n in self.graph.nodes:
+            measured = self.ops.get((cfg, n.name))
+            if measured is None:
+                continue
+            if n.flops == 0:
+                overheads.append(measured)
+            else:
+                ratios.setdefault(n.op_class, []).append(measured / self.roofline_ms(n.name, pu, cores))
+        class_scale = {cls: statistics.median(r) for cls, r in ratios.items()}
+        op_overhead = statistics.median(overheads) if overheads else 0.0
+        fusion_ratios = []
+        for (c, members), e in self.fused.items():
+            if c == cfg and e.kind == "block" and all((cfg, m) in self.ops for m in members):
+                unfused = sum(self.ops[(cfg, m)] for m in members)
+                if unfused > 0:
+                    fusion_ratios.append(e.mean_ms / unfused)
+        fusion = statistics.median(fusion_ratios) if fusion_ratios else 1.0
+        partial = Fit(class_scale, op_overhead, fusion, 1.0, 0.0, 0)
+        self.fits[cfg] = partial
+        xs, ys = [], []
+        for e in self.partitions.get(cfg, []):
+            if e.name in self.holdout:
+                continue
+            xs.append(self._units_ms(frozenset(e.members), cfg, exclude_self=True))
+            ys.append(e.mean_ms)
+        alpha, beta = 1.0, 0.0
+        if len(xs) >= 2:
+            # Relative least squares: minimise sum(((alpha*x + beta) - y) / y)^2
+            a = np.array([[x / y, 1 / y] for x, y in zip(xs, ys, strict=True)])
+            b = np.ones(len(ys))
+            (alpha, beta), *_ = np.linalg.lstsq(a, b, rcond=None)
+            if alpha <= 0:
+                alpha, beta = float(np.median(np.array(ys) / np.array(xs))), 0.0
+        elif len(xs) == 1:
+            alpha = ys[0] / xs[0]
+        return Fit(class_scale, op_overhead, fusion, float(alpha), float(beta), len(xs))
+
+    def _op_ms(self, node: str, cfg: Config) -> tuple[float, str]:
+        measured = self.ops.get((cfg, node))
+        if measured is not None:
+            return measured, "calibrated"
+        fit = self.fits.get(cfg)
+        n = self.graph.index[node]
+        if fit and n.flops == 0 and fit.op_overhead_ms:
+            return fit.op_overhead_ms, "calibrated"
+        if fit and n.op_class in fit.class_scale:
+            return self.roofline_ms(node, *cfg) * fit.class_scale[n.op_class], "calibrated"
+        return self.roofline_ms(node, *cfg), "roofline"
+
+    def _units_ms(self, members: frozenset[str], cfg: Config, exclude_self: bool = False) -> float:
+        """Sum over the measured blocks inside ``members``, then operators for the rest."""
+        total, left = 0.0, set(members)
+        for block in self.blocks:
+            if block <= left and not (exclude_self and block == members):
+                entry = self.fused.get((cfg, block))
+                if entry is not None:
+                    total += entry.mean_ms
+                    left -= block
+        fit = self.fits.get(cfg)
+        fusion = fit.fusion if fit else 1.0
+        total += fusion * sum(self._op_ms(m, cfg)[0] for m in left)
+        return total
+
+    # ------------------------------------------------------------------ predictions
+
+    def group_ms(self, members: Iterable[str], pu: str, cores: int) -> Prediction:
+        """Latency of running these ONNX nodes as one fused partition on (pu, cores)."""
+        key = frozenset(members)
+        cfg = (pu, cores)
+        entry = self.fused.get((cfg, key))
+        if entry is not None:
+            return Prediction(entry.mean_ms, "measured")
+        fit = self.fits.get(cfg)
+        if fit is None:
+            return Prediction(sum(self.roofline_ms(m, pu, cores) for m in key), "roofline")
+        units = self._units_ms(key, cfg)
+        if len(key) > 1 and fit.partitions_fitted:
+            return Prediction(max(0.0, fit.alpha * units + fit.beta_ms), "calibrated")
+        return Prediction(units, "calibrated")
+
+    def transfer_ms(self, nbytes: int, src_pu: str, dst_pu: str) -> float:
+        link = self.profile.link(src_pu, dst_pu)
+        if link is None or nbytes == 0:
+            return 0.0
+        ms = link.latency_us.value / 1e3 + nbytes / (link.bandwidth_gbps.value * 1e9) * 1e3
+        if isinstance(link, Link):
+            ms += link.conversion_us_per_mb.value * nbytes / 1e6 / 1e3
+        return ms
+
+    def transfer_mj(self, nbytes: int, src_pu: str, dst_pu: str) -> float:
+        link = self.profile.link(src_pu, dst_pu)
+        if isinstance(link, NetworkLink):
+            return link.energy_nj_per_byte.value * nbytes / 1e6
+        return 0.0
+
+    def busy_power_w(self, pu: str, cores: int) -> float:
+        p = self.profile.pu(pu)
+        n = max(1, len(p.cores))
+        if p.kind != "cpu":
+            return p.active_power_w.value
+        return p.active_power_w.value * cores / n + p.idle_power_w.value * (n - cores) / n
+
+    # ------------------------------------------------------------------ self-check
+
+    def evaluate(self, labels: Sequence[str] | None = None) -> Evaluation:
+        """Error on measured partitions, by default the held-back ones (never fitted on)."""
+        rows = []
+        for cfg, entries in sorted(self.partitions.items()):
+            for e in entries:
+                if (labels is None and e.name not in self.holdout) or (labels is not None and e.name not in labels):
+                    continue
+                fit = self.fits[cfg]
+                units = self._units_ms(frozenset(e.members), cfg, exclude_self=True)
+                predicted = fit.alpha * units + fit.beta_ms if fit.partitions_fitted else units
+                rows.append((f"{e.name}@{cfg[0]}x{cfg[1]}", e.mean_ms, predicted))
+        if not rows:
+            return Evaluation(0, float("nan"), float("nan"), ())
+        errs = [(p - m) / m * 100 for _, m, p in rows]
+        return Evaluation(
+            len(rows),
+            statistics.median(abs(x) for x in errs),
+            float(np.sqrt(np.mean(np.square(errs)))),
+            tuple(rows),
+        )

@@ -1,0 +1,301 @@
+"""``Plan``: where every block runs, stage by stage; the one type for solved, baseline and hand-written plans.
+
+Serialised as versioned JSON. A plan names its blocks (block -> ONNX node names), so
+it can be cut out of the model without re-coarsening; each stage holds one or more
+replica groups (frame f goes to group f mod R), each group a set of PU assignments.
+``validate`` checks a plan against the model graph and the device profile and names
+the field that is wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from device_profiles.schema import DeviceProfile
+from models.errors import ParapipeError
+from models.graph import OpGraph
+
+PLAN_VERSION = 1
+
+
+class PlanError(ParapipeError):
+    """A plan is malformed, does not fit its model or board, or no plan meets the request."""
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """Blocks one PU runs for a stage, as one partition with ``cores`` threads."""
+
+    pu: str
+    cores: int
+    blocks: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Stage:
+    groups: tuple[tuple[Assignment, ...], ...]  # replica groups; len == 1 without replication
+
+    @property
+    def replicas(self) -> int:
+        return len(self.groups)
+
+    def pus(self) -> list[str]:
+        return [a.pu for g in self.groups for a in g]
+
+
+@dataclass(frozen=True)
+class Predicted:
+    latency_ms: float
+    throughput_fps: float
+    energy_mj: float
+    energy_source: str = "modelled"
+    method: str = "analytic"  # analytic | simulated
+
+
+@dataclass(frozen=True)
+class Provenance:
+    method: str  # "ilp", "baseline:<name>", "hand"
+    solver: str = ""
+    status: str = ""
+    objective: str = ""
+    gap: float | None = None
+    bound: float | None = None
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class Plan:
+    model_sha256: str
+    model_name: str
+    device: str
+    device_sha256: str
+    granularity: str
+    blocks: Mapping[str, tuple[str, ...]]
+    stages: tuple[Stage, ...]
+    provenance: Provenance
+    predicted: Predicted | None = None
+    simulated: Predicted | None = None
+    name: str = ""
+    version: int = PLAN_VERSION
+    notes: tuple[str, ...] = field(default=())
+
+    def assignments(self) -> list[tuple[int, int, Assignment]]:
+        """(stage index, replica group, assignment) for every assignment."""
+        return [(s, g, a) for s, stage in enumerate(self.stages) for g, group in enumerate(stage.groups) for a in group]
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["blocks"] = {k: list(v) for k, v in self.blocks.items()}
+        return data
+
+    def save(self, path: Path) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        try:
+            tmp.write_text(json.dumps(self.to_json(), indent=2) + "\n")
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return path
+
+
+def _need(data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    if key not in data:
+        raise PlanError(f"{where}{key}: missing field")
+    value = data[key]
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind in (int, float, (int, float))):
+        raise PlanError(f"{where}{key}: expected {getattr(kind, '__name__', kind)}, got {value!r}")
+    return value
+
+
+def _predicted(raw: Any, where: str) -> Predicted | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping):
+        raise PlanError(f"{where}: expected an object")
+    return Predicted(
+        float(_need(raw, "latency_ms", (int, float), f"{where}.")),
+        float(_need(raw, "throughput_fps", (int, float), f"{where}.")),
+        float(_need(raw, "energy_mj", (int, float), f"{where}.")),
+        str(raw.get("energy_source", "modelled")),
+        str(raw.get("method", "analytic")),
+    )
+
+
+def plan_from_json(data: Any, origin: str = "plan") -> Plan:
+    """Parse and shape-check a plan (hand-written or solved); errors name the field."""
+    if not isinstance(data, Mapping):
+        raise PlanError(f"{origin}: a plan is a JSON object")
+    version = _need(data, "version", int, "")
+    if version != PLAN_VERSION:
+        raise PlanError(f"version: {version} is not supported; this parapipe reads plan version {PLAN_VERSION}")
+    blocks_raw = _need(data, "blocks", dict, "")
+    blocks: dict[str, tuple[str, ...]] = {}
+    for name, members in blocks_raw.items():
+        if not isinstance(members, list) or not members or not all(isinstance(m, str) for m in members):
+            raise PlanError(f"blocks.{name}: expected a non-empty list of ONNX node names")
+        blocks[name] = tuple(members)
+    stages_raw = _need(data, "stages", list, "")
+    if not stages_raw:
+        raise PlanError("stages: a plan needs at least one stage")
+    stages = []
+    for s, stage in enumerate(stages_raw):
+        groups_raw = _need(stage, "groups", list, f"stages[{s}].") if isinstance(stage, Mapping) else None
+        if not groups_raw:
+            raise PlanError(f"stages[{s}].groups: expected a non-empty list of replica groups")
+        groups = []
+        for g, group in enumerate(groups_raw):
+            if not isinstance(group, list) or not group:
+                raise PlanError(f"stages[{s}].groups[{g}]: expected a non-empty list of assignments")
+            assignments = []
+            for i, a in enumerate(group):
+                where = f"stages[{s}].groups[{g}][{i}]."
+                if not isinstance(a, Mapping):
+                    raise PlanError(f"{where[:-1]}: expected an object with pu, cores, blocks")
+                cores = _need(a, "cores", int, where)
+                if cores < 1:
+                    raise PlanError(f"{where}cores: must be at least 1, got {cores}")
+                blist = _need(a, "blocks", list, where)
+                for b in blist:
+                    if b not in blocks:
+                        raise PlanError(f"{where}blocks: unknown block {b!r} (not in the plan's blocks)")
+                assignments.append(Assignment(_need(a, "pu", str, where), cores, tuple(blist)))
+            groups.append(tuple(assignments))
+        stages.append(Stage(tuple(groups)))
+    prov_raw = data.get("provenance", {"method": "hand"})
+    if not isinstance(prov_raw, Mapping):
+        raise PlanError("provenance: expected an object")
+    provenance = Provenance(
+        method=str(prov_raw.get("method", "hand")),
+        solver=str(prov_raw.get("solver", "")),
+        status=str(prov_raw.get("status", "")),
+        objective=str(prov_raw.get("objective", "")),
+        gap=prov_raw.get("gap"),
+        bound=prov_raw.get("bound"),
+        seconds=float(prov_raw.get("seconds", 0.0)),
+    )
+    return Plan(
+        model_sha256=_need(data, "model_sha256", str, ""),
+        model_name=str(data.get("model_name", "")),
+        device=_need(data, "device", str, ""),
+        device_sha256=str(data.get("device_sha256", "")),
+        granularity=str(data.get("granularity", "custom")),
+        blocks=blocks,
+        stages=tuple(stages),
+        provenance=provenance,
+        predicted=_predicted(data.get("predicted"), "predicted"),
+        simulated=_predicted(data.get("simulated"), "simulated"),
+        name=str(data.get("name", "")),
+        version=version,
+        notes=tuple(data.get("notes", ())),
+    )
+
+
+def load_plan(path: Path) -> Plan:
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise PlanError(f"no such plan file: {path}") from None
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise PlanError(f"{path}: not a readable JSON plan: {exc}") from None
+    try:
+        return plan_from_json(data, str(path))
+    except PlanError as exc:
+        raise PlanError(f"{path}: {exc}") from None
+
+
+def validate(plan: Plan, graph: OpGraph, profile: DeviceProfile) -> None:
+    """The plan fits this model and board: hashes, PUs, cores, every node once per replica, stage order."""
+    if plan.model_sha256 != graph.model_sha256:
+        raise PlanError(
+            f"model_sha256: the plan is for model {plan.model_sha256[:12]}…, this file is {graph.model_sha256[:12]}…; "
+            "re-plan for this model"
+        )
+    if plan.device != profile.name:
+        raise PlanError(f"device: the plan is for {plan.device!r}, not {profile.name!r}")
+    known = {n.name for n in graph.nodes}
+    owner: dict[str, str] = {}
+    for name, members in plan.blocks.items():
+        for m in members:
+            if m not in known:
+                raise PlanError(f"blocks.{name}: node {m!r} is not in the model")
+            if m in owner:
+                raise PlanError(f"blocks.{name}: node {m!r} is also in block {owner[m]!r}")
+            owner[m] = name
+    missing = known - set(owner)
+    if missing:
+        raise PlanError(f"blocks: {len(missing)} node(s) are in no block, e.g. {sorted(missing)[:3]}")
+    used: set[str] = set()
+    stage_of_block: dict[str, int] = {}
+    for s, stage in enumerate(plan.stages):
+        for g, group in enumerate(stage.groups):
+            seen: set[str] = set()
+            for i, a in enumerate(group):
+                where = f"stages[{s}].groups[{g}][{i}]"
+                pu = profile.pu(a.pu) if a.pu in {p.name for p in profile.pus} else None
+                if pu is None:
+                    raise PlanError(f"{where}.pu: unknown PU {a.pu!r}; {profile.name} has {', '.join(p.name for p in profile.pus)}")
+                if a.pu in used:
+                    raise PlanError(f"{where}.pu: PU {a.pu!r} is used twice; a PU belongs to one stage and one group")
+                used.add(a.pu)
+                limit = len(pu.cores) if pu.kind == "cpu" else 1
+                if a.cores > limit:
+                    raise PlanError(f"{where}.cores: {a.pu!r} has {limit} core(s), the plan asks for {a.cores}")
+                for b in a.blocks:
+                    if b in seen:
+                        raise PlanError(f"{where}.blocks: block {b!r} appears twice in one replica group")
+                    if b in stage_of_block and stage_of_block[b] != s:
+                        raise PlanError(f"{where}.blocks: block {b!r} is also in stage {stage_of_block[b]}")
+                    seen.add(b)
+                    stage_of_block[b] = s
+                    for m in plan.blocks[b]:
+                        op = graph.index[m]
+                        for t in op.op_types:
+                            if not pu.supports(t):
+                                raise PlanError(f"{where}: PU {a.pu!r} does not support {t} (node {m!r}, block {b!r})")
+            if g == 0:
+                first = seen
+            elif seen != first:
+                raise PlanError(f"stages[{s}].groups[{g}]: a replica must hold the same blocks as group 0")
+    unplaced = set(plan.blocks) - set(stage_of_block)
+    if unplaced:
+        raise PlanError(f"stages: block(s) {sorted(unplaced)[:3]} are placed on no PU")
+    block_of = {m: b for b, ms in plan.blocks.items() for m in ms}
+    for e in graph.edges:
+        a, b = stage_of_block[block_of[e.src]], stage_of_block[block_of[e.dst]]
+        if a > b:
+            raise PlanError(
+                f"stages: node {e.dst!r} in stage {b} reads {e.tensor!r} from {e.src!r} in later stage {a} "
+                "(a cycle between stages); stages must follow the data flow"
+            )
+    _check_partitions_acyclic(plan, graph, block_of)
+
+
+def _check_partitions_acyclic(plan: Plan, graph: OpGraph, block_of: Mapping[str, str]) -> None:
+    """Inside a stage, the per-PU partitions must feed each other one way only."""
+    for s, stage in enumerate(plan.stages):
+        pu_of = {b: a.pu for a in stage.groups[0] for b in a.blocks}
+        succ: dict[str, set[str]] = {a.pu: set() for a in stage.groups[0]}
+        for e in graph.edges:
+            x, y = pu_of.get(block_of[e.src]), pu_of.get(block_of[e.dst])
+            if x and y and x != y:
+                succ[x].add(y)
+        state: dict[str, int] = {}
+
+        def visit(p: str, s: int = s) -> None:
+            state[p] = 1
+            for q in succ[p]:
+                if state.get(q) == 1:
+                    raise PlanError(f"stages[{s}]: the partitions on {p!r} and {q!r} feed each other (a cycle); split the stage")
+                if q not in state:
+                    visit(q)
+            state[p] = 2
+
+        for p in succ:
+            if p not in state:
+                visit(p)
