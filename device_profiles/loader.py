@@ -79,7 +79,9 @@ class _Reader:
                 raise ProfileError(f"{self._at(key)}: missing field")
             return default
         value = self.data[key]
-        if not isinstance(value, kind) or (isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,))):
+        if not isinstance(value, kind) or (
+            isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,))
+        ):
             raise ProfileError(f"{self._at(key)}: expected {getattr(kind, '__name__', kind)}, got {value!r}")
         return value
 
@@ -240,7 +242,10 @@ def parse_profile(data: Mapping[str, Any], origin: str = "") -> DeviceProfile:
                 raise ProfileError(f"network[{i}].{key}: unknown host {end!r}; hosts are {', '.join(host_names)}")
         network.append(
             NetworkLink(
-                a, b, nr.quantity("bandwidth_gbps", positive=True), nr.quantity("latency_us"),
+                a,
+                b,
+                nr.quantity("bandwidth_gbps", positive=True),
+                nr.quantity("latency_us"),
                 nr.quantity("energy_nj_per_byte", default=Quantity(0.0, "estimate", "not stated")),
             )
         )

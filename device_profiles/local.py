@@ -112,7 +112,9 @@ def build_local_profile(biglittle: bool = False) -> DeviceProfile:
             memory_bandwidth_gbps=bandwidth,
             memory_bytes=mem,
             launch_overhead_us=overhead,
-            active_power_w=Quantity(round(6.0 * n * share, 2), "estimate", "about 6 W per busy server core (TDP / cores)"),
+            active_power_w=Quantity(
+                round(6.0 * n * share, 2), "estimate", "about 6 W per busy server core (TDP / cores)"
+            ),
             idle_power_w=Quantity(round(1.0 * n, 2), "estimate", "about 1 W per idle core"),
             cluster=name,
             throttle=throttle,
@@ -129,7 +131,10 @@ def build_local_profile(biglittle: bool = False) -> DeviceProfile:
         notes.append(
             f"core {cores[1]} is made slow on purpose: threads pinned to it get {LITTLE_QUOTA_PERCENT:.0f}% of each CFS period"
         )
-        name, desc = "local-biglittle", f"this host as a big.LITTLE board: core {cores[0]} fast, core {cores[1]} throttled"
+        name, desc = (
+            "local-biglittle",
+            f"this host as a big.LITTLE board: core {cores[0]} fast, core {cores[1]} throttled",
+        )
     else:
         pus = tuple(pu(cname, ccores) for cname, ccores in detect_clusters(cores).items())
         name, desc = "local", f"this host: {len(cores)} core(s), clusters {', '.join(p.name for p in pus)}"

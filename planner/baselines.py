@@ -17,17 +17,23 @@ def single_pu(blocks: OpGraph, profile: DeviceProfile, pu: str, cores: int, name
     """Everything in one onnxruntime session on one PU with ``cores`` threads."""
     stage = Stage(((Assignment(pu, cores, tuple(b.name for b in blocks.nodes)),),))
     return Plan(
-        model_sha256=blocks.model_sha256, model_name=blocks.name, device=profile.name,
-        device_sha256=profile.content_hash(), granularity=blocks.granularity, blocks=_blocks(blocks),
-        stages=(stage,), provenance=Provenance(method=f"baseline:{name or 'single-pu'}"), name=name or f"single-{pu}x{cores}",
+        model_sha256=blocks.model_sha256,
+        model_name=blocks.name,
+        device=profile.name,
+        device_sha256=profile.content_hash(),
+        granularity=blocks.granularity,
+        blocks=_blocks(blocks),
+        stages=(stage,),
+        provenance=Provenance(method=f"baseline:{name or 'single-pu'}"),
+        name=name or f"single-{pu}x{cores}",
     )
 
 
-def flop_pipeline(
-    blocks: OpGraph, profile: DeviceProfile, stages: Sequence[tuple[str, int]], name: str = ""
-) -> Plan:
+def flop_pipeline(blocks: OpGraph, profile: DeviceProfile, stages: Sequence[tuple[str, int]], name: str = "") -> Plan:
     """Consecutive blocks (topological order) cut into stages with FLOPs in proportion to PU peak."""
-    weights = [profile.pu(pu).peak_gflops["conv"].value * cores / max(1, len(profile.pu(pu).cores)) for pu, cores in stages]
+    weights = [
+        profile.pu(pu).peak_gflops["conv"].value * cores / max(1, len(profile.pu(pu).cores)) for pu, cores in stages
+    ]
     total_w = sum(weights)
     total = sum(b.flops for b in blocks.nodes) or 1
     bounds, acc = [], 0.0
@@ -41,10 +47,18 @@ def flop_pipeline(
         chunks[idx].append(b.name)
         done += b.flops
     built = tuple(
-        Stage(((Assignment(pu, cores, tuple(chunk)),),)) for (pu, cores), chunk in zip(stages, chunks, strict=True) if chunk
+        Stage(((Assignment(pu, cores, tuple(chunk)),),))
+        for (pu, cores), chunk in zip(stages, chunks, strict=True)
+        if chunk
     )
     return Plan(
-        model_sha256=blocks.model_sha256, model_name=blocks.name, device=profile.name,
-        device_sha256=profile.content_hash(), granularity=blocks.granularity, blocks=_blocks(blocks), stages=built,
-        provenance=Provenance(method=f"baseline:{name or 'flop-pipeline'}"), name=name or "flop-pipeline",
+        model_sha256=blocks.model_sha256,
+        model_name=blocks.name,
+        device=profile.name,
+        device_sha256=profile.content_hash(),
+        granularity=blocks.granularity,
+        blocks=_blocks(blocks),
+        stages=built,
+        provenance=Provenance(method=f"baseline:{name or 'flop-pipeline'}"),
+        name=name or "flop-pipeline",
     )

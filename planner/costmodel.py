@@ -94,7 +94,9 @@ class CostModel:
         compute = 0.0
         for cls, flops in n.flops_by_class:
             compute += flops / (p.peak_gflops[cls].value * share * 1e9)
-        moved = n.param_bytes + sum(self.graph.tensors[t].nbytes for t in (*n.inputs, *n.outputs) if t in self.graph.tensors)
+        moved = n.param_bytes + sum(
+            self.graph.tensors[t].nbytes for t in (*n.inputs, *n.outputs) if t in self.graph.tensors
+        )
         memory = moved / (p.memory_bandwidth_gbps.value * 1e9)
         return (max(compute, memory) + p.launch_overhead_us.value / 1e6) * 1e3
 

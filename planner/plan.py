@@ -239,7 +239,9 @@ def validate(plan: Plan, graph: OpGraph, profile: DeviceProfile) -> None:
                 where = f"stages[{s}].groups[{g}][{i}]"
                 pu = profile.pu(a.pu) if a.pu in {p.name for p in profile.pus} else None
                 if pu is None:
-                    raise PlanError(f"{where}.pu: unknown PU {a.pu!r}; {profile.name} has {', '.join(p.name for p in profile.pus)}")
+                    raise PlanError(
+                        f"{where}.pu: unknown PU {a.pu!r}; {profile.name} has {', '.join(p.name for p in profile.pus)}"
+                    )
                 if a.pu in used:
                     raise PlanError(f"{where}.pu: PU {a.pu!r} is used twice; a PU belongs to one stage and one group")
                 used.add(a.pu)
@@ -285,17 +287,30 @@ def _check_partitions_acyclic(plan: Plan, graph: OpGraph, block_of: Mapping[str,
             x, y = pu_of.get(block_of[e.src]), pu_of.get(block_of[e.dst])
             if x and y and x != y:
                 succ[x].add(y)
-        state: dict[str, int] = {}
+        cycle = _find_cycle(succ)
+        if cycle:
+            raise PlanError(
+                f"stages[{s}]: the partitions on {' -> '.join(cycle)} feed each other in a cycle; split the stage"
+            )
 
-        def visit(p: str, s: int = s) -> None:
-            state[p] = 1
-            for q in succ[p]:
-                if state.get(q) == 1:
-                    raise PlanError(f"stages[{s}]: the partitions on {p!r} and {q!r} feed each other (a cycle); split the stage")
-                if q not in state:
-                    visit(q)
-            state[p] = 2
 
-        for p in succ:
-            if p not in state:
-                visit(p)
+def _find_cycle(succ: Mapping[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(p: str) -> list[str] | None:
+        state[p] = 1
+        stack.append(p)
+        for q in succ[p]:
+            if state.get(q) == 1:
+                return [*stack[stack.index(q) :], q]
+            if q not in state and (found := visit(q)):
+                return found
+        stack.pop()
+        state[p] = 2
+        return None
+
+    for p in succ:
+        if p not in state and (found := visit(p)):
+            return found
+    return None

@@ -102,14 +102,14 @@ class PlanModel:
 def _topo(parts: list[Part], flows: Mapping[tuple[str, str], int]) -> list[Part]:
     by_pu = {p.pu: p for p in parts}
     waiting = {p.pu: 0 for p in parts}
-    for x, y in flows:
+    for _, y in flows:
         waiting[y] += 1
     ready = [p.pu for p in parts if waiting[p.pu] == 0]
     order: list[Part] = []
     while ready:
         pu = ready.pop(0)
         order.append(by_pu[pu])
-        for (x, y) in flows:
+        for x, y in flows:
             if x == pu:
                 waiting[y] -= 1
                 if waiting[y] == 0:

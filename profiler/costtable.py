@@ -86,7 +86,9 @@ class CostTable:
     def add(self, entry: CostEntry) -> None:
         self.entries[entry.key] = entry
 
-    def select(self, model_sha256: str | None = None, kind: str | None = None, board: str | None = None) -> list[CostEntry]:
+    def select(
+        self, model_sha256: str | None = None, kind: str | None = None, board: str | None = None
+    ) -> list[CostEntry]:
         return [
             e
             for e in self.entries.values()
@@ -96,7 +98,10 @@ class CostTable:
         ]
 
     def to_json(self) -> dict[str, object]:
-        return {"version": TABLE_VERSION, "entries": [asdict(e) for e in sorted(self.entries.values(), key=lambda e: e.key)]}
+        return {
+            "version": TABLE_VERSION,
+            "entries": [asdict(e) for e in sorted(self.entries.values(), key=lambda e: e.key)],
+        }
 
     @staticmethod
     def from_json(data: object, origin: str = "cost table") -> CostTable:

@@ -170,7 +170,9 @@ class EnergyMeter:
             self._stop.set()
             self._sampler.join()
         if self.rapl.available():
-            self.reading = EnergyReading(self.rapl.delta_joules(self._rapl0, self.rapl.read()), "measured", self.rapl.label())
+            self.reading = EnergyReading(
+                self.rapl.delta_joules(self._rapl0, self.rapl.read()), "measured", self.rapl.label()
+            )
         elif self.hwmon.available():
             counters = sum(b - a for a, b in zip(self._hw0, self.hwmon.counters_uj(), strict=True)) / 1e6
             self.reading = EnergyReading(counters + self._sampled_j, "measured", self.hwmon.label())

@@ -42,7 +42,9 @@ def throttle_current_thread(name: str, quota_percent: float) -> Path:
         (group / "cpu.cfs_quota_us").write_text(str(max(1000, int(CFS_PERIOD_US * quota_percent / 100))))
         (group / "tasks").write_text(str(threading.get_native_id()))
     except OSError as exc:
-        raise PinningError(f"cannot throttle a thread with {group}: {exc} (needs root and the cgroup v1 cpu controller)") from None
+        raise PinningError(
+            f"cannot throttle a thread with {group}: {exc} (needs root and the cgroup v1 cpu controller)"
+        ) from None
     return group
 
 
@@ -54,9 +56,7 @@ def release_current_thread() -> None:
         pass
 
 
-def run_pinned(
-    fn: Callable[[], T], cores: Sequence[int], throttle_percent: float | None = None, name: str = "pu"
-) -> T:
+def run_pinned(fn: Callable[[], T], cores: Sequence[int], throttle_percent: float | None = None, name: str = "pu") -> T:
     """Run ``fn`` in a new thread pinned to ``cores`` (and throttled if asked); return its result."""
     result: list[T] = []
     error: list[BaseException] = []

@@ -126,13 +126,26 @@ def run_profile(
     interrupted = False
 
     def cond(cfg: PuConfig, opt: str) -> Conditions:
-        return Conditions(profile.name, cfg.pu, len(cfg.cores), cfg.threads, cfg.provider, ort_version, opt, cfg.throttle_percent)
+        return Conditions(
+            profile.name, cfg.pu, len(cfg.cores), cfg.threads, cfg.provider, ort_version, opt, cfg.throttle_percent
+        )
 
     def entry(kind: str, name: str, members: tuple[str, ...], c: Conditions, t: Timing) -> CostEntry:
         return CostEntry(
-            key=entry_key(model.sha256, kind, members, c), kind=kind, model_sha256=model.sha256, name=name,
-            members=members, conditions=c, median_ms=t.median_ms, mean_ms=t.mean_ms, p10_ms=t.p10_ms, p90_ms=t.p90_ms,
-            repeats=t.repeats, energy_mj=t.energy_mj_per_run, energy_source=t.energy_source or "none", flops=sum(flops[m] for m in members),
+            key=entry_key(model.sha256, kind, members, c),
+            kind=kind,
+            model_sha256=model.sha256,
+            name=name,
+            members=members,
+            conditions=c,
+            median_ms=t.median_ms,
+            mean_ms=t.mean_ms,
+            p10_ms=t.p10_ms,
+            p90_ms=t.p90_ms,
+            repeats=t.repeats,
+            energy_mj=t.energy_mj_per_run,
+            energy_source=t.energy_source or "none",
+            flops=sum(flops[m] for m in members),
             measured_at=time.time(),
         )
 

@@ -1,0 +1,57 @@
+"""The Typer app, consoles and shared options every command module uses."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+
+from device_profiles.schema import ProfileError
+from models.errors import ParapipeError
+from profiler.pinning import PinningError
+
+# Errors parts raise on purpose; each carries a message that says what to do.
+USER_ERRORS = (ParapipeError, ProfileError, PinningError)
+
+app = typer.Typer(
+    help="Plan and run DNN inference across the processing units of edge boards.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+out = Console()
+err = Console(stderr=True)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
+ShapeOpt = Annotated[
+    list[str] | None,
+    typer.Option("--input-shape", help="Static input shape, [NAME=]1,3,224,224; repeat for several inputs."),
+]
+
+
+def fails_cleanly(fn: F) -> F:
+    """Report a user error as one clear message and exit code 2, never a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except USER_ERRORS as exc:
+            err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
+        except KeyboardInterrupt:
+            err.print("interrupted")
+            raise typer.Exit(130) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def print_json(data: object) -> None:
+    sys.stdout.write(json.dumps(data, indent=2) + "\n")

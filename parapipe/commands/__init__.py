@@ -1,0 +1,1 @@
+"""CLI command modules; importing one registers its commands on ``parapipe.app.app``."""

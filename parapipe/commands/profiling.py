@@ -1,0 +1,202 @@
+"""`parapipe profile` (measure costs on a board) and `parapipe simulate` (run a plan through the cost model)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from parapipe.app import JsonFlag, ShapeOpt, app, err, fails_cleanly, out, print_json
+
+LOCAL_BOARDS = ("local", "local-biglittle")
+
+
+@app.command()
+@fails_cleanly
+def profile(
+    model: Annotated[Path, typer.Argument(help="The .onnx model to measure.")],
+    board: Annotated[str, typer.Option("--board", help="Board to measure on: local or local-biglittle.")] = "local",
+    pu: Annotated[list[str] | None, typer.Option("--pu", help="Only these PUs (repeatable); default all.")] = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="Cost table (merged, not overwritten).")] = None,
+    granularity: Annotated[str, typer.Option("--granularity", help="Blocks to time: coarse, fine or both.")] = "coarse",
+    repeats: Annotated[int, typer.Option("--repeats", min=3, help="Timed runs per measurement.")] = 10,
+    warmup: Annotated[int, typer.Option("--warmup", min=0, help="Untimed runs first.")] = 3,
+    input_shape: ShapeOpt = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Measure every operator, block and a few whole partitions of MODEL on each PU configuration."""
+    from device_profiles.loader import load_profile
+    from models.graph import build_graph
+    from models.onnx_io import load_onnx, parse_input_shapes
+    from parapipe.home import default_costs
+    from profiler.costtable import CostTable
+    from profiler.session import ProfilingError, pu_configs, run_profile
+
+    if board not in LOCAL_BOARDS:
+        raise ProfilingError(
+            f"board {board!r} cannot be reached from here: this version profiles {', '.join(LOCAL_BOARDS)}; "
+            "remote boards need the agent (plan from the board's profile meanwhile)"
+        )
+    if granularity not in ("coarse", "fine", "both"):
+        raise ProfilingError(f"--granularity must be coarse, fine or both, not {granularity!r}")
+    profile_ = load_profile(board)
+    loaded = load_onnx(model, parse_input_shapes(input_shape))
+    graph = build_graph(loaded.proto, loaded.sha256, model.stem)
+    configs = pu_configs(profile_, pu)
+    path = output or default_costs()
+    table = CostTable.load(path)
+    before = len(table)
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=as_json,
+        disable=as_json,
+    ) as bar:
+        task = bar.add_task(f"profiling {model.name} on {board}", total=None)
+
+        def progress(what: str, done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total, description=f"{board}: {what}"[:60])
+
+        summary = run_profile(loaded, graph, profile_, table, path, configs, granularity, repeats, warmup, progress)
+    result = _summarise(table, loaded.sha256, board, configs, graph)
+    result.update(
+        {
+            "costs": str(path),
+            "measured": summary.measured,
+            "reused": summary.reused,
+            "entries_before": before,
+            "entries": summary.entries,
+            "seconds": round(summary.seconds, 2),
+            "interrupted": summary.interrupted,
+            "energy_source": summary.energy_source,
+        }
+    )
+    if as_json:
+        print_json(result)
+    else:
+        t = Table(
+            "PU config", "ops", "blocks", "whole model ms", "sum of blocks ms", "energy mJ/frame", "held-out error"
+        )
+        for row in result["configs"]:
+            t.add_row(
+                row["config"],
+                str(row["ops"]),
+                str(row["blocks"]),
+                f"{row['model_ms']:.2f}",
+                f"{row['blocks_sum_ms']:.2f}",
+                f"{row['energy_mj']:.1f} ({row['energy_source']})" if row["energy_mj"] is not None else "-",
+                f"{row['holdout_median_pct']:.1f}%" if row["holdout_median_pct"] is not None else "-",
+            )
+        out.print(t)
+        out.print(
+            f"{summary.measured} measured, {summary.reused} reused from {path} ({summary.entries} entries) "
+            f"in {summary.seconds:.1f}s; energy is {summary.energy_source}",
+            highlight=False,
+        )
+    if summary.interrupted:
+        err.print("interrupted: what was measured is saved; run the same command to continue")
+        raise typer.Exit(130)
+
+
+def _summarise(table, sha: str, board: str, configs, graph) -> dict:
+    """Per PU config: counts, whole-model time, sum of blocks, and the cost model's held-out error."""
+    from device_profiles.loader import load_profile
+    from planner.costmodel import CostModel
+
+    rows = []
+    entries = table.select(model_sha256=sha, board=board)
+    partition_labels = sorted({e.name for e in entries if e.kind == "partition"})
+    holdout = partition_labels[1::2]
+    cost = CostModel(load_profile(board), graph, table, holdout=holdout)
+    evaluation = cost.evaluate()
+    for cfg in configs:
+        mine = [e for e in entries if e.conditions.pu == cfg.pu and e.conditions.cores == len(cfg.cores)]
+        whole = [e for e in mine if e.kind == "partition" and len(e.members) == len(graph.nodes)]
+        blocks = [e for e in mine if e.kind == "block"]
+        label = f"{cfg.pu}x{len(cfg.cores)}"
+        errs = [abs(p - m) / m * 100 for name, m, p in evaluation.rows if name.endswith(f"@{label}")]
+        rows.append(
+            {
+                "config": label,
+                "ops": sum(1 for e in mine if e.kind == "op"),
+                "blocks": len(blocks),
+                "model_ms": whole[0].mean_ms if whole else float("nan"),
+                "blocks_sum_ms": sum(e.mean_ms for e in blocks if len(e.members) < len(graph.nodes)),
+                "energy_mj": whole[0].energy_mj if whole else None,
+                "energy_source": whole[0].energy_source if whole else "",
+                "holdout_median_pct": sorted(errs)[len(errs) // 2] if errs else None,
+            }
+        )
+    return {
+        "board": board,
+        "model_sha256": sha,
+        "configs": rows,
+        "holdout": {
+            "count": evaluation.count,
+            "median_abs_pct": evaluation.median_abs_pct,
+            "rmspe_pct": evaluation.rmspe_pct,
+        },
+    }
+
+
+@app.command()
+@fails_cleanly
+def simulate(
+    plan: Annotated[Path, typer.Argument(help="A plan JSON (solved or hand-written).")],
+    model: Annotated[Path, typer.Argument(help="The .onnx model the plan is for.")],
+    device: Annotated[str, typer.Option("--device", help="Profile name or TOML path.")],
+    costs: Annotated[
+        Path | None, typer.Option("--costs", help="Cost table (default: $PARAPIPE_HOME/costs.json).")
+    ] = None,
+    frames: Annotated[int, typer.Option("--frames", min=1, help="Frames to simulate.")] = 200,
+    as_json: JsonFlag = False,
+) -> None:
+    """Run a plan through the cost model: analytic figures and a discrete-event simulation side by side."""
+    from device_profiles.loader import load_profile
+    from models.graph import build_graph
+    from models.onnx_io import load_onnx
+    from parapipe.home import default_costs
+    from planner.costmodel import CostModel
+    from planner.plan import load_plan, validate
+    from planner.simulate import PlanModel, analytic
+    from planner.simulate import simulate as run_sim
+    from profiler.costtable import CostTable
+
+    the_plan = load_plan(plan)
+    prof = load_profile(device)
+    loaded = load_onnx(model)
+    graph = build_graph(loaded.proto, loaded.sha256, model.stem)
+    validate(the_plan, graph, prof)
+    cost = CostModel(prof, graph, CostTable.load(costs or default_costs()))
+    lowered = PlanModel(the_plan, graph, cost)
+    a, s = analytic(lowered), run_sim(lowered, frames)
+    result = {
+        "plan": str(plan),
+        "device": prof.name,
+        "analytic": {"latency_ms": a.latency_ms, "throughput_fps": a.throughput_fps, "energy_mj": a.energy_mj},
+        "simulated": {
+            "frames": s.frames,
+            "latency_p50_ms": s.latency_p50_ms,
+            "latency_p99_ms": s.latency_p99_ms,
+            "throughput_fps": s.throughput_fps,
+            "energy_mj": s.energy_mj,
+            "busy_ms": dict(s.busy_ms),
+        },
+        "energy_source": "modelled",
+        "cost_sources": sorted({cost.group_ms(p.members, p.pu, p.cores).source for p in lowered.parts.values()}),
+    }
+    if as_json:
+        print_json(result)
+        return
+    t = Table("figure", "analytic", f"simulated ({frames} frames)")
+    t.add_row("latency ms", f"{a.latency_ms:.2f}", f"p50 {s.latency_p50_ms:.2f} / p99 {s.latency_p99_ms:.2f}")
+    t.add_row("throughput fps", f"{a.throughput_fps:.2f}", f"{s.throughput_fps:.2f}")
+    t.add_row("energy mJ/frame (modelled)", f"{a.energy_mj:.1f}", f"{s.energy_mj:.1f}")
+    out.print(t)
+    out.print(f"costs from: {', '.join(result['cost_sources'])}", highlight=False)
