@@ -24,8 +24,9 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-out = Console()
-err = Console(stderr=True)
+# Piped output (CI logs, files) gets a wide fixed width instead of rich's 80 columns.
+out = Console(width=None if sys.stdout.isatty() else 160)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 
 F = TypeVar("F", bound=Callable[..., Any])
 

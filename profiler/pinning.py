@@ -17,6 +17,7 @@ from typing import TypeVar
 T = TypeVar("T")
 CGROUP_CPU = Path("/sys/fs/cgroup/cpu")
 CFS_PERIOD_US = 2000  # short periods keep throttled latency smooth rather than bursty
+MIN_QUOTA_US = 1000
 
 
 class PinningError(RuntimeError):
@@ -36,16 +37,23 @@ def pin_current_thread(cores: Sequence[int]) -> None:
 def throttle_current_thread(name: str, quota_percent: float) -> Path:
     """Move the calling thread into a cgroup-v1 cpu group limited to quota_percent of one core."""
     group = CGROUP_CPU / "parapipe" / name
+    period, quota = cfs_settings(quota_percent)
     try:
         group.mkdir(parents=True, exist_ok=True)
-        (group / "cpu.cfs_period_us").write_text(str(CFS_PERIOD_US))
-        (group / "cpu.cfs_quota_us").write_text(str(max(1000, int(CFS_PERIOD_US * quota_percent / 100))))
+        (group / "cpu.cfs_period_us").write_text(str(period))
+        (group / "cpu.cfs_quota_us").write_text(str(quota))
         (group / "tasks").write_text(str(threading.get_native_id()))
     except OSError as exc:
         raise PinningError(
             f"cannot throttle a thread with {group}: {exc} (needs root and the cgroup v1 cpu controller)"
         ) from None
     return group
+
+
+def cfs_settings(quota_percent: float) -> tuple[int, int]:
+    """(period, quota) in us for a share of one core; the kernel's smallest quota is 1000 us."""
+    period = max(CFS_PERIOD_US, round(MIN_QUOTA_US * 100 / quota_percent))
+    return period, round(period * quota_percent / 100)
 
 
 def release_current_thread() -> None:

@@ -1,0 +1,155 @@
+"""The simulator agrees with the analytic prediction and with what pipelining and replication must give."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from device_profiles.loader import load_profile
+from models.coarsen import coarsen
+from models.graph import build_graph
+from models.onnx_io import load_onnx
+from planner.baselines import flop_pipeline, single_pu
+from planner.costmodel import CostModel
+from planner.plan import Assignment, Plan, PlanError, Stage, load_plan, plan_from_json, validate
+from planner.simulate import PlanModel, analytic, simulate
+
+
+@pytest.fixture(scope="module")
+def googlenet(exported):
+    loaded = load_onnx(exported("googlenet").path)
+    graph = build_graph(loaded.proto, loaded.sha256, "googlenet")
+    return graph, coarsen(graph, "coarse")
+
+
+def _figures(plan: Plan, graph, profile):
+    validate(plan, graph, profile)
+    model = PlanModel(plan, graph, CostModel(profile, graph))
+    return model, analytic(model), simulate(model, 120)
+
+
+def test_single_pu_plan_analytic_equals_simulated(googlenet) -> None:
+    graph, blocks = googlenet
+    vim3 = load_profile("khadas-vim3")
+    model, a, s = _figures(single_pu(blocks, vim3, "a73", 4), graph, vim3)
+    total = sum(p.ms for p in model.parts.values())
+    assert a.latency_ms == pytest.approx(total)
+    assert a.throughput_fps == pytest.approx(1000 / total)
+    assert s.latency_p50_ms == pytest.approx(a.latency_ms, rel=1e-6)
+    assert s.throughput_fps == pytest.approx(a.throughput_fps, rel=1e-3)
+    assert s.energy_mj == pytest.approx(a.energy_mj, rel=0.02)
+
+
+def test_pipeline_throughput_is_set_by_the_slowest_stage(googlenet) -> None:
+    graph, blocks = googlenet
+    vim3 = load_profile("khadas-vim3")
+    model, a, s = _figures(flop_pipeline(blocks, vim3, [("a73", 4), ("a53", 2)]), graph, vim3)
+    stage_ms = [p.ms for p in model.parts.values()]
+    assert len(stage_ms) == 2
+    assert a.throughput_fps == pytest.approx(1000 / max(stage_ms), rel=0.05)
+    assert s.throughput_fps == pytest.approx(a.throughput_fps, rel=0.03)
+    assert a.latency_ms > sum(stage_ms), "the transfer between clusters is on the critical path"
+
+
+def test_replication_takes_alternate_frames(googlenet) -> None:
+    graph, blocks = googlenet
+    vim3 = load_profile("khadas-vim3")
+    one = single_pu(blocks, vim3, "a73", 4)
+    all_blocks = one.stages[0].groups[0][0].blocks
+    replicated = Plan(
+        **{
+            **one.__dict__,
+            "stages": (Stage(((Assignment("a73", 4, all_blocks),), (Assignment("a53", 2, all_blocks),))),),
+            "name": "replicated",
+        }
+    )
+    _, _a1, s1 = _figures(one, graph, vim3)
+    model, a2, s2 = _figures(replicated, graph, vim3)
+    a53 = model.parts[(0, 1, "a53")].ms
+    # alternate frames: the pair finishes two frames per max(a73, a53) time
+    assert s2.throughput_fps == pytest.approx(2000 / max(a53, model.parts[(0, 0, "a73")].ms), rel=0.05)
+    assert a2.throughput_fps == pytest.approx(s2.throughput_fps, rel=0.05)
+    # strict round-robin: a replica four times slower makes the pair slower than the fast PU alone
+    assert s2.throughput_fps < s1.throughput_fps
+
+
+def test_equal_replicas_double_throughput(googlenet) -> None:
+    import tomllib
+
+    from device_profiles.loader import SHIPPED_DIR, parse_profile
+
+    graph, blocks = googlenet
+    data = tomllib.loads((SHIPPED_DIR / "khadas-vim3.toml").read_text())
+    twin = dict(data["pus"][0], name="a73b", cores=[6, 7, 8, 9])
+    data["pus"].append(twin)
+    data["links"].append(
+        {"a": "a73", "b": "a73b", **{k: data["links"][0][k] for k in ("bandwidth_gbps", "latency_us")}}
+    )
+    data["default_link"] = {"a": "*", "b": "*", **{k: data["links"][0][k] for k in ("bandwidth_gbps", "latency_us")}}
+    twins = parse_profile(data)
+    one = single_pu(blocks, twins, "a73", 4)
+    all_blocks = one.stages[0].groups[0][0].blocks
+    pair = Plan(
+        **{
+            **one.__dict__,
+            "stages": (Stage(((Assignment("a73", 4, all_blocks),), (Assignment("a73b", 4, all_blocks),))),),
+        }
+    )
+    _, a1, s1 = _figures(one, graph, twins)
+    _, a2, s2 = _figures(pair, graph, twins)
+    assert s2.throughput_fps == pytest.approx(2 * s1.throughput_fps, rel=0.02)
+    assert a2.throughput_fps == pytest.approx(2 * a1.throughput_fps, rel=0.02)
+    assert s2.latency_p50_ms == pytest.approx(s1.latency_p50_ms, rel=0.02)
+
+
+def test_energy_is_labelled_modelled(googlenet) -> None:
+    graph, blocks = googlenet
+    local = load_profile("local")
+    _, a, s = _figures(single_pu(blocks, local, "cpu", 1), graph, local)
+    assert a.energy_source == "modelled" and s.predicted().energy_source == "modelled"
+
+
+def test_plan_json_round_trip_and_hand_written_errors(googlenet, tmp_path: Path) -> None:
+    graph, blocks = googlenet
+    vim3 = load_profile("khadas-vim3")
+    plan = flop_pipeline(blocks, vim3, [("a73", 4), ("a53", 2)])
+    path = plan.save(tmp_path / "plan.json")
+    again = load_plan(path)
+    assert again == plan
+    data = json.loads(path.read_text())
+
+    broken = json.loads(json.dumps(data))
+    del broken["stages"]
+    with pytest.raises(PlanError, match="stages: missing field"):
+        plan_from_json(broken)
+    broken = json.loads(json.dumps(data))
+    broken["stages"][0]["groups"][0][0]["pu"] = "tpu"
+    with pytest.raises(PlanError, match=r"stages\[0\].groups\[0\]\[0\].pu: unknown PU 'tpu'"):
+        validate(plan_from_json(broken), graph, vim3)
+    broken = json.loads(json.dumps(data))
+    broken["model_sha256"] = "0" * 64
+    with pytest.raises(PlanError, match="model_sha256"):
+        validate(plan_from_json(broken), graph, vim3)
+    broken = json.loads(json.dumps(data))  # swap the stages: data flows backwards
+    broken["stages"] = broken["stages"][::-1]
+    with pytest.raises(PlanError, match="later stage"):
+        validate(plan_from_json(broken), graph, vim3)
+    broken = json.loads(json.dumps(data))
+    broken["stages"][0]["groups"][0][0]["cores"] = 9
+    with pytest.raises(PlanError, match="has 4 core"):
+        validate(plan_from_json(broken), graph, vim3)
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(PlanError, match="not a readable JSON plan"):
+        load_plan(tmp_path / "bad.json")
+
+
+def test_unsupported_op_on_npu_is_refused(googlenet) -> None:
+    graph, blocks = googlenet
+    bst = load_profile("bst-a1000")
+    npu = bst.pu("npu")
+    if all(npu.supports(t) for n in graph.nodes for t in n.op_types):
+        pytest.skip("the NPU supports every op of this model")
+    with pytest.raises(PlanError, match="does not support"):
+        validate(single_pu(blocks, bst, "npu", 1), graph, bst)

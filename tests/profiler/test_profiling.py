@@ -1,0 +1,101 @@
+"""Profiling on the local board: op names map back, results are cached, Ctrl-C keeps what was measured."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from device_profiles.loader import load_profile
+from device_profiles.local import throttling_available
+from models.graph import build_graph
+from models.onnx_io import load_onnx
+from models.partition import random_feeds
+from parapipe.cli import app
+from profiler.costtable import CostTable
+from profiler.measure import PuConfig, profile_ops
+from profiler.pinning import run_pinned
+from profiler.session import pu_configs, run_profile
+
+
+def test_op_profile_maps_back_to_onnx_node_names(exported) -> None:
+    loaded = load_onnx(exported("squeezenet1_1").path)
+    graph = build_graph(loaded.proto, loaded.sha256)
+    timings = profile_ops(loaded.proto.SerializeToString(), random_feeds(graph, loaded.proto), PuConfig("cpu", (0,), 1))
+    names = {n.name for n in graph.nodes}
+    assert set(timings) == names, "at ORT_DISABLE_ALL every node keeps its name"
+    assert all(t.repeats == 10 and t.median_ms >= 0 for t in timings.values())
+
+
+def test_worker_is_pinned_to_its_cores() -> None:
+    import os
+
+    assert run_pinned(lambda: sorted(os.sched_getaffinity(0)), (0,)) == [0]
+
+
+def test_throttled_worker_joins_its_cgroup() -> None:
+    why = throttling_available()
+    if why:
+        pytest.skip(why)
+
+    def my_cgroup() -> str:
+        return Path(f"/proc/self/task/{threading.get_native_id()}/cgroup").read_text()
+
+    inside = run_pinned(my_cgroup, (1,), throttle_percent=40, name="test-little")
+    assert "parapipe/test-little" in inside
+    group = Path("/sys/fs/cgroup/cpu/parapipe/test-little")
+    quota, period = int((group / "cpu.cfs_quota_us").read_text()), int((group / "cpu.cfs_period_us").read_text())
+    assert quota / period == pytest.approx(0.40)
+
+
+def test_profile_cli_measures_then_reuses(exported, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("PARAPIPE_HOME", str(tmp_path))
+    model = exported("squeezenet1_1").path
+    runner = CliRunner()
+    first = runner.invoke(app, ["profile", str(model), "--board", "local", "--repeats", "3", "--warmup", "1", "--json"])
+    assert first.exit_code == 0, first.output
+    result = json.loads(first.stdout)
+    assert result["measured"] > 0 and result["reused"] == 0
+    assert result["energy_source"] == "modelled"
+    assert (tmp_path / "costs.json").is_file()
+    table = CostTable.load(tmp_path / "costs.json")
+    kinds = {e.kind for e in table}
+    assert kinds == {"op", "block", "partition"}
+    assert all(e.energy_source == "modelled" for e in table if e.kind != "op")
+    assert result["holdout"]["count"] > 0
+    again = runner.invoke(app, ["profile", str(model), "--board", "local", "--repeats", "3", "--warmup", "1", "--json"])
+    assert json.loads(again.stdout)["measured"] == 0, "a repeated run must reuse the cost table"
+
+
+def test_interrupted_profile_keeps_what_was_measured(exported, tmp_path: Path) -> None:
+    loaded = load_onnx(exported("squeezenet1_1").path)
+    graph = build_graph(loaded.proto, loaded.sha256)
+    profile = load_profile("local")
+    configs = pu_configs(profile)[:1]
+    path = tmp_path / "costs.json"
+
+    def stop_after_five(what: str, done: int, total: int) -> None:
+        if done == 5:
+            raise KeyboardInterrupt
+
+    summary = run_profile(
+        loaded, graph, profile, CostTable(), path, configs, repeats=3, warmup=1, progress=stop_after_five
+    )
+    assert summary.interrupted
+    kept = len(CostTable.load(path))
+    assert kept == summary.measured > 0
+    resumed = run_profile(loaded, graph, profile, CostTable.load(path), path, configs, repeats=3, warmup=1)
+    assert not resumed.interrupted
+    assert resumed.reused == kept, "the resumed run starts where the interrupted one stopped"
+    assert resumed.measured > 0
+
+
+def test_profile_refuses_unreachable_boards_and_foreign_pus(exported) -> None:
+    model = str(exported("squeezenet1_1").path)
+    result = CliRunner().invoke(app, ["profile", model, "--board", "khadas-vim3"])
+    assert result.exit_code == 2 and "cannot be reached" in result.output
+    result = CliRunner().invoke(app, ["profile", model, "--board", "local", "--pu", "npu"])
+    assert result.exit_code == 2 and "no PU 'npu'" in result.output
