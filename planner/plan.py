@@ -29,11 +29,18 @@ class PlanError(ParapipeError):
 
 @dataclass(frozen=True)
 class Assignment:
-    """Blocks one PU runs for a stage, as one partition with ``cores`` threads."""
+    """Blocks one processing unit runs for a stage, with ``cores`` threads.
+
+    On a CPU cluster several assignments may share the PU on disjoint cores
+    (``core_ids``; empty means "the next free cores of the PU, in plan order").
+    A unit whose blocks wait on another unit of the same stage and then continue
+    runs them as several partitions (segments), see ``planner.segments``.
+    """
 
     pu: str
     cores: int
     blocks: tuple[str, ...]
+    core_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -81,6 +88,7 @@ class Plan:
     predicted: Predicted | None = None
     simulated: Predicted | None = None
     name: str = ""
+    pipelined: bool = True  # False: one frame at a time (the para-only and list-scheduling baselines)
     version: int = PLAN_VERSION
     notes: tuple[str, ...] = field(default=())
 
@@ -164,7 +172,10 @@ def plan_from_json(data: Any, origin: str = "plan") -> Plan:
                 for b in blist:
                     if b not in blocks:
                         raise PlanError(f"{where}blocks: unknown block {b!r} (not in the plan's blocks)")
-                assignments.append(Assignment(_need(a, "pu", str, where), cores, tuple(blist)))
+                ids = a.get("core_ids", [])
+                if not isinstance(ids, list) or not all(isinstance(c, int) and not isinstance(c, bool) for c in ids):
+                    raise PlanError(f"{where}core_ids: expected a list of core ids")
+                assignments.append(Assignment(_need(a, "pu", str, where), cores, tuple(blist), tuple(ids)))
             groups.append(tuple(assignments))
         stages.append(Stage(tuple(groups)))
     prov_raw = data.get("provenance", {"method": "hand"})
@@ -191,6 +202,7 @@ def plan_from_json(data: Any, origin: str = "plan") -> Plan:
         predicted=_predicted(data.get("predicted"), "predicted"),
         simulated=_predicted(data.get("simulated"), "simulated"),
         name=str(data.get("name", "")),
+        pipelined=bool(data.get("pipelined", True)),
         version=version,
         notes=tuple(data.get("notes", ())),
     )
@@ -230,24 +242,45 @@ def validate(plan: Plan, graph: OpGraph, profile: DeviceProfile) -> None:
     missing = known - set(owner)
     if missing:
         raise PlanError(f"blocks: {len(missing)} node(s) are in no block, e.g. {sorted(missing)[:3]}")
-    used: set[str] = set()
     stage_of_block: dict[str, int] = {}
+    cores = core_ids(plan, profile)
+    pu_names = {p.name for p in profile.pus}
+    taken: dict[tuple[str, int], str] = {}
     for s, stage in enumerate(plan.stages):
         for g, group in enumerate(stage.groups):
             seen: set[str] = set()
             for i, a in enumerate(group):
                 where = f"stages[{s}].groups[{g}][{i}]"
-                pu = profile.pu(a.pu) if a.pu in {p.name for p in profile.pus} else None
-                if pu is None:
+                if a.pu not in pu_names:
                     raise PlanError(
-                        f"{where}.pu: unknown PU {a.pu!r}; {profile.name} has {', '.join(p.name for p in profile.pus)}"
+                        f"{where}.pu: unknown PU {a.pu!r}; {profile.name} has {', '.join(sorted(pu_names))}"
                     )
-                if a.pu in used:
-                    raise PlanError(f"{where}.pu: PU {a.pu!r} is used twice; a PU belongs to one stage and one group")
-                used.add(a.pu)
-                limit = len(pu.cores) if pu.kind == "cpu" else 1
-                if a.cores > limit:
-                    raise PlanError(f"{where}.cores: {a.pu!r} has {limit} core(s), the plan asks for {a.cores}")
+                pu = profile.pu(a.pu)
+                ids = cores[(s, g, i)]
+                if pu.kind == "cpu":
+                    if len(ids) != a.cores:
+                        raise PlanError(
+                            f"{where}.cores: {a.pu!r} has {len(pu.cores)} core(s) and the plan leaves {len(ids)} free "
+                            f"for this assignment, which asks for {a.cores}"
+                        )
+                    for c in ids:
+                        if c not in pu.cores:
+                            raise PlanError(
+                                f"{where}.core_ids: core {c} is not in PU {a.pu!r} (cores {list(pu.cores)})"
+                            )
+                        if (a.pu, c) in taken:
+                            raise PlanError(
+                                f"{where}.core_ids: core {c} of {a.pu!r} is also used by {taken[(a.pu, c)]}"
+                            )
+                        taken[(a.pu, c)] = where
+                else:
+                    if a.cores != 1:
+                        raise PlanError(f"{where}.cores: {a.pu!r} is a {pu.kind}; it takes cores = 1")
+                    if (a.pu, -1) in taken:
+                        raise PlanError(
+                            f"{where}.pu: {a.pu!r} is also used by {taken[(a.pu, -1)]}; a {pu.kind} runs one assignment"
+                        )
+                    taken[(a.pu, -1)] = where
                 for b in a.blocks:
                     if b in seen:
                         raise PlanError(f"{where}.blocks: block {b!r} appears twice in one replica group")
@@ -275,42 +308,22 @@ def validate(plan: Plan, graph: OpGraph, profile: DeviceProfile) -> None:
                 f"stages: node {e.dst!r} in stage {b} reads {e.tensor!r} from {e.src!r} in later stage {a} "
                 "(a cycle between stages); stages must follow the data flow"
             )
-    _check_partitions_acyclic(plan, graph, block_of)
 
 
-def _check_partitions_acyclic(plan: Plan, graph: OpGraph, block_of: Mapping[str, str]) -> None:
-    """Inside a stage, the per-PU partitions must feed each other one way only."""
+def core_ids(plan: Plan, profile: DeviceProfile) -> dict[tuple[int, int, int], tuple[int, ...]]:
+    """Cores of every CPU assignment: as written, or the next free ones of its PU in plan order."""
+    free: dict[str, list[int]] = {p.name: list(p.cores) for p in profile.pus if p.kind == "cpu"}
+    for _, _, a in plan.assignments():
+        for c in a.core_ids:
+            if a.pu in free and c in free[a.pu]:
+                free[a.pu].remove(c)
+    out: dict[tuple[int, int, int], tuple[int, ...]] = {}
     for s, stage in enumerate(plan.stages):
-        pu_of = {b: a.pu for a in stage.groups[0] for b in a.blocks}
-        succ: dict[str, set[str]] = {a.pu: set() for a in stage.groups[0]}
-        for e in graph.edges:
-            x, y = pu_of.get(block_of[e.src]), pu_of.get(block_of[e.dst])
-            if x and y and x != y:
-                succ[x].add(y)
-        cycle = _find_cycle(succ)
-        if cycle:
-            raise PlanError(
-                f"stages[{s}]: the partitions on {' -> '.join(cycle)} feed each other in a cycle; split the stage"
-            )
-
-
-def _find_cycle(succ: Mapping[str, set[str]]) -> list[str] | None:
-    state: dict[str, int] = {}
-    stack: list[str] = []
-
-    def visit(p: str) -> list[str] | None:
-        state[p] = 1
-        stack.append(p)
-        for q in succ[p]:
-            if state.get(q) == 1:
-                return [*stack[stack.index(q) :], q]
-            if q not in state and (found := visit(q)):
-                return found
-        stack.pop()
-        state[p] = 2
-        return None
-
-    for p in succ:
-        if p not in state and (found := visit(p)):
-            return found
-    return None
+        for g, group in enumerate(stage.groups):
+            for i, a in enumerate(group):
+                if a.core_ids or a.pu not in free:
+                    out[(s, g, i)] = a.core_ids
+                else:
+                    out[(s, g, i)] = tuple(free[a.pu][: a.cores])
+                    del free[a.pu][: a.cores]
+    return out

@@ -1,36 +1,31 @@
 """Predict a plan's latency, throughput and energy: analytically and by discrete-event simulation.
 
-Both use the same partitions and costs. A partition is what one PU runs for one stage
-(its blocks, fused, with the assignment's cores); it starts for a frame when all its
-inputs have arrived and its PU is free, and its outputs cross to other PUs over the
-profile's links, one transfer at a time per link and direction. Frames are admitted
-while fewer than ``max_inflight`` are in the pipeline (the executor's bounded
-queues), replicated stages take frames round-robin, and frames leave in order.
+Both use the same lowering (``planner.segments``) and costs. A segment starts for a
+frame when all its inputs have arrived and its unit (a PU, or a set of cores of a
+CPU cluster) is free; a unit picks the oldest frame among its ready segments. Data
+between units on different PUs crosses the profile's link, one transfer at a time per
+direction (contention); units on one CPU cluster hand tensors over in memory. Frames
+are admitted while fewer than ``max_inflight`` are in flight (the executor's bounded
+queues; 1 for plans that are not pipelined), replicated stages take frames
+round-robin, and frames leave in order.
 
-Energy is modelled from the profile's power figures: every PU of the board draws idle
-power for the whole run and its busy power while it computes; network transfers add
-their energy per byte. It is labelled ``modelled``.
+Energy is modelled from the profile's power figures: every PU draws idle power for
+the whole run and its busy power while it computes; network transfers add their
+energy per byte. Every figure is labelled ``modelled``.
 """
 
 from __future__ import annotations
 
+import heapq
 import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
+from math import gcd
 
 from models.graph import OpGraph
 from planner.costmodel import CostModel
 from planner.plan import Plan, Predicted
-
-
-@dataclass(frozen=True)
-class Part:
-    stage: int
-    group: int
-    pu: str
-    cores: int
-    members: frozenset[str]
-    ms: float
+from planner.segments import Segment, block_edges, lower
 
 
 @dataclass(frozen=True)
@@ -40,7 +35,7 @@ class SimResult:
     latency_p99_ms: float
     throughput_fps: float
     energy_mj: float
-    busy_ms: Mapping[str, float]  # per PU, whole run
+    busy_ms: Mapping[str, float]  # per segment name, whole run
     makespan_ms: float
 
     def predicted(self) -> Predicted:
@@ -48,151 +43,215 @@ class SimResult:
 
 
 class PlanModel:
-    """A plan lowered to partitions, their costs and the bytes that flow between them."""
+    """A plan lowered to segments with their costs and the bytes flowing between them."""
 
     def __init__(self, plan: Plan, graph: OpGraph, cost: CostModel) -> None:
         self.plan, self.graph, self.cost = plan, graph, cost
-        self.parts: dict[tuple[int, int, str], Part] = {}
-        for s, g, a in plan.assignments():
-            members = frozenset(m for b in a.blocks for m in plan.blocks[b])
-            self.parts[(s, g, a.pu)] = Part(s, g, a.pu, a.cores, members, cost.group_ms(members, a.pu, a.cores).ms)
-        block_of = {m: b for b, ms in plan.blocks.items() for m in ms}
-        flows: dict[tuple[str, str], dict[str, int]] = {}
-        for e in graph.edges:
-            bs, bd = block_of[e.src], block_of[e.dst]
-            if bs != bd:
-                flows.setdefault((bs, bd), {})[e.tensor] = e.nbytes
-        self.block_flows = {k: sum(v.values()) for k, v in flows.items()}
-        self.stage_of_block = {b: s for s, st in enumerate(plan.stages) for a in st.groups[0] for b in a.blocks}
+        self.segments = lower(plan, graph, cost.profile)
+        self.ms = {s.key: cost.group_ms(s.members, s.pu, s.cores).ms for s in self.segments}
+        self.sources = {cost.group_ms(s.members, s.pu, s.cores).source for s in self.segments}
+        seg_of_block: dict[tuple[int, int, str], Segment] = {}
+        for s in self.segments:
+            for b in s.blocks:
+                seg_of_block[(s.stage, s.group, b)] = s
+        self.seg_of_block = seg_of_block
+        self.stage_of_block = {b: s.stage for s in self.segments for b in s.blocks}
+        self.flows = {k: sum(v.values()) for k, v in block_edges(plan, graph).items()}
+        self.period = 1
+        for st in plan.stages:
+            self.period = self.period * st.replicas // gcd(self.period, st.replicas)
 
-    def frame_parts(self, frame: int) -> list[Part]:
-        """The partitions frame ``frame`` runs on, in an order that respects their data flow."""
-        chosen = []
-        for s, stage in enumerate(self.plan.stages):
-            g = frame % stage.replicas
-            chosen += [self.parts[(s, g, a.pu)] for a in stage.groups[g]]
-        return _topo(chosen, self.frame_flows(chosen))
+    def frame_segments(self, frame: int) -> list[Segment]:
+        chosen = {s: frame % st.replicas for s, st in enumerate(self.plan.stages)}
+        return [s for s in self.segments if s.group == chosen[s.stage]]
 
-    def frame_flows(self, parts: list[Part]) -> dict[tuple[str, str], int]:
-        """Bytes from PU to PU for one frame, given the partitions it runs on."""
-        pu_of_block = {}
-        for p in parts:
-            for a in self.plan.stages[p.stage].groups[p.group]:
-                if a.pu == p.pu:
-                    for b in a.blocks:
-                        pu_of_block[b] = p.pu
-        flows: dict[tuple[str, str], int] = {}
-        for (bs, bd), nbytes in self.block_flows.items():
-            x, y = pu_of_block[bs], pu_of_block[bd]
-            if x != y:
-                flows[(x, y)] = flows.get((x, y), 0) + nbytes
-        return flows
+    def frame_flows(self, frame: int) -> dict[tuple[tuple, tuple], tuple[int, str, str]]:
+        """(source segment key, target segment key) -> (bytes, source PU, target PU) for one frame."""
+        chosen = {s: frame % st.replicas for s, st in enumerate(self.plan.stages)}
+        out: dict[tuple[tuple, tuple], tuple[int, str, str]] = {}
+        for (a, b), nbytes in self.flows.items():
+            sa = self.seg_of_block[(self.stage_of_block[a], chosen[self.stage_of_block[a]], a)]
+            sb = self.seg_of_block[(self.stage_of_block[b], chosen[self.stage_of_block[b]], b)]
+            if sa.key == sb.key:
+                continue
+            prev = out.get((sa.key, sb.key), (0, sa.pu, sb.pu))
+            out[(sa.key, sb.key)] = (prev[0] + nbytes, sa.pu, sb.pu)
+        return out
+
+    def transfer_ms(self, nbytes: int, src: str, dst: str) -> float:
+        return self.cost.transfer_ms(nbytes, src, dst)
 
     def idle_w(self) -> float:
         return sum(p.idle_power_w.value for p in self.cost.profile.pus)
 
-    def busy_extra_w(self, part: Part) -> float:
-        pu = self.cost.profile.pu(part.pu)
-        return self.cost.busy_power_w(part.pu, part.cores) - pu.idle_power_w.value
+    def busy_extra_w(self, seg: Segment) -> float:
+        pu = self.cost.profile.pu(seg.pu)
+        n = max(1, len(pu.cores)) if pu.kind == "cpu" else 1
+        per_core_idle = pu.idle_power_w.value / n if pu.kind == "cpu" else pu.idle_power_w.value
+        if pu.kind == "cpu":
+            return (pu.active_power_w.value / n - per_core_idle) * seg.cores
+        return pu.active_power_w.value - per_core_idle
 
     def max_inflight(self) -> int:
-        return sum(st.replicas for st in self.plan.stages) + 1
-
-
-def _topo(parts: list[Part], flows: Mapping[tuple[str, str], int]) -> list[Part]:
-    by_pu = {p.pu: p for p in parts}
-    waiting = {p.pu: 0 for p in parts}
-    for _, y in flows:
-        waiting[y] += 1
-    ready = [p.pu for p in parts if waiting[p.pu] == 0]
-    order: list[Part] = []
-    while ready:
-        pu = ready.pop(0)
-        order.append(by_pu[pu])
-        for x, y in flows:
-            if x == pu:
-                waiting[y] -= 1
-                if waiting[y] == 0:
-                    ready.append(y)
-    if len(order) != len(parts):
-        raise ValueError("partitions of one frame form a cycle; validate the plan first")
-    return order
+        if not self.plan.pipelined:
+            return 1
+        return len({s.unit_key for s in self.segments}) + 1
 
 
 def analytic(model: PlanModel) -> Predicted:
-    """One frame through an empty pipeline (latency); the slowest PU or link per frame (throughput)."""
+    """Latency: one frame through an empty pipeline. Throughput: the busiest unit or link per frame."""
     one = simulate(model, frames=1)
-    load: dict[str, float] = {}
-    link_load: dict[tuple[str, str], float] = {}
+    load: dict[tuple, float] = {}
     extra_mj = 0.0
-    frames = 1
-    for st in model.plan.stages:
-        frames = _lcm(frames, st.replicas)
-    for f in range(frames):
-        parts = model.frame_parts(f)
-        for p in parts:
-            load[p.pu] = load.get(p.pu, 0.0) + p.ms
-            extra_mj += p.ms * model.busy_extra_w(p)
-        for (x, y), nbytes in model.frame_flows(parts).items():
-            link_load[(x, y)] = link_load.get((x, y), 0.0) + model.cost.transfer_ms(nbytes, x, y)
+    for f in range(model.period):
+        for s in model.frame_segments(f):
+            load[s.unit_key] = load.get(s.unit_key, 0.0) + model.ms[s.key]
+            extra_mj += model.ms[s.key] * model.busy_extra_w(s)
+        for (_, _), (nbytes, x, y) in model.frame_flows(f).items():
+            t = model.transfer_ms(nbytes, x, y)
+            if t:
+                load[("link", x, y)] = load.get(("link", x, y), 0.0) + t
             extra_mj += model.cost.transfer_mj(nbytes, x, y)
-    period_ms = max([*load.values(), *link_load.values()]) / frames
-    energy = extra_mj / frames + period_ms * model.idle_w()
+    period_ms = max(load.values()) / model.period
+    if not model.plan.pipelined:
+        period_ms = max(period_ms, one.latency_p50_ms)
+    energy = extra_mj / model.period + period_ms * model.idle_w()
     return Predicted(one.latency_p50_ms, 1000.0 / period_ms, energy, "modelled", "analytic")
 
 
-def _lcm(a: int, b: int) -> int:
-    from math import gcd
-
-    return a * b // gcd(a, b)
-
-
 def simulate(model: PlanModel, frames: int = 200, max_inflight: int | None = None) -> SimResult:
-    """Discrete-event run of ``frames`` frames offered back to back."""
+    """Throughput and energy with frames offered back to back; latency with frames arriving at that rate.
+
+    Offered back to back, frames queue in front of the slowest unit and their latency
+    grows with the queue; so latency is measured in a second run where frames arrive
+    at the throughput the first run reached: the latency a user sees at full rate.
+    """
     window = max_inflight or model.max_inflight()
-    pu_free: dict[str, float] = {}
-    link_free: dict[tuple[str, str], float] = {}
-    busy: dict[str, float] = {}
-    leave: list[float] = []
-    enter: list[float] = []
-    extra_mj = 0.0
-    for f in range(frames):
-        admit = leave[f - window] if f >= window else 0.0
-        parts = model.frame_parts(f)
-        flows = model.frame_flows(parts)
-        arrived: dict[str, float] = {}
-        starts, finish = [], 0.0
-        for p in parts:
-            ready = max(admit, arrived.get(p.pu, admit))
-            start = max(ready, pu_free.get(p.pu, 0.0))
-            end = start + p.ms
-            pu_free[p.pu] = end
-            busy[p.pu] = busy.get(p.pu, 0.0) + p.ms
-            extra_mj += p.ms * model.busy_extra_w(p)
-            starts.append(start)
-            finish = max(finish, end)
-            for (x, y), nbytes in flows.items():
-                if x != p.pu:
-                    continue
-                t0 = max(end, link_free.get((x, y), 0.0))
-                t1 = t0 + model.cost.transfer_ms(nbytes, x, y)
-                link_free[(x, y)] = t1
-                extra_mj += model.cost.transfer_mj(nbytes, x, y)
-                arrived[y] = max(arrived.get(y, admit), t1)
-        enter.append(min(starts))
-        leave.append(max(finish, leave[-1] if leave else 0.0))
-    latencies = sorted(b - a for a, b in zip(enter, leave, strict=True))
+    enter, leave, busy, extra_mj = _run(model, frames, window, None)
     warm = min(frames - 1, max(1, frames // 10))
     span = leave[-1] - leave[warm - 1] if frames > 1 else leave[0] - enter[0]
     done = frames - warm if frames > 1 else 1
+    throughput = 1000.0 * done / span if span > 0 else float("inf")
     makespan = leave[-1] - enter[0]
-    energy = (extra_mj + makespan * model.idle_w()) / frames
+    if frames > 1 and span > 0:
+        p_enter, p_leave, _, _ = _run(model, frames, window, 1000.0 / throughput)
+        latencies = sorted(b - a for a, b in zip(p_enter, p_leave, strict=True))
+    else:
+        latencies = sorted(b - a for a, b in zip(enter, leave, strict=True))
     return SimResult(
         frames=frames,
         latency_p50_ms=statistics.median(latencies),
         latency_p99_ms=latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
-        throughput_fps=1000.0 * done / span if span > 0 else float("inf"),
-        energy_mj=energy,
+        throughput_fps=throughput,
+        energy_mj=(extra_mj + makespan * model.idle_w()) / frames,
         busy_ms=busy,
         makespan_ms=makespan,
     )
+
+
+def _run(
+    model: PlanModel, frames: int, window: int, interval_ms: float | None
+) -> tuple[list[float], list[float], dict[str, float], float]:
+    """One event-driven run: (entry times, in-order leave times, busy ms per segment, busy energy mJ)."""
+    events: list[tuple[float, int, str, tuple]] = []
+    seq = 0
+
+    def push(t: float, kind: str, data: tuple) -> None:
+        nonlocal seq
+        heapq.heappush(events, (t, seq, kind, data))
+        seq += 1
+
+    segs = {f: model.frame_segments(f) for f in range(min(frames, model.period))}
+    flows = {f: model.frame_flows(f) for f in range(min(frames, model.period))}
+    order = {s.key: i for i, s in enumerate(model.segments)}
+    waiting: dict[tuple[int, tuple], int] = {}
+    unit_busy_until: dict[tuple, float] = {}
+    unit_queue: dict[tuple, list[tuple[int, int, tuple]]] = {}
+    link_free: dict[tuple[str, str], float] = {}
+    done_count: dict[int, int] = {}
+    enter: dict[int, float] = {}
+    finish: dict[int, float] = {}
+    busy: dict[str, float] = {}
+    extra_mj = 0.0
+    admitted = 0
+    inflight = 0
+    seg_by_key = {s.key: s for s in model.segments}
+
+    def admit(now: float) -> None:
+        nonlocal admitted, inflight
+        while admitted < frames and inflight < window:
+            f = admitted
+            if interval_ms is not None and f * interval_ms > now:
+                push(f * interval_ms, "admit", ())
+                return
+            admitted += 1
+            inflight += 1
+            enter[f] = now
+            done_count[f] = 0
+            fs = segs[f % model.period]
+            incoming: dict[tuple, int] = {s.key: 0 for s in fs}
+            for _, dst in flows[f % model.period]:
+                incoming[dst] += 1
+            for s in fs:
+                waiting[(f, s.key)] = incoming[s.key]
+                if incoming[s.key] == 0:
+                    ready(now, f, s.key)
+
+    def ready(now: float, f: int, key: tuple) -> None:
+        seg = seg_by_key[key]
+        heapq.heappush(unit_queue.setdefault(seg.unit_key, []), (f, order[key], key))
+        dispatch(now, seg.unit_key)
+
+    def dispatch(now: float, unit: tuple) -> None:
+        nonlocal extra_mj
+        queue = unit_queue.get(unit)
+        if not queue or unit_busy_until.get(unit, 0.0) > now:
+            return
+        f, _, key = heapq.heappop(queue)
+        seg = seg_by_key[key]
+        ms = model.ms[key]
+        unit_busy_until[unit] = now + ms
+        busy[seg.name] = busy.get(seg.name, 0.0) + ms
+        extra_mj += ms * model.busy_extra_w(seg)
+        push(now + ms, "done", (f, key))
+
+    push(0.0, "admit", ())
+    while events:
+        now, _, kind, data = heapq.heappop(events)
+        if kind == "admit":
+            admit(now)
+        elif kind == "done":
+            f, key = data
+            seg = seg_by_key[key]
+            dispatch(now, seg.unit_key)
+            fl = flows[f % model.period]
+            for (src, dst), (nbytes, x, y) in fl.items():
+                if src != key:
+                    continue
+                t = model.transfer_ms(nbytes, x, y)
+                if t == 0:
+                    push(now, "arrive", (f, dst))
+                else:
+                    start = max(now, link_free.get((x, y), 0.0))
+                    link_free[(x, y)] = start + t
+                    extra_mj += model.cost.transfer_mj(nbytes, x, y)
+                    push(start + t, "arrive", (f, dst))
+            done_count[f] += 1
+            if done_count[f] == len(segs[f % model.period]):
+                finish[f] = now
+                inflight -= 1
+                admit(now)
+        elif kind == "arrive":
+            f, dst = data
+            waiting[(f, dst)] -= 1
+            if waiting[(f, dst)] == 0:
+                ready(now, f, dst)
+        # a unit that just became free may have queued work
+        for unit, until in list(unit_busy_until.items()):
+            if until <= now and unit_queue.get(unit):
+                dispatch(now, unit)
+    leave, last = [], 0.0
+    for f in range(frames):  # frames leave in order
+        last = max(last, finish[f])
+        leave.append(last)
+    return [enter[f] for f in range(frames)], leave, busy, extra_mj

@@ -34,7 +34,7 @@ def test_single_pu_plan_analytic_equals_simulated(googlenet) -> None:
     graph, blocks = googlenet
     vim3 = load_profile("khadas-vim3")
     model, a, s = _figures(single_pu(blocks, vim3, "a73", 4), graph, vim3)
-    total = sum(p.ms for p in model.parts.values())
+    total = sum(model.ms.values())
     assert a.latency_ms == pytest.approx(total)
     assert a.throughput_fps == pytest.approx(1000 / total)
     assert s.latency_p50_ms == pytest.approx(a.latency_ms, rel=1e-6)
@@ -46,7 +46,7 @@ def test_pipeline_throughput_is_set_by_the_slowest_stage(googlenet) -> None:
     graph, blocks = googlenet
     vim3 = load_profile("khadas-vim3")
     model, a, s = _figures(flop_pipeline(blocks, vim3, [("a73", 4), ("a53", 2)]), graph, vim3)
-    stage_ms = [p.ms for p in model.parts.values()]
+    stage_ms = list(model.ms.values())
     assert len(stage_ms) == 2
     assert a.throughput_fps == pytest.approx(1000 / max(stage_ms), rel=0.05)
     assert s.throughput_fps == pytest.approx(a.throughput_fps, rel=0.03)
@@ -67,9 +67,9 @@ def test_replication_takes_alternate_frames(googlenet) -> None:
     )
     _, _a1, s1 = _figures(one, graph, vim3)
     model, a2, s2 = _figures(replicated, graph, vim3)
-    a53 = model.parts[(0, 1, "a53")].ms
+    ms = {seg.pu: model.ms[seg.key] for seg in model.segments}
     # alternate frames: the pair finishes two frames per max(a73, a53) time
-    assert s2.throughput_fps == pytest.approx(2000 / max(a53, model.parts[(0, 0, "a73")].ms), rel=0.05)
+    assert s2.throughput_fps == pytest.approx(2000 / max(ms["a53"], ms["a73"]), rel=0.05)
     assert a2.throughput_fps == pytest.approx(s2.throughput_fps, rel=0.05)
     # strict round-robin: a replica four times slower makes the pair slower than the fast PU alone
     assert s2.throughput_fps < s1.throughput_fps
