@@ -1,0 +1,389 @@
+"""The Para-Pipe ILP: stages, units (PU, cores) per stage, and blocks per unit, in one model.
+
+Decision variables (names as in the code):
+  on[u]      unit u (a non-CPU PU, or k cores of a CPU cluster) is used
+  a[b,u]     block b runs on unit u
+  t[b]       start time of block b within one frame; L latency; P period (1 / throughput); E energy per frame
+  r[e,p,q]   edge e carries its tensor from PU p to PU q (continuous, forced to 1 when it must)
+  o[i,j]     order of independent blocks i, j when they share a unit; same[i,j] they share one
+Every constraint is named after what it means: assign, unit_on, cores, memory,
+symmetry, transfer, precedence, serialize, latency, period_unit, period_link, energy,
+bound_*. The objective is latency, period or energy, with the others optionally
+bounded (epsilon constraints for the Pareto sweep). The scheduling part (t, o, same,
+precedence, serialize) is built only when latency is the objective or is bounded.
+
+Stages are not variables: every unit runs its blocks as segments on its own worker
+(``planner.segments``), so any assignment executes. Stages are derived afterwards
+from the data flow between units (``planner.build``).
+
+Solved with HiGHS (highspy) through PuLP, CBC as fallback; a warm start (from the
+best baseline) is handed to the solver, so the incumbent is never worse than it, and
+its latency bounds the big-M of the scheduling constraints.
+"""
+
+from __future__ import annotations
+
+import time
+import contextlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pulp
+
+from planner.plan import PlanError
+from planner.problem import Problem
+
+OBJECTIVES = ("latency", "throughput", "energy")
+_TIE = 1e-3  # weight of the secondary objective, breaks ties toward better plans
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """A solution in problem terms: block index -> unit index."""
+
+    block_unit: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Figures:
+    latency_ms: float
+    period_ms: float
+    energy_mj: float
+    starts: tuple[float, ...] = ()  # block start times of one frame (the list schedule)
+
+    def value(self, objective: str) -> float:
+        return {"latency": self.latency_ms, "throughput": self.period_ms, "energy": self.energy_mj}[objective]
+
+
+@dataclass(frozen=True)
+class Solution:
+    assignment: Assignment
+    figures: Figures  # in the ILP's own model
+    solver: str
+    status: str  # optimal | time-limit | warm-start
+    gap: float | None
+    bound: float | None
+    seconds: float
+    objective: str
+
+
+def schedule(problem: Problem, assignment: Assignment) -> Figures:
+    """The ILP's model evaluated for a fixed assignment (list schedule in topological order)."""
+    n = len(problem.blocks)
+    unit_of = assignment.block_unit
+    dur = [problem.cost[(b, unit_of[b])] for b in range(n)]
+    preds: dict[int, list[tuple[int, int]]] = {b: [] for b in range(n)}
+    for ei, (i, j, _) in enumerate(problem.edges):
+        preds[j].append((i, ei))
+    free: dict[int, float] = {}
+    finish = [0.0] * n
+    starts = [0.0] * n
+    link_load: dict[tuple[str, str], float] = {}
+    transfer_mj = 0.0
+    for b in range(n):
+        u = unit_of[b]
+        start = free.get(u, 0.0)
+        for i, ei in preds[b]:
+            p, q = problem.units[unit_of[i]].pu, problem.units[u].pu
+            comm = problem.transfer[(ei, p, q)] if p != q else 0.0
+            if p != q:
+                link_load[(p, q)] = link_load.get((p, q), 0.0) + comm
+                transfer_mj += problem.transfer_mj[(ei, p, q)]
+            start = max(start, finish[i] + comm)
+        starts[b] = start
+        finish[b] = start + dur[b]
+        free[u] = finish[b]
+    load: dict[int, float] = {}
+    busy_mj = 0.0
+    for b in range(n):
+        u = unit_of[b]
+        load[u] = load.get(u, 0.0) + dur[b]
+        busy_mj += dur[b] * problem.busy_extra_w[u]
+    for u in load:
+        load[u] += problem.unit_overhead[u]
+    period = max([*load.values(), *link_load.values()])
+    return Figures(max(finish), period, busy_mj + transfer_mj + period * problem.idle_w, tuple(starts))
+
+
+def solve(
+    problem: Problem,
+    objective: str,
+    time_limit: float = 10.0,
+    max_latency_ms: float | None = None,
+    max_period_ms: float | None = None,
+    max_energy_mj: float | None = None,
+    warm: Assignment | None = None,
+    gap: float = 0.01,
+    solver: str = "highs",
+) -> Solution:
+    if objective not in OBJECTIVES:
+        raise PlanError(f"unknown objective {objective!r}; choose one of {', '.join(OBJECTIVES)}")
+    started = time.perf_counter()
+    start = schedule(problem, warm) if warm is not None else None
+    upper = start.latency_ms if start else None
+    lp, v = _formulate(problem, objective, max_latency_ms, max_period_ms, max_energy_mj, upper, _load_bound(problem, start))
+    if warm is not None:
+        _set_warm_start(problem, v, warm)
+    backend = _solver(solver, time_limit, gap, warm is not None)
+    try:
+        with _quiet():
+            lp.solve(backend)
+    except pulp.PulpSolverError as exc:
+        raise PlanError(f"the solver failed: {exc}; try --solver cbc") from None
+    seconds = time.perf_counter() - started
+    status, mip_gap, bound = _status(lp, backend)
+    if status in ("infeasible", "no solution"):
+        raise PlanError(_infeasible_message(problem, max_latency_ms, max_period_ms, max_energy_mj, status))
+    assign = _extract(problem, v)
+    figures = schedule(problem, assign)
+    return Solution(assign, figures, backend.name, status, mip_gap, bound, seconds, objective)
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """HiGHS prints its banner from C++ to fd 1 even with output off; keep it out of our output."""
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+            yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def _formulate(
+    problem: Problem,
+    objective: str,
+    max_l: float | None,
+    max_p: float | None,
+    max_e: float | None,
+    upper_latency: float | None,
+    upper_load: float | None = None,
+):
+    n, units = len(problem.blocks), problem.units
+    timed = objective == "latency" or max_l is not None
+    lp = pulp.LpProblem("parapipe", pulp.LpMinimize)
+    allowed = {b: [u for u in range(len(units)) if (b, u) in problem.cost] for b in range(n)}
+    on = {u: pulp.LpVariable(f"on_{u}", cat="Binary") for u in range(len(units))}
+    a = {(b, u): pulp.LpVariable(f"a_{b}_{u}", cat="Binary") for b in range(n) for u in allowed[b]}
+    t = {b: pulp.LpVariable(f"t_{b}", 0) for b in range(n)} if timed else {}
+    L, P, E = pulp.LpVariable("L", 0), pulp.LpVariable("P", 0), pulp.LpVariable("E", 0)
+    pus = problem.pus()
+    units_of_pu = {p: [u for u, x in enumerate(units) if x.pu == p] for p in pus}
+
+    def on_pu(b: int, p: str) -> pulp.LpAffineExpression:
+        return pulp.lpSum(a[(b, u)] for u in units_of_pu[p] if (b, u) in a)
+
+    dur = {b: pulp.lpSum(problem.cost[(b, u)] * a[(b, u)] for u in allowed[b]) for b in range(n)}
+    for b in range(n):
+        lp += pulp.lpSum(a[(b, u)] for u in allowed[b]) == 1, f"assign_{b}"  # every block runs exactly once
+        for u in allowed[b]:
+            lp += a[(b, u)] <= on[u], f"unit_on_{b}_{u}"  # only on a unit that is in use
+    for p, cores in problem.cluster_cores.items():
+        # a cluster's cores are shared out: every core belongs to at most one unit (and so one stage)
+        lp += pulp.lpSum(units[u].cores * on[u] for u in units_of_pu[p]) <= cores, f"cores_{p}"
+    for p in pus:
+        weights = pulp.lpSum(problem.param_bytes[problem.blocks[b]] * on_pu(b, p) for b in range(n))
+        lp += weights <= problem.memory[p], f"memory_{p}"  # weights fit the PU's memory
+    # symmetry breaking: of identical units, instance i+1 is used only after instance i, and holds a block
+    # only if instance i holds an earlier one (so each solution is counted once, not k! times)
+    for u, x in enumerate(units):
+        nxt = next((w for w, y in enumerate(units) if (y.pu, y.cores, y.instance) == (x.pu, x.cores, x.instance + 1)), None)
+        if nxt is None:
+            continue
+        lp += on[u] >= on[nxt], f"symmetry_on_{u}"
+        for b in range(n):
+            if (b, nxt) in a:
+                earlier = pulp.lpSum(a[(c, u)] for c in range(b + 1) if (c, u) in a)
+                lp += a[(b, nxt)] <= earlier, f"symmetry_first_{u}_{b}"
+    r: dict[tuple[int, str, str], pulp.LpVariable] = {}
+    comm: dict[int, pulp.LpAffineExpression] = {}
+    for ei, (i, j, _) in enumerate(problem.edges):
+        terms = []
+        for p in pus:
+            for q in pus:
+                if p == q or problem.transfer[(ei, p, q)] == 0 and problem.transfer_mj[(ei, p, q)] == 0:
+                    continue
+                var = pulp.LpVariable(f"r_{ei}_{pus.index(p)}_{pus.index(q)}", 0)
+                r[(ei, p, q)] = var
+                lp += var >= on_pu(i, p) + on_pu(j, q) - 1, f"transfer_{ei}_{p}_{q}"  # tensor crosses from p to q
+                terms.append(problem.transfer[(ei, p, q)] * var)
+        comm[ei] = pulp.lpSum(terms)
+        if timed:
+            lp += t[j] >= t[i] + dur[i] + comm[ei], f"precedence_{ei}"  # a block waits for its inputs
+    big_m = sum(max(problem.cost[(b, u)] for u in allowed[b]) for b in range(n)) + sum(
+        max((v for k, v in problem.transfer.items() if k[0] == ei), default=0.0) for ei in range(len(problem.edges))
+    )
+    if upper_latency is not None:
+        big_m = min(big_m, upper_latency * 1.0001)  # a better plan ends every block before the warm start's latency
+    orders: dict[tuple[int, int], pulp.LpVariable] = {}
+    sames: dict[tuple[int, int], pulp.LpVariable] = {}
+    for i, j in problem.independent if timed else ():
+        shared = [u for u in allowed[i] if u in allowed[j]]
+        if not shared:
+            continue
+        o = orders[(i, j)] = pulp.LpVariable(f"o_{i}_{j}", cat="Binary")
+        same = sames[(i, j)] = pulp.LpVariable(f"same_{i}_{j}", 0, 1)
+        for u in shared:
+            lp += same >= a[(i, u)] + a[(j, u)] - 1, f"same_{i}_{j}_{u}"
+        # blocks sharing a unit run one after the other, in either order
+        lp += t[j] >= t[i] + dur[i] - big_m * (1 - o) - big_m * (1 - same), f"serialize_{i}_{j}_a"
+        lp += t[i] >= t[j] + dur[j] - big_m * o - big_m * (1 - same), f"serialize_{i}_{j}_b"
+    for b in range(n) if timed else ():
+        lp += L >= t[b] + dur[b], f"latency_{b}"  # a frame leaves when its last block ends
+    if timed and upper_latency is not None and objective == "latency":
+        lp += L <= upper_latency * 1.0001, "bound_latency_warm"  # no worse than the warm start
+    loads = {u: pulp.lpSum(problem.cost[(b, u)] * a[(b, u)] for b in range(n) if (b, u) in a) for u in range(len(units))}
+    for u in range(len(units)):
+        lp += P >= loads[u] + problem.unit_overhead[u] * on[u], f"period_unit_{u}"  # throughput: busiest unit
+        if timed:
+            lp += L >= loads[u], f"latency_load_{u}"  # one frame's work on a unit fits in its latency
+        if upper_load is not None:
+            lp += loads[u] <= upper_load * on[u], f"unit_cap_{u}"  # cut: an unused unit carries nothing
+    for p, cores in problem.cluster_cores.items():
+        # cut: a cluster of n cores delivers at most n core-periods of work per period (and per frame)
+        core_time = pulp.lpSum(units[u].cores * loads[u] for u in units_of_pu[p])
+        lp += core_time <= cores * P, f"cluster_capacity_period_{p}"
+        if timed:
+            lp += core_time <= cores * L, f"cluster_capacity_latency_{p}"
+    for p in pus:
+        for q in pus:
+            link = [problem.transfer[k] * var for k, var in r.items() if k[1] == p and k[2] == q]
+            if link:
+                lp += P >= pulp.lpSum(link), f"period_link_{pus.index(p)}_{pus.index(q)}"  # ... or busiest link
+    busy = pulp.lpSum(problem.cost[(b, u)] * problem.busy_extra_w[u] * a[(b, u)] for (b, u) in a)
+    moved = pulp.lpSum(problem.transfer_mj[k] * var for k, var in r.items())
+    # energy per frame: busy power above idle, every PU's idle power over one period, transfers
+    lp += E >= busy + moved + problem.idle_w * P, "energy"
+    if max_l is not None:
+        lp += L <= max_l, "bound_latency"
+    if max_p is not None:
+        lp += P <= max_p, "bound_period"
+    if max_e is not None:
+        lp += E <= max_e, "bound_energy"
+    primary = {"latency": L, "throughput": P, "energy": E}[objective]
+    # tie-break: faster frames for throughput/energy (fewer transfers when latency is not modelled)
+    secondary = P if objective == "latency" else L if timed else pulp.lpSum(comm.values())
+    lp += primary + _TIE * secondary
+    return lp, {"on": on, "a": a, "t": t, "L": L, "P": P, "E": E, "r": r, "order": orders, "same": sames}
+
+
+def _load_bound(problem: Problem, start: Figures | None) -> float:
+    """No unit ever carries more than all blocks at their slowest (nor, usefully, more than a frame's latency)."""
+    slowest = sum(max(v for (b, _), v in problem.cost.items() if b == bi) for bi in range(len(problem.blocks)))
+    return slowest
+
+
+def _set_warm_start(problem: Problem, v: dict, warm: Assignment) -> None:
+    n = len(problem.blocks)
+    figures = schedule(problem, warm)
+    used = set(warm.block_unit)
+    for u, var in v["on"].items():
+        var.setInitialValue(1 if u in used else 0)
+    for (b, u), var in v["a"].items():
+        var.setInitialValue(1 if warm.block_unit[b] == u else 0)
+    for b, var in v["t"].items():
+        var.setInitialValue(figures.starts[b])
+    for name, var in v["order"].items():
+        i, j = name
+        var.setInitialValue(1 if figures.starts[i] <= figures.starts[j] else 0)
+    for name, var in v["same"].items():
+        i, j = name
+        var.setInitialValue(1 if warm.block_unit[i] == warm.block_unit[j] else 0)
+    pus = problem.pus()
+    for (ei, p, q), var in v["r"].items():
+        i, j, _ = problem.edges[ei]
+        moved = problem.units[warm.block_unit[i]].pu == p and problem.units[warm.block_unit[j]].pu == q
+        var.setInitialValue(1 if moved else 0)
+    del pus
+    v["L"].setInitialValue(figures.latency_ms)
+    v["P"].setInitialValue(figures.period_ms)
+    v["E"].setInitialValue(figures.energy_mj)
+
+
+class _WarmHiGHS(pulp.HiGHS):
+    """PuLP's HiGHS interface, handing the variables' initial values to HiGHS as a start solution."""
+
+    def __init__(self, warm: bool, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.warm = warm
+
+    def callSolver(self, lp) -> None:  # noqa: N802 (PuLP's name)
+        if self.warm:
+            import highspy
+
+            values = [v.varValue if v.varValue is not None else 0.0 for v in lp.variables()]
+            start = highspy.HighsSolution()
+            start.col_value = values
+            start.value_valid = True
+            lp.solverModel.setSolution(start)
+        lp.solverModel.run()
+
+
+def _solver(name: str, time_limit: float, gap: float, warm: bool):
+    if name == "highs":
+        solver = _WarmHiGHS(warm, msg=False, timeLimit=time_limit, gapRel=gap, threads=1)
+        solver.name = "highs"
+        return solver
+    if name == "cbc":
+        solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, gapRel=gap, warmStart=warm)
+        solver.name = "cbc"
+        return solver
+    raise PlanError(f"unknown solver {name!r}; choose highs or cbc")
+
+
+def _status(lp: pulp.LpProblem, solver) -> tuple[str, float | None, float | None]:
+    """Honest status: after a time limit PuLP may say Optimal, so ask the solver itself."""
+    if getattr(solver, "name", "") == "highs" and getattr(lp, "solverModel", None) is not None:
+        import highspy
+
+        h = lp.solverModel
+        model_status = h.getModelStatus()
+        info = h.getInfo()
+        has_solution = info.primal_solution_status == 2  # kSolutionStatusFeasible
+        bound = info.mip_dual_bound if info.mip_dual_bound == info.mip_dual_bound else None
+        mip_gap = info.mip_gap if has_solution else None
+        if model_status == highspy.HighsModelStatus.kOptimal:
+            return "optimal", mip_gap, bound
+        if model_status == highspy.HighsModelStatus.kInfeasible:
+            return "infeasible", None, None
+        if model_status in (highspy.HighsModelStatus.kTimeLimit, highspy.HighsModelStatus.kInterrupt):
+            return ("time-limit" if has_solution else "no solution"), mip_gap, bound
+        return (h.modelStatusToString(model_status).lower() if has_solution else "no solution"), mip_gap, bound
+    if lp.status == pulp.LpStatusInfeasible:
+        return "infeasible", None, None
+    if lp.sol_status == pulp.LpSolutionOptimal:
+        return "optimal", None, None
+    if lp.sol_status in (pulp.LpSolutionIntegerFeasible, pulp.LpSolutionStatusInfeasible) and lp.sol_status > 0:
+        return "time-limit", None, None
+    return "no solution", None, None
+
+
+def _extract(problem: Problem, v: dict) -> Assignment:
+    n = len(problem.blocks)
+    block_unit = []
+    for b in range(n):
+        best = max((u for (bb, u) in v["a"] if bb == b), key=lambda u: v["a"][(b, u)].varValue or 0.0)
+        block_unit.append(best)
+    return Assignment(tuple(block_unit))
+
+
+def _infeasible_message(problem: Problem, max_l, max_p, max_e, status: str) -> str:
+    bounds = []
+    if max_l is not None:
+        bounds.append(f"--max-latency-ms {max_l:g}")
+    if max_p is not None:
+        bounds.append(f"--min-fps {1000 / max_p:g}")
+    if max_e is not None:
+        bounds.append(f"--max-mj {max_e:g}")
+    if status == "no solution":
+        return "the solver found no plan within the time limit; raise --time-limit or use --granularity coarse"
+    if bounds:
+        return f"no plan meets {' and '.join(bounds)}; relax {'one of them' if len(bounds) > 1 else 'it'}"
+    weights = sum(problem.param_bytes.values())
+    return (
+        f"no plan fits: the weights ({weights / 2**20:.0f} MiB) do not fit the memory of the PUs that can run them, "
+        "or --max-stages is too small; raise --max-stages or give the profile's PUs more memory_bytes"
+    )
