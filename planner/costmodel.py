@@ -174,6 +174,8 @@ class CostModel:
     def group_ms(self, members: Iterable[str], pu: str, cores: int) -> Prediction:
         """Latency of running these ONNX nodes as one fused partition on (pu, cores)."""
         key = frozenset(members)
+        if "+" in pu:
+            return self._spanning_ms(key, pu, cores)
         cfg = (pu, cores)
         entry = self.fused.get((cfg, key))
         if entry is not None:
@@ -185,6 +187,13 @@ class CostModel:
         if len(key) > 1 and fit.partitions_fitted:
             return Prediction(max(0.0, fit.alpha * units + fit.beta_ms), "calibrated")
         return Prediction(units, "calibrated")
+
+    def _spanning_ms(self, members: frozenset[str], pu: str, cores: int) -> Prediction:
+        """One session whose threads span several clusters (``a+b``): onnxruntime splits each
+        operator evenly over its threads, so the slowest cluster's cores set the pace."""
+        parts = pu.split("+")
+        slowest = max(self.group_ms(members, p, 1).ms for p in parts)
+        return Prediction(slowest / max(1, cores), "estimate")
 
     def transfer_ms(self, nbytes: int, src_pu: str, dst_pu: str) -> float:
         link = self.profile.link(src_pu, dst_pu)
@@ -202,6 +211,8 @@ class CostModel:
         return 0.0
 
     def busy_power_w(self, pu: str, cores: int) -> float:
+        if "+" in pu:
+            return sum(self.busy_power_w(part, len(self.profile.pu(part).cores)) for part in pu.split("+"))
         p = self.profile.pu(pu)
         n = max(1, len(p.cores))
         if p.kind != "cpu":

@@ -46,7 +46,10 @@ def single_unit(problem: Problem, u: int) -> Assignment | None:
 
 def layer_switched(problem: Problem, units: Sequence[int]) -> Assignment:
     return Assignment(
-        tuple(min((u for u in units if _runs(problem, b, u)), key=lambda u: problem.cost[(b, u)]) for b in range(len(problem.blocks)))
+        tuple(
+            min((u for u in units if _runs(problem, b, u)), key=lambda u: problem.cost[(b, u)])
+            for b in range(len(problem.blocks))
+        )
     )
 
 
@@ -74,13 +77,19 @@ def upward_rank(problem: Problem, units: Sequence[int]) -> list[float]:
         succ[i].append((j, ei))
     rank = [0.0] * n
     for b in reversed(range(n)):
-        comm = [max((problem.transfer.get((ei, p, q), 0.0) for (e2, p, q) in problem.transfer if e2 == ei), default=0.0) for _, ei in succ[b]]
+        comm = [
+            max((problem.transfer.get((ei, p, q), 0.0) for (e2, p, q) in problem.transfer if e2 == ei), default=0.0)
+            for _, ei in succ[b]
+        ]
         rank[b] = mean[b] + max((rank[j] + c for (j, _), c in zip(succ[b], comm, strict=True)), default=0.0)
     return rank
 
 
 def list_schedule(
-    problem: Problem, units: Sequence[int], priority: Sequence[float] | None = None, pinned: dict[int, int] | None = None
+    problem: Problem,
+    units: Sequence[int],
+    priority: Sequence[float] | None = None,
+    pinned: dict[int, int] | None = None,
 ) -> Assignment:
     """Earliest finish time: take ready blocks by priority (highest first), put each where it ends first."""
     n = len(problem.blocks)
@@ -94,7 +103,7 @@ def list_schedule(
         ready = [b for b in remaining if all(i in placed for i, _ in preds[b])]
         b = max(ready, key=lambda x: (prio[x], -x))
         best = None
-        for u in ([pinned[b]] if pinned and b in pinned else units):
+        for u in [pinned[b]] if pinned and b in pinned else units:
             if not _runs(problem, b, u):
                 continue
             start = free.get(u, 0.0)
@@ -122,7 +131,8 @@ def cpop(problem: Problem, units: Sequence[int]) -> Assignment:
     down = [0.0] * n
     preds = _preds(problem)
     mean = [
-        sum(problem.cost[(b, u)] for u in units if _runs(problem, b, u)) / max(1, sum(1 for u in units if _runs(problem, b, u)))
+        sum(problem.cost[(b, u)] for u in units if _runs(problem, b, u))
+        / max(1, sum(1 for u in units if _runs(problem, b, u)))
         for b in range(n)
     ]
     for b in range(n):

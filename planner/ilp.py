@@ -23,9 +23,9 @@ its latency bounds the big-M of the scheduling constraints.
 
 from __future__ import annotations
 
-import time
 import contextlib
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -122,7 +122,9 @@ def solve(
     started = time.perf_counter()
     start = schedule(problem, warm) if warm is not None else None
     upper = start.latency_ms if start else None
-    lp, v = _formulate(problem, objective, max_latency_ms, max_period_ms, max_energy_mj, upper, _load_bound(problem, start))
+    lp, v = _formulate(
+        problem, objective, max_latency_ms, max_period_ms, max_energy_mj, upper, _load_bound(problem, start)
+    )
     if warm is not None:
         _set_warm_start(problem, v, warm)
     backend = _solver(solver, time_limit, gap, warm is not None)
@@ -190,7 +192,9 @@ def _formulate(
     # symmetry breaking: of identical units, instance i+1 is used only after instance i, and holds a block
     # only if instance i holds an earlier one (so each solution is counted once, not k! times)
     for u, x in enumerate(units):
-        nxt = next((w for w, y in enumerate(units) if (y.pu, y.cores, y.instance) == (x.pu, x.cores, x.instance + 1)), None)
+        nxt = next(
+            (w for w, y in enumerate(units) if (y.pu, y.cores, y.instance) == (x.pu, x.cores, x.instance + 1)), None
+        )
         if nxt is None:
             continue
         lp += on[u] >= on[nxt], f"symmetry_on_{u}"
@@ -204,7 +208,7 @@ def _formulate(
         terms = []
         for p in pus:
             for q in pus:
-                if p == q or problem.transfer[(ei, p, q)] == 0 and problem.transfer_mj[(ei, p, q)] == 0:
+                if p == q or (problem.transfer[(ei, p, q)] == 0 and problem.transfer_mj[(ei, p, q)] == 0):
                     continue
                 var = pulp.LpVariable(f"r_{ei}_{pus.index(p)}_{pus.index(q)}", 0)
                 r[(ei, p, q)] = var
@@ -235,7 +239,9 @@ def _formulate(
         lp += L >= t[b] + dur[b], f"latency_{b}"  # a frame leaves when its last block ends
     if timed and upper_latency is not None and objective == "latency":
         lp += L <= upper_latency * 1.0001, "bound_latency_warm"  # no worse than the warm start
-    loads = {u: pulp.lpSum(problem.cost[(b, u)] * a[(b, u)] for b in range(n) if (b, u) in a) for u in range(len(units))}
+    loads = {
+        u: pulp.lpSum(problem.cost[(b, u)] * a[(b, u)] for b in range(n) if (b, u) in a) for u in range(len(units))
+    }
     for u in range(len(units)):
         lp += P >= loads[u] + problem.unit_overhead[u] * on[u], f"period_unit_{u}"  # throughput: busiest unit
         if timed:
@@ -310,7 +316,7 @@ class _WarmHiGHS(pulp.HiGHS):
         super().__init__(**kwargs)
         self.warm = warm
 
-    def callSolver(self, lp) -> None:  # noqa: N802 (PuLP's name)
+    def callSolver(self, lp) -> None:
         if self.warm:
             import highspy
 

@@ -251,6 +251,11 @@ def validate(plan: Plan, graph: OpGraph, profile: DeviceProfile) -> None:
             seen: set[str] = set()
             for i, a in enumerate(group):
                 where = f"stages[{s}].groups[{g}][{i}]"
+                if "+" in a.pu:  # one session spanning several CPU clusters
+                    _check_spanning(a, where, profile, taken)
+                    seen.update(a.blocks)
+                    stage_of_block.update(dict.fromkeys(a.blocks, s))
+                    continue
                 if a.pu not in pu_names:
                     raise PlanError(
                         f"{where}.pu: unknown PU {a.pu!r}; {profile.name} has {', '.join(sorted(pu_names))}"
@@ -327,3 +332,20 @@ def core_ids(plan: Plan, profile: DeviceProfile) -> dict[tuple[int, int, int], t
                     out[(s, g, i)] = tuple(free[a.pu][: a.cores])
                     del free[a.pu][: a.cores]
     return out
+
+
+def _check_spanning(a: Assignment, where: str, profile: DeviceProfile, taken: dict[tuple[str, int], str]) -> None:
+    names = {p.name: p for p in profile.pus}
+    parts = a.pu.split("+")
+    for part in parts:
+        if part not in names or names[part].kind != "cpu":
+            raise PlanError(f"{where}.pu: {part!r} in {a.pu!r} is not a CPU PU of {profile.name}")
+    allowed = [c for part in parts for c in names[part].cores]
+    ids = a.core_ids or tuple(allowed[: a.cores])
+    if len(ids) != a.cores or any(c not in allowed for c in ids):
+        raise PlanError(f"{where}.core_ids: {a.pu!r} needs {a.cores} of the cores {allowed}")
+    for c in ids:
+        owner = next(part for part in parts if c in names[part].cores)
+        if (owner, c) in taken:
+            raise PlanError(f"{where}.core_ids: core {c} of {owner!r} is also used by {taken[(owner, c)]}")
+        taken[(owner, c)] = where

@@ -85,6 +85,9 @@ class PlanModel:
         return sum(p.idle_power_w.value for p in self.cost.profile.pus)
 
     def busy_extra_w(self, seg: Segment) -> float:
+        if "+" in seg.pu:  # one session spanning clusters: all their cores busy
+            parts = [self.cost.profile.pu(p) for p in seg.pu.split("+")]
+            return sum(p.active_power_w.value - p.idle_power_w.value for p in parts)
         pu = self.cost.profile.pu(seg.pu)
         n = max(1, len(pu.cores)) if pu.kind == "cpu" else 1
         per_core_idle = pu.idle_power_w.value / n if pu.kind == "cpu" else pu.idle_power_w.value
@@ -95,7 +98,8 @@ class PlanModel:
     def max_inflight(self) -> int:
         if not self.plan.pipelined:
             return 1
-        return len({s.unit_key for s in self.segments}) + 1
+        # bounded queues between segments: at most one frame waiting in front of each
+        return 2 * len(self.frame_segments(0)) + 1
 
 
 def analytic(model: PlanModel) -> Predicted:

@@ -1,0 +1,156 @@
+"""From a solution (block -> unit) to a ``Plan``: units become assignments, stages come from the data flow.
+
+Units that exchange data both ways belong to one stage (strongly connected components
+of the unit graph); stages are the longest-path levels of the component graph, so
+units of one stage work side by side and stage i only feeds stages after it. With
+more levels than ``max_stages``, neighbouring levels are merged (a unit still belongs
+to exactly one stage).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from device_profiles.schema import DeviceProfile
+from models.graph import OpGraph
+from planner.costmodel import CostModel
+from planner.ilp import Assignment as UnitAssignment
+from planner.plan import Assignment, Plan, Provenance, Stage
+from planner.problem import Problem
+from planner.simulate import PlanModel, analytic, simulate
+
+
+def to_plan(
+    problem: Problem,
+    solution: UnitAssignment,
+    blocks: OpGraph,
+    profile: DeviceProfile,
+    provenance: Provenance,
+    name: str,
+    pipelined: bool = True,
+    max_stages: int | None = None,
+) -> Plan:
+    used = list(dict.fromkeys(solution.block_unit))
+    blocks_of = {
+        u: tuple(problem.blocks[b] for b in range(len(problem.blocks)) if solution.block_unit[b] == u) for u in used
+    }
+    succ: dict[int, set[int]] = {u: set() for u in used}
+    for i, j, _ in problem.edges:
+        a, b = solution.block_unit[i], solution.block_unit[j]
+        if a != b:
+            succ[a].add(b)
+    level = _levels(used, succ)
+    count = max(level.values()) + 1
+    limit = max_stages or problem.max_stages
+    if count > limit:  # merge neighbouring levels evenly
+        level = {u: lv * limit // count for u, lv in level.items()}
+        count = limit
+    free = {p.name: list(p.cores) for p in profile.pus if p.kind == "cpu"}
+    stages = []
+    for s in range(count):
+        group = []
+        for u in sorted((u for u in used if level[u] == s), key=lambda u: min(solution.block_unit.index(u), 10**9)):
+            unit = problem.units[u]
+            ids: tuple[int, ...] = ()
+            if unit.kind == "cpu":
+                ids = tuple(free[unit.pu][: unit.cores])
+                del free[unit.pu][: unit.cores]
+            group.append(Assignment(unit.pu, unit.cores, blocks_of[u], ids))
+        if group:
+            stages.append(Stage((tuple(group),)))
+    return Plan(
+        model_sha256=blocks.model_sha256,
+        model_name=blocks.name,
+        device=profile.name,
+        device_sha256=profile.content_hash(),
+        granularity=blocks.granularity,
+        blocks={b.name: b.members for b in blocks.nodes},
+        stages=tuple(stages),
+        provenance=provenance,
+        name=name,
+        pipelined=pipelined,
+    )
+
+
+def _levels(units: list[int], succ: dict[int, set[int]]) -> dict[int, int]:
+    """Longest-path level of each unit's strongly connected component."""
+    index, low, on_stack, stack, comp = {}, {}, set(), [], {}
+    counter = [0]
+    components: list[list[int]] = []
+
+    def strong(v: int) -> None:  # Tarjan
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in succ[v]:
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            members = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp[w] = len(components)
+                members.append(w)
+                if w == v:
+                    break
+            components.append(members)
+
+    for u in units:
+        if u not in index:
+            strong(u)
+    csucc: dict[int, set[int]] = {c: set() for c in range(len(components))}
+    for u in units:
+        for w in succ[u]:
+            if comp[u] != comp[w]:
+                csucc[comp[u]].add(comp[w])
+    depth: dict[int, int] = {}
+    for c in reversed(range(len(components))):  # Tarjan emits components in reverse topological order
+        depth[c] = 0
+    for c in reversed(range(len(components))):
+        for d in csucc[c]:
+            depth[d] = max(depth[d], depth[c] + 1)
+    return {u: depth[comp[u]] for u in units}
+
+
+def evaluate(plan: Plan, graph: OpGraph, cost: CostModel, frames: int = 120) -> Plan:
+    """The plan with its analytic prediction and its simulation attached."""
+    model = PlanModel(plan, graph, cost)
+    return dataclasses.replace(plan, predicted=analytic(model), simulated=simulate(model, frames).predicted())
+
+
+def replicate(plan: Plan, graph: OpGraph, cost: CostModel, profile: DeviceProfile) -> Plan:
+    """Copy the bottleneck stage onto free cores (same PU, same core count) while throughput improves."""
+    best = evaluate(plan, graph, cost) if plan.predicted is None else plan
+    while True:
+        used: dict[str, set[int]] = {}
+        for _, _, a in best.assignments():
+            used.setdefault(a.pu, set()).update(a.core_ids)
+        free = {
+            p.name: [c for c in p.cores if c not in used.get(p.name, set())] for p in profile.pus if p.kind == "cpu"
+        }
+        model = PlanModel(best, graph, cost)
+        loads: dict[int, float] = {}
+        for seg in model.segments:
+            loads[seg.stage] = max(loads.get(seg.stage, 0.0), model.ms[seg.key] / best.stages[seg.stage].replicas)
+        if not loads:
+            return best
+        s = max(loads, key=loads.__getitem__)
+        stage = best.stages[s]
+        copy = []
+        for a in stage.groups[0]:
+            if a.pu not in free or len(free[a.pu]) < a.cores:
+                return best
+            ids = tuple(free[a.pu][: a.cores])
+            del free[a.pu][: a.cores]
+            copy.append(dataclasses.replace(a, core_ids=ids))
+        stages = list(best.stages)
+        stages[s] = Stage((*stage.groups, tuple(copy)))
+        trial = evaluate(dataclasses.replace(best, stages=tuple(stages), name=best.name + "+rep"), graph, cost)
+        if trial.predicted.throughput_fps <= best.predicted.throughput_fps * 1.001:
+            return best
+        best = trial

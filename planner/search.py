@@ -1,0 +1,307 @@
+"""Planning end to end: baselines, the ILP per objective, replication, the Pareto set.
+
+``baselines`` returns every baseline as a ``Plan``; ``best_plan`` solves the ILP for
+one objective, warm-started from the best baseline inside the ILP's search space, and
+never returns a plan that predicts worse than that baseline; ``pareto_set`` sweeps
+epsilon constraints and keeps the non-dominated, deduplicated plans.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from device_profiles.schema import DeviceProfile
+from models.graph import OpGraph
+from planner import heuristics as H
+from planner.build import evaluate, replicate, to_plan
+from planner.costmodel import CostModel
+from planner.ilp import OBJECTIVES, Assignment, schedule, solve
+from planner.plan import Plan, PlanError, Provenance
+from planner.problem import Problem, build_problem
+
+Progress = Callable[[str], None]
+# The baselines whose plans lie inside the ILP's search space (the ILP may never lose to them).
+IN_ILP_SPACE = ("pipe-only", "para-only", "single-pu", "layer-switched", "heft", "cpop")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    name: str
+    assignment: Assignment
+    pipelined: bool
+
+
+def key(plan: Plan, objective: str) -> float:
+    """Lower is better."""
+    p = plan.predicted
+    assert p is not None
+    return {"latency": p.latency_ms, "throughput": 1000.0 / p.throughput_fps, "energy": p.energy_mj}[objective]
+
+
+def _candidates(problem: Problem) -> list[Candidate]:
+    fu = H.full_units(problem)
+    out: list[Candidate] = []
+    singles = [a for u in fu if (a := H.single_unit(problem, u)) is not None]
+    if singles:
+        out.append(Candidate("single-pu", min(singles, key=lambda a: schedule(problem, a).latency_ms), False))
+    out.append(Candidate("layer-switched", H.layer_switched(problem, fu), False))
+    out.append(Candidate("para-only", H.list_schedule(problem, fu), False))
+    out.append(Candidate("heft", H.heft(problem, fu), False))
+    out.append(Candidate("cpop", H.cpop(problem, fu), False))
+    pipe = H.pipe_only(problem)
+    if pipe is not None:
+        out.append(Candidate("pipe-only", pipe, True))
+    return out
+
+
+def baselines(
+    blocks: OpGraph, graph: OpGraph, cost: CostModel, max_stages: int = 4, problem: Problem | None = None
+) -> dict[str, Plan]:
+    """Every baseline as an evaluated Plan (same type as solved plans)."""
+    problem = problem or build_problem(blocks, graph, cost, max_stages)
+    profile = cost.profile
+    plans: dict[str, Plan] = {}
+    for c in _candidates(problem):
+        plan = to_plan(problem, c.assignment, blocks, profile, Provenance(f"baseline:{c.name}"), c.name, c.pipelined)
+        plans[c.name] = evaluate(plan, graph, cost)
+    ort = _ort_all_cores(blocks, profile)
+    if ort is not None:
+        plans["ort-all-cores"] = evaluate(ort, graph, cost)
+    return plans
+
+
+def _ort_all_cores(blocks: OpGraph, profile: DeviceProfile) -> Plan | None:
+    """What a user does without parapipe: one onnxruntime session with every CPU core of the board."""
+    from planner.plan import Assignment as PlanAssignment
+    from planner.plan import Stage
+
+    cpus = [p for p in profile.pus if p.kind == "cpu" and p.host == profile.pus[0].host]
+    if not cpus:
+        return None
+    pu = "+".join(p.name for p in cpus)
+    cores = sum(len(p.cores) for p in cpus)
+    ids = tuple(c for p in cpus for c in p.cores)
+    stage = Stage(((PlanAssignment(pu, cores, tuple(b.name for b in blocks.nodes), ids),),))
+    return Plan(
+        model_sha256=blocks.model_sha256,
+        model_name=blocks.name,
+        device=profile.name,
+        device_sha256=profile.content_hash(),
+        granularity=blocks.granularity,
+        blocks={b.name: b.members for b in blocks.nodes},
+        stages=(stage,),
+        provenance=Provenance("baseline:ort-all-cores"),
+        name="ort-all-cores",
+        pipelined=False,
+    )
+
+
+def best_plan(
+    blocks: OpGraph,
+    graph: OpGraph,
+    cost: CostModel,
+    objective: str,
+    time_limit: float = 10.0,
+    max_stages: int = 4,
+    max_latency_ms: float | None = None,
+    min_fps: float | None = None,
+    max_mj: float | None = None,
+    solver: str = "highs",
+    problem: Problem | None = None,
+    progress: Progress | None = None,
+) -> Plan:
+    """The ILP's plan for ``objective`` under the bounds, never worse than the best in-space baseline."""
+    problem = problem or build_problem(blocks, graph, cost, max_stages)
+    profile = cost.profile
+    cands = _candidates(problem)
+    if objective == "throughput":
+        if (bal := H.balanced(problem)) is not None:
+            cands.append(Candidate("balanced", bal, True))
+    measure = {
+        "latency": lambda a: schedule(problem, a).latency_ms,
+        "throughput": lambda a: schedule(problem, a).period_ms,
+        "energy": lambda a: schedule(problem, a).energy_mj,
+    }[objective]
+    warm = min(cands, key=lambda c: measure(c.assignment))
+    if progress:
+        progress(f"solving for {objective} ({len(problem.blocks)} blocks, {len(problem.units)} units)")
+    max_period = 1000.0 / min_fps if min_fps else None
+    solution = solve(
+        problem,
+        objective,
+        time_limit,
+        max_latency_ms,
+        max_period,
+        max_mj,
+        warm=warm.assignment if _meets(problem, warm.assignment, max_latency_ms, max_period, max_mj) else None,
+        solver=solver,
+    )
+    provenance = Provenance(
+        method="ilp",
+        solver=solution.solver,
+        status=solution.status,
+        objective=objective,
+        gap=solution.gap,
+        bound=solution.bound,
+        seconds=round(solution.seconds, 3),
+    )
+    plan = evaluate(to_plan(problem, solution.assignment, blocks, profile, provenance, f"ilp-{objective}"), graph, cost)
+    if objective == "throughput":
+        plan = replicate(plan, graph, cost, profile)
+        for c in cands:
+            if c.name == "single-pu":
+                rep = replicate(_single_core(problem, blocks, profile, graph, cost), graph, cost, profile)
+                if (
+                    rep.predicted
+                    and key(rep, objective) < key(plan, objective)
+                    and _plan_meets(rep, max_latency_ms, min_fps, max_mj)
+                ):
+                    plan = dataclasses.replace(
+                        rep,
+                        provenance=provenance,
+                        name=f"ilp-{objective}",
+                        notes=("replicated single-core plan beat the ILP's pipeline",),
+                    )
+    # Never return less than the warm start the solver was given: evaluate both the same way.
+    warm_plan = evaluate(
+        to_plan(problem, warm.assignment, blocks, profile, provenance, f"ilp-{objective}", warm.pipelined or True),
+        graph,
+        cost,
+    )
+    if key(warm_plan, objective) < key(plan, objective) and _plan_meets(warm_plan, max_latency_ms, min_fps, max_mj):
+        plan = dataclasses.replace(
+            warm_plan, notes=(f"the warm start ({warm.name}) predicts better than the solver's incumbent",)
+        )
+    return plan
+
+
+def _single_core(problem: Problem, blocks: OpGraph, profile: DeviceProfile, graph: OpGraph, cost: CostModel) -> Plan:
+    """The whole model on the fastest one-core unit (the seed for replication, one session per core)."""
+    options = [u for u, x in enumerate(problem.units) if x.kind == "cpu" and x.cores == 1 and x.instance == 0]
+    best = None
+    for u in options:
+        a = H.single_unit(problem, u)
+        if a is not None and (best is None or schedule(problem, a).period_ms < schedule(problem, best).period_ms):
+            best = a
+    if best is None:
+        raise PlanError("no CPU core can run the whole model")
+    return evaluate(to_plan(problem, best, blocks, profile, Provenance("ilp"), "single-core"), graph, cost)
+
+
+def _meets(problem: Problem, a: Assignment, max_l: float | None, max_p: float | None, max_e: float | None) -> bool:
+    f = schedule(problem, a)
+    return (
+        (max_l is None or f.latency_ms <= max_l)
+        and (max_p is None or f.period_ms <= max_p)
+        and (max_e is None or f.energy_mj <= max_e)
+    )
+
+
+def _plan_meets(plan: Plan, max_l: float | None, min_fps: float | None, max_e: float | None) -> bool:
+    p = plan.predicted
+    assert p is not None
+    return (
+        (max_l is None or p.latency_ms <= max_l * 1.0001)
+        and (min_fps is None or p.throughput_fps >= min_fps * 0.9999)
+        and (max_e is None or p.energy_mj <= max_e * 1.0001)
+    )
+
+
+def dominates(a: Plan, b: Plan) -> bool:
+    pa, pb = a.predicted, b.predicted
+    assert pa and pb
+    no_worse = (
+        pa.latency_ms <= pb.latency_ms and pa.throughput_fps >= pb.throughput_fps and pa.energy_mj <= pb.energy_mj
+    )
+    better = pa.latency_ms < pb.latency_ms or pa.throughput_fps > pb.throughput_fps or pa.energy_mj < pb.energy_mj
+    return no_worse and better
+
+
+def signature(plan: Plan) -> tuple:
+    return tuple(
+        (s, g, a.pu, a.cores, tuple(sorted(a.blocks)))
+        for s, st in enumerate(plan.stages)
+        for g, grp in enumerate(st.groups)
+        for a in grp
+    )
+
+
+def pareto_front(plans: list[Plan]) -> list[Plan]:
+    """Non-dominated plans, duplicates (same placement) removed, ordered by latency."""
+    unique: dict[tuple, Plan] = {}
+    for p in plans:
+        unique.setdefault(signature(p), p)
+    front = [p for p in unique.values() if not any(dominates(q, p) for q in unique.values() if q is not p)]
+    return sorted(front, key=lambda p: (p.predicted.latency_ms, -p.predicted.throughput_fps))
+
+
+def pareto_set(
+    blocks: OpGraph,
+    graph: OpGraph,
+    cost: CostModel,
+    time_limit: float = 10.0,
+    max_stages: int = 4,
+    steps: int = 4,
+    solver: str = "highs",
+    progress: Progress | None = None,
+) -> list[Plan]:
+    """Epsilon-constraint sweep: the three single-objective optima, then latency-optimal plans under
+    throughput floors between them, and energy-optimal plans under latency ceilings."""
+    problem = build_problem(blocks, graph, cost, max_stages)
+    found: list[Plan] = []
+    for objective in OBJECTIVES:
+        found.append(
+            best_plan(
+                blocks,
+                graph,
+                cost,
+                objective,
+                time_limit,
+                max_stages,
+                solver=solver,
+                problem=problem,
+                progress=progress,
+            )
+        )
+    lat_best, thr_best = found[0], found[1]
+    fps_lo, fps_hi = lat_best.predicted.throughput_fps, thr_best.predicted.throughput_fps
+    for i in range(1, steps):
+        fps = fps_lo + (fps_hi - fps_lo) * i / steps
+        try:
+            plan = best_plan(
+                blocks,
+                graph,
+                cost,
+                "latency",
+                time_limit,
+                max_stages,
+                min_fps=fps,
+                solver=solver,
+                problem=problem,
+                progress=progress,
+            )
+        except PlanError:
+            continue
+        found.append(dataclasses.replace(plan, name=f"ilp-latency@{fps:.1f}fps"))
+    lat_lo, lat_hi = lat_best.predicted.latency_ms, found[2].predicted.latency_ms
+    for i in range(1, steps):
+        ceiling = lat_lo + (lat_hi - lat_lo) * i / steps
+        try:
+            plan = best_plan(
+                blocks,
+                graph,
+                cost,
+                "energy",
+                time_limit,
+                max_stages,
+                max_latency_ms=ceiling,
+                solver=solver,
+                problem=problem,
+                progress=progress,
+            )
+        except PlanError:
+            continue
+        found.append(dataclasses.replace(plan, name=f"ilp-energy@{ceiling:.0f}ms"))
+    return [dataclasses.replace(p, name=f"pareto-{i}-{p.name}") for i, p in enumerate(pareto_front(found))]
