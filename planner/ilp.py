@@ -277,13 +277,11 @@ def _formulate(
 
 
 def _load_bound(problem: Problem, start: Figures | None) -> float:
-    """No unit ever carries more than all blocks at their slowest (nor, usefully, more than a frame's latency)."""
-    slowest = sum(max(v for (b, _), v in problem.cost.items() if b == bi) for bi in range(len(problem.blocks)))
-    return slowest
+    """An upper bound on any unit's load: every block at its slowest."""
+    return sum(max(v for (b, _), v in problem.cost.items() if b == bi) for bi in range(len(problem.blocks)))
 
 
 def _set_warm_start(problem: Problem, v: dict, warm: Assignment) -> None:
-    n = len(problem.blocks)
     figures = schedule(problem, warm)
     used = set(warm.block_unit)
     for u, var in v["on"].items():
@@ -298,12 +296,10 @@ def _set_warm_start(problem: Problem, v: dict, warm: Assignment) -> None:
     for name, var in v["same"].items():
         i, j = name
         var.setInitialValue(1 if warm.block_unit[i] == warm.block_unit[j] else 0)
-    pus = problem.pus()
     for (ei, p, q), var in v["r"].items():
         i, j, _ = problem.edges[ei]
         moved = problem.units[warm.block_unit[i]].pu == p and problem.units[warm.block_unit[j]].pu == q
         var.setInitialValue(1 if moved else 0)
-    del pus
     v["L"].setInitialValue(figures.latency_ms)
     v["P"].setInitialValue(figures.period_ms)
     v["E"].setInitialValue(figures.energy_mj)

@@ -1,0 +1,489 @@
+"""Planning commands: plan, compare, pareto, select, show."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from parapipe.app import JsonFlag, ShapeOpt, app, err, fails_cleanly, out, print_json
+
+INDEX = "plans.json"
+
+
+def _load_inputs(model: Path, device: str, costs: Path | None, granularity: str, input_shape: list[str] | None):
+    from device_profiles.loader import load_profile
+    from models.coarsen import coarsen
+    from models.graph import build_graph
+    from models.onnx_io import load_onnx, parse_input_shapes
+    from parapipe.home import default_costs
+    from planner.costmodel import CostModel
+    from planner.plan import PlanError
+    from profiler.costtable import CostTable
+
+    if granularity not in ("coarse", "fine", "auto"):
+        raise PlanError(f"--granularity must be coarse, fine or auto, not {granularity!r}")
+    profile = load_profile(device)
+    loaded = load_onnx(model, parse_input_shapes(input_shape))
+    graph = build_graph(loaded.proto, loaded.sha256, model.stem)
+    if costs is not None and not costs.exists():
+        raise PlanError(f"no cost table at {costs}; run `parapipe profile` first or leave out --costs")
+    table = CostTable.load(costs or default_costs())
+    if granularity == "auto":
+        coarse = coarsen(graph, "coarse")
+        fine = coarsen(graph, "fine")
+        # Para-Pipe: coarse blocks for branchy CNNs, fine operators for irregular graphs (if small enough)
+        granularity = "coarse" if coarse.max_parallel_width() >= 2 or len(fine.nodes) > 120 else "fine"
+    blocks = coarsen(graph, granularity)
+    return profile, graph, blocks, CostModel(profile, graph, table)
+
+
+def plan_row(plan: Any) -> dict[str, Any]:
+    p, s, prov = plan.predicted, plan.simulated, plan.provenance
+    units = [f"{a.pu}x{a.cores}" for _, _, a in plan.assignments()]
+    return {
+        "plan": plan.name,
+        "stages": len(plan.stages),
+        "units": units,
+        "pipelined": plan.pipelined,
+        "latency_ms": p.latency_ms if p else None,
+        "throughput_fps": p.throughput_fps if p else None,
+        "energy_mj": p.energy_mj if p else None,
+        "energy_source": p.energy_source if p else None,
+        "sim_latency_p50_ms": s.latency_ms if s else None,
+        "sim_throughput_fps": s.throughput_fps if s else None,
+        "method": prov.method,
+        "solver": prov.solver,
+        "status": prov.status,
+        "gap": prov.gap,
+        "seconds": prov.seconds,
+    }
+
+
+def _table(rows: list[dict[str, Any]], title: str = "") -> Table:
+    t = Table(
+        "plan",
+        "stages",
+        "units",
+        "latency ms",
+        "fps",
+        "energy mJ (modelled)",
+        "sim latency@rate / fps",
+        "how found",
+        "s",
+        title=title,
+    )
+    for r in rows:
+        how = (
+            r["method"]
+            if not r["solver"]
+            else f"{r['solver']} {r['status']}" + (f", gap {r['gap']:.2%}" if r["gap"] is not None else "")
+        )
+        t.add_row(
+            r["plan"],
+            str(r["stages"]),
+            " ".join(r["units"]),
+            f"{r['latency_ms']:.2f}",
+            f"{r['throughput_fps']:.2f}",
+            f"{r['energy_mj']:.1f}",
+            f"{r['sim_latency_p50_ms']:.1f} / {r['sim_throughput_fps']:.2f}",
+            how,
+            f"{r['seconds']:.2f}" if r["seconds"] else "-",
+        )
+    return t
+
+
+@app.command()
+@fails_cleanly
+def plan(
+    model: Annotated[Path, typer.Argument(help="The .onnx model.")],
+    device: Annotated[str, typer.Option("--device", help="Profile name or TOML path.")],
+    costs: Annotated[
+        Path | None, typer.Option("--costs", help="Cost table (default $PARAPIPE_HOME/costs.json).")
+    ] = None,
+    objective: Annotated[str, typer.Option("--objective", help="latency, throughput, energy or pareto.")] = "pareto",
+    granularity: Annotated[str, typer.Option("--granularity", help="coarse, fine or auto.")] = "auto",
+    max_stages: Annotated[int, typer.Option("--max-stages", min=1, help="Most pipeline stages.")] = 4,
+    time_limit: Annotated[float, typer.Option("--time-limit", min=0.1, help="Seconds per ILP solve.")] = 10.0,
+    solver: Annotated[str, typer.Option("--solver", help="highs (default) or cbc.")] = "highs",
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="Folder for the plan files.")] = None,
+    input_shape: ShapeOpt = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Plan MODEL on a device: the ILP's plans (one objective or the Pareto set) and every baseline."""
+    from planner.plan import PlanError
+    from planner.problem import build_problem
+    from planner.search import baselines, best_plan, pareto_set
+
+    if objective not in ("latency", "throughput", "energy", "pareto"):
+        raise PlanError(f"--objective must be latency, throughput, energy or pareto, not {objective!r}")
+    profile, graph, blocks, cost = _load_inputs(model, device, costs, granularity, input_shape)
+    folder = output or Path("plans") / f"{model.stem}-{profile.name}"
+    with err.status(f"planning {model.name} on {profile.name} ({blocks.granularity} blocks)") as status:
+
+        def progress(msg: str) -> None:
+            status.update(msg)
+
+        problem = build_problem(blocks, graph, cost, max_stages)
+        progress("baselines")
+        base = baselines(blocks, graph, cost, max_stages, problem)
+        if objective == "pareto":
+            plans = pareto_set(blocks, graph, cost, time_limit, max_stages, solver=solver, progress=progress)
+        else:
+            plans = [
+                best_plan(
+                    blocks,
+                    graph,
+                    cost,
+                    objective,
+                    time_limit,
+                    max_stages,
+                    solver=solver,
+                    problem=problem,
+                    progress=progress,
+                )
+            ]
+    written = _write(folder, plans, base)
+    rows = [plan_row(p) for p in plans]
+    base_rows = [plan_row(p) for p in base.values()]
+    if as_json:
+        print_json({"folder": str(folder), "plans": rows, "baselines": base_rows, "files": written})
+        return
+    out.print(_table(rows, f"{objective} plans for {model.name} on {profile.name}"))
+    out.print(_table(base_rows, "baselines"))
+    out.print(f"wrote {len(written)} plan files and {INDEX} to {folder}; energy is modelled", highlight=False)
+
+
+def _write(folder: Path, plans: list, base: dict) -> list[str]:
+    import os
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "baselines").mkdir(exist_ok=True)
+    written = []
+    for p in plans:
+        written.append(str(p.save(folder / f"{p.name}.json").relative_to(folder)))
+    for name, p in base.items():
+        written.append(str(p.save(folder / "baselines" / f"{name}.json").relative_to(folder)))
+    index = {
+        "version": 1,
+        "plans": [f"{p.name}.json" for p in plans],
+        "baselines": [f"baselines/{n}.json" for n in base],
+    }
+    tmp = folder / f".{INDEX}.tmp-{os.getpid()}"
+    tmp.write_text(json.dumps(index, indent=2) + "\n")
+    os.replace(tmp, folder / INDEX)
+    return written
+
+
+def _read_dir(folder: Path) -> tuple[list, list]:
+    from planner.plan import PlanError, load_plan
+
+    index = folder / INDEX
+    if not folder.is_dir():
+        raise PlanError(f"{folder} is not a folder of plans; run `parapipe plan ... -o {folder}` first")
+    if index.exists():
+        try:
+            data = json.loads(index.read_text())
+            names, base = data["plans"], data.get("baselines", [])
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise PlanError(f"{index} is damaged ({exc}); re-run `parapipe plan`") from None
+    else:
+        names = sorted(p.name for p in folder.glob("*.json"))
+        base = sorted(f"baselines/{p.name}" for p in (folder / "baselines").glob("*.json"))
+    plans = [load_plan(folder / n) for n in names]
+    baselines = [load_plan(folder / n) for n in base]
+    missing = [p.name for p in plans if p.predicted is None]
+    if missing:
+        raise PlanError(f"plan(s) {missing} carry no predicted figures; evaluate them with `parapipe simulate`")
+    if not plans:
+        raise PlanError(f"{folder} holds no plans")
+    return plans, baselines
+
+
+@app.command()
+@fails_cleanly
+def pareto(
+    folder: Annotated[Path, typer.Argument(help="A folder written by `parapipe plan`.")],
+    plot: Annotated[Path | None, typer.Option("--plot", help="Write the front as a PNG.")] = None,
+    fmt: Annotated[str, typer.Option("--format", help="table, json or csv.")] = "table",
+) -> None:
+    """The Pareto front of a folder of plans (latency, throughput, energy), baselines beside it."""
+    from planner.plan import PlanError
+    from planner.search import pareto_front
+
+    if fmt not in ("table", "json", "csv"):
+        raise PlanError(f"--format must be table, json or csv, not {fmt!r}")
+    plans, base = _read_dir(folder)
+    front = pareto_front(plans)
+    rows = [plan_row(p) for p in front]
+    if plot is not None:
+        _plot(front, base, plot)
+    if fmt == "json":
+        print_json({"front": rows, "baselines": [plan_row(p) for p in base]})
+    elif fmt == "csv":
+        buf = io.StringIO()
+        writer = csv.writer(buf)
+        writer.writerow(
+            ["plan", "kind", "latency_ms", "throughput_fps", "energy_mj", "energy_source", "stages", "units"]
+        )
+        for kind, group in (("pareto", front), ("baseline", base)):
+            for p in group:
+                r = plan_row(p)
+                writer.writerow(
+                    [
+                        r["plan"],
+                        kind,
+                        r["latency_ms"],
+                        r["throughput_fps"],
+                        r["energy_mj"],
+                        r["energy_source"],
+                        r["stages"],
+                        " ".join(r["units"]),
+                    ]
+                )
+        sys.stdout.write(buf.getvalue())
+    else:
+        out.print(_table(rows, f"Pareto front of {folder} ({len(front)} of {len(plans)} plans)"))
+        if base:
+            out.print(_table([plan_row(p) for p in base], "baselines"))
+    if plot is not None and fmt == "table":
+        out.print(f"plot written to {plot}", highlight=False)
+
+
+def _plot(front: list, base: list, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 5))
+    energies = [p.predicted.energy_mj for p in [*front, *base]]
+    lo, hi = min(energies), max(energies)
+    sc = ax.scatter(
+        [p.predicted.latency_ms for p in front],
+        [p.predicted.throughput_fps for p in front],
+        c=[p.predicted.energy_mj for p in front],
+        cmap="viridis",
+        vmin=lo,
+        vmax=hi,
+        s=70,
+        label="Pareto plans",
+        zorder=3,
+    )
+    ax.plot(
+        [p.predicted.latency_ms for p in front],
+        [p.predicted.throughput_fps for p in front],
+        color="grey",
+        lw=0.8,
+        zorder=2,
+    )
+    if base:
+        ax.scatter(
+            [p.predicted.latency_ms for p in base],
+            [p.predicted.throughput_fps for p in base],
+            c=[p.predicted.energy_mj for p in base],
+            cmap="viridis",
+            vmin=lo,
+            vmax=hi,
+            marker="x",
+            s=60,
+            label="baselines",
+        )
+        for p in base:
+            ax.annotate(p.name, (p.predicted.latency_ms, p.predicted.throughput_fps), fontsize=7, alpha=0.8)
+    fig.colorbar(sc, label="energy per frame, mJ (modelled)")
+    ax.set_xlabel("latency, ms (lower is better)")
+    ax.set_ylabel("throughput, frames/s (higher is better)")
+    model = (front or base)[0]
+    ax.set_title(f"{model.model_name} on {model.device}")
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+@app.command()
+@fails_cleanly
+def select(
+    folder: Annotated[Path, typer.Argument(help="A folder written by `parapipe plan`.")],
+    objective: Annotated[str, typer.Option("--objective", help="latency, throughput or energy.")] = "latency",
+    max_latency_ms: Annotated[float | None, typer.Option("--max-latency-ms", help="Latency ceiling.")] = None,
+    min_fps: Annotated[float | None, typer.Option("--min-fps", help="Throughput floor.")] = None,
+    max_mj: Annotated[float | None, typer.Option("--max-mj", help="Energy ceiling per frame.")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """The best plan of a folder under constraints, or which constraint to relax."""
+    from planner.plan import PlanError
+    from planner.search import key
+
+    if objective not in ("latency", "throughput", "energy"):
+        raise PlanError(f"--objective must be latency, throughput or energy, not {objective!r}")
+    plans, _ = _read_dir(folder)
+    checks = {
+        "--max-latency-ms": (max_latency_ms, lambda p: p.predicted.latency_ms <= max_latency_ms),
+        "--min-fps": (min_fps, lambda p: p.predicted.throughput_fps >= min_fps),
+        "--max-mj": (max_mj, lambda p: p.predicted.energy_mj <= max_mj),
+    }
+    active = {k: f for k, (v, f) in checks.items() if v is not None}
+    ok = [p for p in plans if all(f(p) for f in active.values())]
+    if not ok:
+        raise PlanError(_relax_message(plans, active, checks))
+    best = min(ok, key=lambda p: key(p, objective))
+    row = plan_row(best)
+    row["file"] = str(folder / f"{best.name}.json")
+    if as_json:
+        print_json(row)
+        return
+    out.print(_table([row], f"best for {objective}"))
+    out.print(f"plan file: {row['file']}", highlight=False)
+
+
+def _relax_message(plans: list, active: dict, checks: dict) -> str:
+    hints = []
+    for name in active:
+        others = [f for k, f in active.items() if k != name]
+        feasible = [p for p in plans if all(f(p) for f in others)]
+        if feasible:
+            figure = {
+                "--max-latency-ms": min(p.predicted.latency_ms for p in feasible),
+                "--min-fps": max(p.predicted.throughput_fps for p in feasible),
+                "--max-mj": min(p.predicted.energy_mj for p in feasible),
+            }[name]
+            hints.append(f"relax {name} (the best plan meeting the others reaches {figure:.2f})")
+    if not hints:
+        return (
+            "no plan meets these constraints, nor any two of them; relax several, or re-plan with a longer --time-limit"
+        )
+    return "no plan meets " + ", ".join(f"{k} {checks[k][0]:g}" for k in active) + ": " + "; or ".join(hints)
+
+
+@app.command()
+@fails_cleanly
+def show(
+    plan_file: Annotated[Path, typer.Argument(help="A plan JSON, solved or hand-written.")],
+    model: Annotated[Path | None, typer.Option("--model", help="Also check the plan against this .onnx.")] = None,
+    device: Annotated[
+        str | None, typer.Option("--device", help="Profile to check against (default: the plan's).")
+    ] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """A plan, readable by a person: stages, units, blocks and predicted figures."""
+    from planner.plan import load_plan, validate
+
+    the_plan = load_plan(plan_file)
+    if model is not None:
+        from device_profiles.loader import load_profile
+        from models.graph import build_graph
+        from models.onnx_io import load_onnx
+
+        loaded = load_onnx(model)
+        validate(the_plan, build_graph(loaded.proto, loaded.sha256), load_profile(device or the_plan.device))
+    if as_json:
+        print_json(the_plan.to_json())
+        return
+    prov = the_plan.provenance
+    out.print(
+        f"[bold]{the_plan.name or plan_file.stem}[/]: {the_plan.model_name} ({the_plan.model_sha256[:12]}) on {the_plan.device}, "
+        f"{the_plan.granularity} blocks, {'pipelined' if the_plan.pipelined else 'one frame at a time'}; found by {prov.method}"
+        + (
+            f" ({prov.solver}, {prov.status}, gap {prov.gap:.2%}, {prov.seconds:.2f}s)"
+            if prov.solver and prov.gap is not None
+            else ""
+        ),
+        highlight=False,
+    )
+    t = Table("stage", "replica", "PU", "cores", "core ids", "blocks", "ops")
+    for s, stage in enumerate(the_plan.stages):
+        for g, group in enumerate(stage.groups):
+            for a in group:
+                ops = sum(len(the_plan.blocks[b]) for b in a.blocks)
+                shown = ", ".join(a.blocks[:4]) + (f" … (+{len(a.blocks) - 4})" if len(a.blocks) > 4 else "")
+                t.add_row(str(s), str(g), a.pu, str(a.cores), ",".join(map(str, a.core_ids)) or "auto", shown, str(ops))
+    out.print(t)
+    for label, p in (
+        ("predicted (analytic)", the_plan.predicted),
+        ("simulated (latency at full rate)", the_plan.simulated),
+    ):
+        if p:
+            out.print(
+                f"{label}: latency {p.latency_ms:.2f} ms, throughput {p.throughput_fps:.2f} fps, "
+                f"energy {p.energy_mj:.1f} mJ/frame ({p.energy_source})",
+                highlight=False,
+            )
+    for note in the_plan.notes:
+        out.print(f"note: {note}", highlight=False)
+
+
+@app.command()
+@fails_cleanly
+def compare(
+    model: Annotated[Path, typer.Argument(help="The .onnx model.")],
+    device: Annotated[str, typer.Option("--device", help="Profile name or TOML path.")],
+    costs: Annotated[
+        Path | None, typer.Option("--costs", help="Cost table (default $PARAPIPE_HOME/costs.json).")
+    ] = None,
+    granularity: Annotated[str, typer.Option("--granularity", help="coarse, fine or auto.")] = "auto",
+    max_stages: Annotated[int, typer.Option("--max-stages", min=1)] = 4,
+    time_limit: Annotated[float, typer.Option("--time-limit", min=0.1)] = 10.0,
+    input_shape: ShapeOpt = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Our best plan per objective against every baseline, with ratios (>1 means ours is better)."""
+    from planner.problem import build_problem
+    from planner.search import baselines, best_plan
+
+    profile, graph, blocks, cost = _load_inputs(model, device, costs, granularity, input_shape)
+    with err.status("planning"):
+        problem = build_problem(blocks, graph, cost, max_stages)
+        base = baselines(blocks, graph, cost, max_stages, problem)
+        ours = {
+            o: best_plan(blocks, graph, cost, o, time_limit, max_stages, problem=problem)
+            for o in ("latency", "throughput", "energy")
+        }
+    rows = []
+    for name, b in base.items():
+        bp = b.predicted
+        rows.append(
+            {
+                "baseline": name,
+                "latency_ms": bp.latency_ms,
+                "throughput_fps": bp.throughput_fps,
+                "energy_mj": bp.energy_mj,
+                "latency_ratio": bp.latency_ms / ours["latency"].predicted.latency_ms,
+                "throughput_ratio": ours["throughput"].predicted.throughput_fps / bp.throughput_fps,
+                "energy_ratio": bp.energy_mj / ours["energy"].predicted.energy_mj,
+            }
+        )
+    result = {
+        "model": model.name,
+        "device": profile.name,
+        "ours": {o: plan_row(p) for o, p in ours.items()},
+        "baselines": rows,
+        "note": "ratios > 1 mean our plan is better; figures are predicted (energy modelled)",
+    }
+    if as_json:
+        print_json(result)
+        return
+    out.print(_table([plan_row(p) for p in ours.values()], f"our plans for {model.name} on {profile.name}"))
+    t = Table(
+        "baseline", "latency ms", "fps", "energy mJ", "latency: theirs/ours", "fps: ours/theirs", "energy: theirs/ours"
+    )
+    for r in rows:
+        t.add_row(
+            r["baseline"],
+            f"{r['latency_ms']:.2f}",
+            f"{r['throughput_fps']:.2f}",
+            f"{r['energy_mj']:.1f}",
+            f"{r['latency_ratio']:.2f}x",
+            f"{r['throughput_ratio']:.2f}x",
+            f"{r['energy_ratio']:.2f}x",
+        )
+    out.print(t)
+    out.print(result["note"])
