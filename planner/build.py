@@ -118,14 +118,17 @@ def _levels(units: list[int], succ: dict[int, set[int]]) -> dict[int, int]:
 
 
 def evaluate(plan: Plan, graph: OpGraph, cost: CostModel, frames: int = 120) -> Plan:
-    """The plan with its analytic prediction and its simulation attached."""
+    """The plan with its analytic prediction and its simulation attached (``frames=0``: analytic only)."""
     model = PlanModel(plan, graph, cost)
-    return dataclasses.replace(plan, predicted=analytic(model), simulated=simulate(model, frames).predicted())
+    simulated = simulate(model, frames).predicted() if frames else None
+    return dataclasses.replace(plan, predicted=analytic(model), simulated=simulated)
 
 
 def replicate(plan: Plan, graph: OpGraph, cost: CostModel, profile: DeviceProfile) -> Plan:
-    """Copy the bottleneck stage onto free cores (same PU, same core count) while throughput improves."""
-    best = evaluate(plan, graph, cost) if plan.predicted is None else plan
+    """Copy the bottleneck stage onto free cores (same PU, same core count) while throughput improves.
+
+    The result carries the analytic prediction only; ``evaluate`` it to add the simulation."""
+    best = evaluate(plan, graph, cost, frames=0) if plan.predicted is None else plan
     while True:
         used: dict[str, set[int]] = {}
         for _, _, a in best.assignments():
@@ -150,7 +153,9 @@ def replicate(plan: Plan, graph: OpGraph, cost: CostModel, profile: DeviceProfil
             copy.append(dataclasses.replace(a, core_ids=ids))
         stages = list(best.stages)
         stages[s] = Stage((*stage.groups, tuple(copy)))
-        trial = evaluate(dataclasses.replace(best, stages=tuple(stages), name=best.name + "+rep"), graph, cost)
+        trial = evaluate(
+            dataclasses.replace(best, stages=tuple(stages), name=best.name + "+rep"), graph, cost, frames=0
+        )
         if trial.predicted.throughput_fps <= best.predicted.throughput_fps * 1.001:
             return best
         best = trial

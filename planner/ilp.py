@@ -7,8 +7,9 @@ Decision variables (names as in the code):
   r[e,p,q]   edge e carries its tensor from PU p to PU q (continuous, forced to 1 when it must)
   o[i,j]     order of independent blocks i, j when they share a unit; same[i,j] they share one
 Every constraint is named after what it means: assign, unit_on, cores, memory,
-symmetry, transfer, precedence, serialize, latency, period_unit, period_link, energy,
-bound_*. The objective is latency, period or energy, with the others optionally
+symmetry, transfer, precedence, serialize, region (a valid cut: what one unit runs
+between a fork and its join fits between them), latency, period_unit, period_link,
+cluster_capacity, energy, bound_*. The objective is latency, period or energy, with the others optionally
 bounded (epsilon constraints for the Pareto sweep). The scheduling part (t, o, same,
 precedence, serialize) is built only when latency is the objective or is bounded.
 
@@ -135,6 +136,11 @@ def solve(
         raise PlanError(f"the solver failed: {exc}; try --solver cbc") from None
     seconds = time.perf_counter() - started
     status, mip_gap, bound = _status(lp, backend)
+    if status == "no solution" and warm is not None:
+        # the solver ran out of time before it had a solution of its own: the warm start stands
+        return Solution(
+            warm, schedule(problem, warm), backend.name, "time-limit (warm start kept)", None, bound, seconds, objective
+        )
     if status in ("infeasible", "no solution"):
         raise PlanError(_infeasible_message(problem, max_latency_ms, max_period_ms, max_energy_mj, status))
     assign = _extract(problem, v)
@@ -235,6 +241,13 @@ def _formulate(
         # blocks sharing a unit run one after the other, in either order
         lp += t[j] >= t[i] + dur[i] - big_m * (1 - o) - big_m * (1 - same), f"serialize_{i}_{j}_a"
         lp += t[i] >= t[j] + dur[j] - big_m * o - big_m * (1 - same), f"serialize_{i}_{j}_b"
+    for x, y, between in problem.regions if timed else ():
+        for u in range(len(units)):
+            inside = [(b, u) for b in between if (b, u) in a]
+            if len(inside) >= 2:
+                # cut: whatever a unit runs between a fork and its join runs after the fork and before the join
+                work = pulp.lpSum(problem.cost[k] * a[k] for k in inside)
+                lp += t[y] >= t[x] + dur[x] + work, f"region_{x}_{y}_{u}"
     for b in range(n) if timed else ():
         lp += L >= t[b] + dur[b], f"latency_{b}"  # a frame leaves when its last block ends
     if timed and upper_latency is not None and objective == "latency":

@@ -46,6 +46,7 @@ class Problem:
     busy_extra_w: dict[int, float]  # unit busy power above idle
     idle_w: float  # all PUs idle
     independent: tuple[tuple[int, int], ...]  # block pairs with no path between them
+    regions: tuple[tuple[int, int, tuple[int, ...]], ...]  # (fork, join, blocks strictly between them)
     max_stages: int
 
     def pus(self) -> list[str]:
@@ -134,6 +135,7 @@ def build_problem(blocks: OpGraph, graph: OpGraph, cost: CostModel, max_stages: 
         busy_extra_w=busy_extra,
         idle_w=sum(p.idle_power_w.value for p in cost.profile.pus),
         independent=tuple(_independent_pairs(blocks)),
+        regions=tuple(_fork_join_regions(blocks)),
         max_stages=max_stages,
     )
 
@@ -148,3 +150,39 @@ def _independent_pairs(blocks: OpGraph) -> list[tuple[int, int]]:
             bits |= (1 << pos[s]) | reach[pos[s]]
         reach[pos[n]] = bits
     return [(i, j) for i in range(len(names)) for j in range(i + 1, len(names)) if not (reach[i] >> j) & 1]
+
+
+def _fork_join_regions(blocks: OpGraph) -> list[tuple[int, int, tuple[int, ...]]]:
+    """Each fork with its join (immediate post-dominator) and the blocks between them."""
+    names = [b.name for b in blocks.nodes]
+    pos = {n: i for i, n in enumerate(names)}
+    n = len(names)
+    reach = [0] * n  # descendants
+    pdom = [0] * n  # blocks every path from here to the end passes through (itself included)
+    for name in reversed(names):
+        i = pos[name]
+        succ = [pos[s] for s in blocks.successors[name]]
+        bits = 0
+        common = None
+        for s in succ:
+            bits |= (1 << s) | reach[s]
+            common = pdom[s] if common is None else common & pdom[s]
+        reach[i] = bits
+        pdom[i] = (1 << i) | (common or 0)
+    ancestors = [0] * n
+    for i in range(n):
+        for j in range(n):
+            if (reach[i] >> j) & 1:
+                ancestors[j] |= 1 << i
+    regions = []
+    for name in names:
+        x = pos[name]
+        if len(blocks.successors[name]) < 2:
+            continue
+        rest = pdom[x] & ~(1 << x)
+        if not rest:
+            continue
+        y = (rest & -rest).bit_length() - 1  # the nearest post-dominator
+        between = reach[x] & ancestors[y]
+        regions.append((x, y, tuple(b for b in range(n) if (between >> b) & 1)))
+    return regions

@@ -147,34 +147,44 @@ def best_plan(
         bound=solution.bound,
         seconds=round(solution.seconds, 3),
     )
-    plan = evaluate(to_plan(problem, solution.assignment, blocks, profile, provenance, f"ilp-{objective}"), graph, cost)
-    if objective == "throughput":
-        plan = replicate(plan, graph, cost, profile)
-        for c in cands:
-            if c.name == "single-pu":
-                rep = replicate(_single_core(problem, blocks, profile, graph, cost), graph, cost, profile)
-                if (
-                    rep.predicted
-                    and key(rep, objective) < key(plan, objective)
-                    and _plan_meets(rep, max_latency_ms, min_fps, max_mj)
-                ):
-                    plan = dataclasses.replace(
-                        rep,
-                        provenance=provenance,
-                        name=f"ilp-{objective}",
-                        notes=("replicated single-core plan beat the ILP's pipeline",),
-                    )
-    # Never return less than the warm start the solver was given: evaluate both the same way.
-    warm_plan = evaluate(
-        to_plan(problem, warm.assignment, blocks, profile, provenance, f"ilp-{objective}", warm.pipelined or True),
-        graph,
-        cost,
+    plan = evaluate(
+        to_plan(problem, solution.assignment, blocks, profile, provenance, f"ilp-{objective}"), graph, cost, frames=0
     )
-    if key(warm_plan, objective) < key(plan, objective) and _plan_meets(warm_plan, max_latency_ms, min_fps, max_mj):
-        plan = dataclasses.replace(
-            warm_plan, notes=(f"the warm start ({warm.name}) predicts better than the solver's incumbent",)
+    # Never return less than a plan inside the ILP's space: evaluate every candidate the same way.
+    for c in cands:
+        other = evaluate(
+            to_plan(problem, c.assignment, blocks, profile, provenance, f"ilp-{objective}"), graph, cost, frames=0
         )
-    return plan
+        if key(other, objective) < key(plan, objective) * (1 - 1e-9) and _plan_meets(
+            other, max_latency_ms, min_fps, max_mj
+        ):
+            plan = dataclasses.replace(
+                other, notes=(f"{c.name}, given to the solver as a start, predicts better than the solver's incumbent",)
+            )
+    if objective != "latency":
+        # Replication (frames alternate between copies of a stage) is outside the ILP: try it on the
+        # solution and on the whole model per core (one session per core), keep what predicts best.
+        seeds = [plan]
+        try:
+            seeds.append(_single_core(problem, blocks, profile, graph, cost))
+        except PlanError:
+            pass
+        for seed in seeds:
+            rep = replicate(seed, graph, cost, profile)
+            if (
+                rep is not seed
+                and key(rep, objective) < key(plan, objective)
+                and _plan_meets(rep, max_latency_ms, min_fps, max_mj)
+            ):
+                note = (
+                    "stage replicated onto free cores"
+                    if seed is plan
+                    else "one copy of the model per core beat the ILP's plan"
+                )
+                plan = dataclasses.replace(
+                    rep, provenance=provenance, name=f"ilp-{objective}", notes=(*plan.notes, note)
+                )
+    return evaluate(plan, graph, cost)
 
 
 def _single_core(problem: Problem, blocks: OpGraph, profile: DeviceProfile, graph: OpGraph, cost: CostModel) -> Plan:
@@ -187,7 +197,7 @@ def _single_core(problem: Problem, blocks: OpGraph, profile: DeviceProfile, grap
             best = a
     if best is None:
         raise PlanError("no CPU core can run the whole model")
-    return evaluate(to_plan(problem, best, blocks, profile, Provenance("ilp"), "single-core"), graph, cost)
+    return evaluate(to_plan(problem, best, blocks, profile, Provenance("ilp"), "single-core"), graph, cost, frames=0)
 
 
 def _meets(problem: Problem, a: Assignment, max_l: float | None, max_p: float | None, max_e: float | None) -> bool:

@@ -1,0 +1,71 @@
+"""ILP solve time, gap and objective per model and profile, against the best baseline.
+
+Goals (issue 4, 2 cores): googlenet on khadas-vim3 to a proven gap <= 1% in <= 2 s,
+inception_v3 in <= 5 s, a >= 340-op transformer (bert_small, fine operators) in <= 30 s.
+Prints, per (model, profile, objective): blocks, solver status, seconds, gap, the ILP's
+objective and the best baseline's, and the ratio (baseline / ours, > 1 = we are better).
+
+Run: .venv/bin/python bench/bench_planner.py [--time-limit 30] [--profiles khadas-vim3 bst-a1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from device_profiles.loader import load_profile
+from models.coarsen import coarsen
+from models.graph import build_graph
+from models.onnx_io import load_onnx
+from planner.costmodel import CostModel
+from planner.ilp import schedule, solve
+from planner.problem import build_problem
+from planner.search import _candidates
+
+CASES = [("googlenet", "coarse", 2.0), ("inception_v3", "coarse", 5.0), ("bert_small", "fine", 30.0)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--profiles", nargs="+", default=["khadas-vim3", "bst-a1000"])
+    parser.add_argument("--time-limit", type=float, default=30.0)
+    parser.add_argument("--zoo-dir", type=Path, default=Path("build/bench/zoo"))
+    args = parser.parse_args()
+    from models.export import export_model
+
+    print(
+        f"{'model':13} {'gran':6} {'profile':12} {'objective':10} {'blocks':>6} {'status':12} {'s':>6} {'goal s':>6} {'gap':>7} {'ILP':>9} {'best base':>9} {'ratio':>6}"
+    )
+    for name, granularity, goal in CASES:
+        path = args.zoo_dir / f"{name}.onnx"
+        if not path.exists():
+            export_model(name, path)
+        loaded = load_onnx(path)
+        graph = build_graph(loaded.proto, loaded.sha256, name)
+        blocks = coarsen(graph, granularity)
+        for device in args.profiles:
+            cost = CostModel(load_profile(device), graph)
+            problem = build_problem(blocks, graph, cost, 4)
+            cands = _candidates(problem)
+            for objective in ("latency", "throughput", "energy"):
+                measure = {"latency": "latency_ms", "throughput": "period_ms", "energy": "energy_mj"}[objective]
+                warm = min(cands, key=lambda c: getattr(schedule(problem, c.assignment), measure))
+                base_value = getattr(schedule(problem, warm.assignment), measure)
+                t0 = time.perf_counter()
+                sol = solve(problem, objective, args.time_limit, warm=warm.assignment)
+                seconds = time.perf_counter() - t0
+                ours = getattr(sol.figures, measure)
+                gap = f"{sol.gap:.2%}" if sol.gap is not None else "-"
+                print(
+                    f"{name:13} {granularity:6} {device:12} {objective:10} {len(problem.blocks):6d} {sol.status[:12]:12} "
+                    f"{seconds:6.2f} {goal:6.1f} {gap:>7} {ours:9.2f} {base_value:9.2f} {base_value / ours:6.2f}",
+                    flush=True,
+                )
+
+
+if __name__ == "__main__":
+    main()
