@@ -89,6 +89,7 @@ class Plan:
     simulated: Predicted | None = None
     name: str = ""
     pipelined: bool = True  # False: one frame at a time (the para-only and list-scheduling baselines)
+    model_path: str = ""  # where the model was when planned (a hint; the hash is what binds)
     version: int = PLAN_VERSION
     notes: tuple[str, ...] = field(default=())
 
@@ -203,6 +204,7 @@ def plan_from_json(data: Any, origin: str = "plan") -> Plan:
         simulated=_predicted(data.get("simulated"), "simulated"),
         name=str(data.get("name", "")),
         pipelined=bool(data.get("pipelined", True)),
+        model_path=str(data.get("model_path", "")),
         version=version,
         notes=tuple(data.get("notes", ())),
     )

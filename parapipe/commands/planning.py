@@ -149,6 +149,10 @@ def plan(
                     progress=progress,
                 )
             ]
+    import dataclasses
+
+    plans = [dataclasses.replace(p, model_path=str(model.resolve())) for p in plans]
+    base = {k: dataclasses.replace(p, model_path=str(model.resolve())) for k, p in base.items()}
     written = _write(folder, plans, base)
     rows = [plan_row(p) for p in plans]
     base_rows = [plan_row(p) for p in base.values()]

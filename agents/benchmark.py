@@ -1,0 +1,119 @@
+"""Benchmark a running pipeline with frames generated on the board.
+
+Three runs, each with its own purpose: frames back to back (throughput, per-partition
+busy time and queue waits, energy), one frame at a time (latency alone), and frames
+arriving at the measured throughput (latency p50/p99 at full rate) -- the same
+quantities the planner's analytic model and simulator predict.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+from agents.executor import Pipeline, generate_inputs
+from profiler.energy import EnergyMeter, PowerModel
+
+
+@dataclass(frozen=True)
+class PartitionResult:
+    name: str
+    pu: str
+    busy_ms: float
+    queue_wait_ms: float
+    frames: int
+
+
+@dataclass(frozen=True)
+class BenchmarkResult:
+    frames: int
+    latency_p50_ms: float
+    latency_p99_ms: float
+    latency_alone_ms: float
+    throughput_fps: float
+    energy_mj: float
+    energy_source: str
+    energy_sensor: str
+    partitions: tuple[PartitionResult, ...]
+    wall_s: float
+
+
+def run_benchmark(
+    pipeline: Pipeline,
+    frames: int = 50,
+    warmup: int = 5,
+    seed: int = 0,
+    power: PowerModel | None = None,
+    cores: int = 1,
+) -> BenchmarkResult:
+    started = time.perf_counter()
+    inputs = generate_inputs(pipeline.manifest.inputs, seed)
+    for _ in range(warmup):
+        pipeline.infer(inputs)
+
+    # 1. back to back: throughput, busy time, energy
+    pipeline.reset_stats()
+    meter = EnergyMeter(power or PowerModel(0.0, 0.0), cores)
+    with meter:
+        t0 = time.perf_counter()
+        finished: dict[int, float] = {}
+        futures = []
+        for i in range(frames):
+            fut = pipeline.submit(inputs)
+            fut.add_done_callback(lambda _f, i=i: finished.__setitem__(i, time.perf_counter()))
+            futures.append(fut)
+        for f in futures:
+            f.result()
+        t1 = time.perf_counter()
+        while len(finished) < frames:  # done-callbacks may trail result() by a moment
+            time.sleep(0.0005)
+        done = [finished[i] for i in range(frames)]
+    skip = min(frames - 1, max(1, frames // 10))
+    span = done[-1] - done[skip - 1] if frames > 1 else t1 - t0
+    throughput = (frames - skip) / span if frames > 1 else 1 / (t1 - t0)
+    stats = pipeline.stats()
+    partitions = tuple(
+        PartitionResult(name, pipeline.workers[name].spec.pu, s.busy_s * 1e3, s.wait_s * 1e3, s.frames)
+        for name, s in stats.items()
+    )
+    reading = meter.reading
+
+    # 2. one frame at a time
+    alone = []
+    for _ in range(max(3, min(frames, 20))):
+        a = time.perf_counter()
+        pipeline.infer(inputs)
+        alone.append((time.perf_counter() - a) * 1e3)
+
+    # 3. frames arriving at the measured throughput
+    interval = 1.0 / throughput
+    latencies = []
+    pending = []
+    base = time.perf_counter()
+    for i in range(frames):
+        target = base + i * interval
+        now = time.perf_counter()
+        if target > now:
+            time.sleep(target - now)
+        sent = time.perf_counter()
+        fut = pipeline.submit(inputs)
+        pending.append((sent, fut))
+        fut.add_done_callback(lambda _f, s=sent: latencies.append((time.perf_counter() - s) * 1e3))
+    for _, fut in pending:
+        fut.result()
+    while len(latencies) < frames:  # callbacks may run a moment after result() returns
+        time.sleep(0.001)
+    latencies.sort()
+    return BenchmarkResult(
+        frames=frames,
+        latency_p50_ms=statistics.median(latencies),
+        latency_p99_ms=latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
+        latency_alone_ms=statistics.median(alone),
+        throughput_fps=throughput,
+        energy_mj=(reading.joules * 1e3 / frames) if reading else 0.0,
+        energy_source=reading.source if reading else "modelled",
+        energy_sensor=reading.sensor if reading else "",
+        partitions=partitions,
+        wall_s=time.perf_counter() - started,
+    )

@@ -1,0 +1,206 @@
+"""PartitionBundle on disk: ``manifest.json`` plus one ONNX file per partition, each with its sha256.
+
+Board side, stdlib only. The manifest says, per partition: its file and hash, the PU,
+core ids, threads, throttle and execution provider it runs with, its stage, replica
+group, unit and segment, and the tensors it reads and writes. The bundle's identity is
+the sha256 of its manifest, which names the hash of every file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+MANIFEST_VERSION = 1
+MANIFEST = "manifest.json"
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+
+
+class BundleError(ValueError):
+    """A bundle is malformed, incomplete or does not match its hashes."""
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    high: int | None = None  # integer inputs: exclusive upper bound for generated data
+
+    @property
+    def nbytes(self) -> int:
+        import numpy as np
+
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+
+@dataclass(frozen=True)
+class PartitionSpec:
+    name: str
+    file: str
+    sha256: str
+    pu: str
+    cores: int
+    core_ids: tuple[int, ...]
+    threads: int
+    throttle_percent: float | None
+    throttled_cores: tuple[int, ...]  # cores whose threads get the throttle (all, or some for a spanning unit)
+    provider: str
+    provider_options: dict[str, str]
+    stage: int
+    group: int
+    unit: int
+    segment: int
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Manifest:
+    model_sha256: str
+    plan_name: str
+    device: str
+    pipelined: bool
+    max_inflight: int
+    replicas: tuple[int, ...]  # per stage
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    partitions: tuple[PartitionSpec, ...]
+    # modelled power when the board has no sensor: (active W per busy core, idle W per core, cores)
+    power: tuple[float, float, int] = (0.0, 0.0, 1)
+
+    def active(self, frame: int) -> list[PartitionSpec]:
+        """The partitions frame ``frame`` runs on (replicated stages take frames round-robin)."""
+        return [p for p in self.partitions if p.group == frame % self.replicas[p.stage]]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": MANIFEST_VERSION,
+            "model_sha256": self.model_sha256,
+            "plan_name": self.plan_name,
+            "device": self.device,
+            "pipelined": self.pipelined,
+            "max_inflight": self.max_inflight,
+            "replicas": list(self.replicas),
+            "power": list(self.power),
+            "inputs": [_tensor_json(t) for t in self.inputs],
+            "outputs": [_tensor_json(t) for t in self.outputs],
+            "partitions": [
+                {
+                    "name": p.name,
+                    "file": p.file,
+                    "sha256": p.sha256,
+                    "pu": p.pu,
+                    "cores": p.cores,
+                    "core_ids": list(p.core_ids),
+                    "threads": p.threads,
+                    "throttle_percent": p.throttle_percent,
+                    "throttled_cores": list(p.throttled_cores),
+                    "provider": p.provider,
+                    "provider_options": p.provider_options,
+                    "stage": p.stage,
+                    "group": p.group,
+                    "unit": p.unit,
+                    "segment": p.segment,
+                    "inputs": list(p.inputs),
+                    "outputs": list(p.outputs),
+                }
+                for p in self.partitions
+            ],
+        }
+
+    def text(self) -> str:
+        return json.dumps(self.to_json(), indent=1, sort_keys=True) + "\n"
+
+    def sha256(self) -> str:
+        return hashlib.sha256(self.text().encode()).hexdigest()
+
+
+def _tensor_json(t: TensorSpec) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": t.name, "dtype": t.dtype, "shape": list(t.shape)}
+    if t.high is not None:
+        out["high"] = t.high
+    return out
+
+
+def parse_manifest(text: str) -> Manifest:
+    try:
+        data = json.loads(text)
+        if data.get("version") != MANIFEST_VERSION:
+            raise BundleError(f"manifest version {data.get('version')!r}; this agent reads {MANIFEST_VERSION}")
+
+        def tensor(t: dict) -> TensorSpec:
+            return TensorSpec(str(t["name"]), str(t["dtype"]), tuple(int(d) for d in t["shape"]), t.get("high"))
+
+        parts = []
+        for p in data["partitions"]:
+            if not _SAFE_NAME.match(str(p["file"])):
+                raise BundleError(f"partition file name {p['file']!r} is not a plain file name")
+            parts.append(
+                PartitionSpec(
+                    name=str(p["name"]),
+                    file=str(p["file"]),
+                    sha256=str(p["sha256"]),
+                    pu=str(p["pu"]),
+                    cores=int(p["cores"]),
+                    core_ids=tuple(int(c) for c in p["core_ids"]),
+                    threads=int(p["threads"]),
+                    throttle_percent=None if p.get("throttle_percent") is None else float(p["throttle_percent"]),
+                    throttled_cores=tuple(int(c) for c in p.get("throttled_cores", [])),
+                    provider=str(p.get("provider", "CPUExecutionProvider")),
+                    provider_options={str(k): str(v) for k, v in p.get("provider_options", {}).items()},
+                    stage=int(p["stage"]),
+                    group=int(p["group"]),
+                    unit=int(p["unit"]),
+                    segment=int(p["segment"]),
+                    inputs=tuple(p["inputs"]),
+                    outputs=tuple(p["outputs"]),
+                )
+            )
+        manifest = Manifest(
+            model_sha256=str(data["model_sha256"]),
+            plan_name=str(data.get("plan_name", "")),
+            device=str(data.get("device", "")),
+            pipelined=bool(data.get("pipelined", True)),
+            max_inflight=int(data.get("max_inflight", 0)),
+            replicas=tuple(int(r) for r in data["replicas"]),
+            inputs=tuple(tensor(t) for t in data["inputs"]),
+            outputs=tuple(tensor(t) for t in data["outputs"]),
+            partitions=tuple(parts),
+            power=tuple(data.get("power", (0.0, 0.0, 1))),  # type: ignore[arg-type]
+        )
+    except BundleError:
+        raise
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise BundleError(f"malformed manifest: {type(exc).__name__}: {exc}") from None
+    if not manifest.partitions:
+        raise BundleError("the manifest lists no partitions")
+    for p in manifest.partitions:
+        if p.stage >= len(manifest.replicas):
+            raise BundleError(f"partition {p.name!r} is in stage {p.stage}, the manifest has {len(manifest.replicas)}")
+    return manifest
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def verify_bundle(folder: Path) -> Manifest:
+    """Read a bundle folder and check every file against the manifest's hashes."""
+    manifest = parse_manifest((folder / MANIFEST).read_text())
+    for p in manifest.partitions:
+        path = folder / p.file
+        if not path.is_file():
+            raise BundleError(f"partition file {p.file} is missing from the bundle")
+        got = file_sha256(path)
+        if got != p.sha256:
+            raise BundleError(f"partition file {p.file} has sha256 {got[:12]}…, the manifest says {p.sha256[:12]}…")
+    return manifest

@@ -1,0 +1,137 @@
+"""Host-side client of the board agent: every call has a deadline and explicit message limits."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+
+import grpc
+import numpy as np
+
+from agents.bundle import MANIFEST, parse_manifest
+from agents.proto import health_pb2, health_pb2_grpc
+from agents.proto import parapipe_agent_pb2 as pb
+from agents.proto import parapipe_agent_pb2_grpc as rpc
+from agents.server import AGENT_SERVICE, CHUNK_BYTES, MAX_MESSAGE_BYTES
+from agents.tensors import frame_arrays, frame_message
+
+
+class AgentError(RuntimeError):
+    """A call to the agent failed; the message carries the gRPC status and the agent's explanation."""
+
+    def __init__(self, message: str, code: grpc.StatusCode | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _wrap(exc: grpc.RpcError, what: str) -> AgentError:
+    code = exc.code() if hasattr(exc, "code") else None
+    detail = exc.details() if hasattr(exc, "details") else str(exc)
+    return AgentError(f"{what}: {code.name if code else 'error'}: {detail}", code)
+
+
+class AgentClient:
+    def __init__(
+        self,
+        address: str,
+        token: str | None = None,
+        tls: tuple[bytes | None, bytes | None, bytes | None] | None = None,
+        timeout: float = 30.0,
+    ) -> None:
+        options = [
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ]
+        if tls is not None:
+            ca, cert, key = tls
+            creds = grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
+            self.channel = grpc.secure_channel(address, creds, options=options)
+        else:
+            self.channel = grpc.insecure_channel(address, options=options)
+        self.address, self.timeout = address, timeout
+        self.metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self.stub = rpc.AgentStub(self.channel)
+        self.health_stub = health_pb2_grpc.HealthStub(self.channel)
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def __enter__(self) -> AgentClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _call(self, what: str, fn, request, timeout: float | None = None):
+        try:
+            return fn(request, timeout=timeout or self.timeout, metadata=self.metadata)
+        except grpc.RpcError as exc:
+            raise _wrap(exc, what) from None
+
+    def health(self, service: str = "", timeout: float = 2.0) -> str:
+        reply = self._call("health", self.health_stub.Check, health_pb2.HealthCheckRequest(service=service), timeout)
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+
+    def ready(self) -> bool:
+        return self.health(AGENT_SERVICE) == "SERVING"
+
+    def status(self) -> pb.StatusReply:
+        return self._call("status", self.stub.Status, pb.StatusRequest())
+
+    def load_bundle(self, folder: Path, progress=None) -> pb.LoadBundleReply:
+        """Upload a bundle folder unless the agent has it already (nothing is sent then)."""
+        text = (Path(folder) / MANIFEST).read_text()
+        manifest = parse_manifest(text)
+        sha = manifest.sha256()
+        if sha in self.status().bundles:
+            return pb.LoadBundleReply(bundle_sha256=sha, already_present=True, bytes_received=0)
+        files = list(dict.fromkeys(p.file for p in manifest.partitions))
+        total = sum((Path(folder) / f).stat().st_size for f in files)
+
+        def chunks() -> Iterator[pb.BundleChunk]:
+            yield pb.BundleChunk(bundle_sha256=sha, manifest_json=text)
+            sent = 0
+            for name in files:
+                with open(Path(folder) / name, "rb") as fh:
+                    offset = 0
+                    while data := fh.read(CHUNK_BYTES):
+                        yield pb.BundleChunk(bundle_sha256=sha, file=name, offset=offset, data=data)
+                        offset += len(data)
+                        sent += len(data)
+                        if progress:
+                            progress(sent, total)
+
+        return self._call("load bundle", self.stub.LoadBundle, chunks(), timeout=max(self.timeout, 600.0))
+
+    def start(self, sha: str, max_inflight: int = 0) -> pb.StartReply:
+        return self._call(
+            "start pipeline",
+            self.stub.StartPipeline,
+            pb.StartRequest(bundle_sha256=sha, max_inflight=max_inflight),
+            300,
+        )
+
+    def stop(self) -> bool:
+        return self._call("stop pipeline", self.stub.StopPipeline, pb.StopRequest()).was_running
+
+    def infer(self, tensors: Mapping[str, np.ndarray], frame_id: int = 0) -> dict[str, np.ndarray]:
+        reply = self._call("infer", self.stub.Infer, frame_message(frame_id, tensors))
+        return frame_arrays(reply)
+
+    def infer_stream(
+        self, frames: Iterable[Mapping[str, np.ndarray]], timeout: float = 600.0
+    ) -> Iterator[dict[str, np.ndarray]]:
+        requests = (frame_message(i, f) for i, f in enumerate(frames))
+        try:
+            for reply in self.stub.InferStream(requests, timeout=timeout, metadata=self.metadata):
+                yield frame_arrays(reply)
+        except grpc.RpcError as exc:
+            raise _wrap(exc, "infer stream") from None
+
+    def benchmark(self, frames: int = 50, warmup: int = 5, seed: int = 0) -> pb.BenchmarkReply:
+        return self._call(
+            "benchmark", self.stub.Benchmark, pb.BenchmarkRequest(frames=frames, warmup=warmup, seed=seed), 1800
+        )
+
+    def profile_ops(self, request: pb.ProfileRequest) -> pb.ProfileReply:
+        return self._call("profile ops", self.stub.ProfileOps, request, 1800)

@@ -1,0 +1,283 @@
+"""The pipeline executor: one pinned worker thread and onnxruntime session per partition.
+
+Board side: numpy, onnxruntime and the stdlib only (plus ``profiler.pinning``).
+Each partition's worker pins itself to the partition's cores (affinity is per thread
+on Linux), joins its throttle group if its PU is throttled, and only then creates its
+session, so onnxruntime's intra-op threads inherit both. Tensors move between workers
+as numpy arrays through per-worker inboxes (no serialisation); a frame enters while
+fewer than ``max_inflight`` frames are in flight, replicated stages take frames
+round-robin, and results are handed back per frame (callers wait on them in order).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from agents.bundle import Manifest, PartitionSpec, TensorSpec
+from profiler.pinning import pin_current_thread, release_current_thread, throttle_current_thread
+
+
+class PipelineError(RuntimeError):
+    """The pipeline cannot start or a frame failed; the message names the partition."""
+
+
+class InputError(ValueError):
+    """A frame's tensors do not match the model's inputs (name, dtype, shape or size)."""
+
+
+@dataclass
+class WorkerStats:
+    busy_s: float = 0.0
+    wait_s: float = 0.0
+    frames: int = 0
+
+
+@dataclass
+class _Frame:
+    id: int
+    started: float
+    future: Future
+    outputs: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+class _Worker:
+    def __init__(self, spec: PartitionSpec, path: Path, shared_cores: bool, pipeline: Pipeline) -> None:
+        self.spec, self.path, self.pipeline = spec, path, pipeline
+        self.shared_cores = shared_cores
+        self.inbox: dict[int, dict[str, np.ndarray]] = {}
+        self.arrived: dict[int, float] = {}
+        self.cond = threading.Condition()
+        self.ready = threading.Event()
+        self.error: BaseException | None = None
+        self.stats = WorkerStats()
+        self.thread = threading.Thread(target=self._run, name=f"pp-{spec.name}", daemon=True)
+
+    def deliver(self, frame: int, name: str, value: np.ndarray) -> None:
+        with self.cond:
+            box = self.inbox.setdefault(frame, {})
+            box[name] = value
+            if len(box) == len(self.spec.inputs):
+                self.arrived[frame] = time.perf_counter()
+                self.cond.notify()
+
+    def _session(self):
+        import onnxruntime as ort
+
+        spec = self.spec
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = spec.threads
+        options.inter_op_num_threads = 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.log_severity_level = 3
+        throttled = set(spec.throttled_cores)
+        free = [c for c in spec.core_ids if c not in throttled]
+        spanning = bool(throttled) and bool(free)
+        # Spinning threads steal cores from other sessions sharing them, and burn a throttled quota.
+        spin = not (self.shared_cores or throttled)
+        options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+        if spanning:
+            # One session over fast and throttled cores: this thread runs on the fast ones, the
+            # pool threads are placed on the rest (1-based processor ids) and inherit the throttle.
+            pin_current_thread(free[:1])
+            others = [c for c in spec.core_ids if c != free[0]][: spec.threads - 1]
+            if others:
+                options.add_session_config_entry(
+                    "session.intra_op_thread_affinities", ";".join(str(c + 1) for c in others)
+                )
+            throttle_current_thread(f"{spec.name}", spec.throttle_percent or 100.0)
+            try:
+                return ort.InferenceSession(str(self.path), options, providers=[spec.provider])
+            finally:
+                release_current_thread()
+        pin_current_thread(spec.core_ids)
+        if throttled:
+            throttle_current_thread(spec.pu, spec.throttle_percent or 100.0)
+        return ort.InferenceSession(str(self.path), options, providers=[spec.provider])
+
+    def _run(self) -> None:
+        try:
+            session = self._session()
+            output_names = list(self.spec.outputs)
+        except BaseException as exc:
+            self.error = exc
+            self.ready.set()
+            return
+        self.ready.set()
+        period = self.pipeline.replicas[self.spec.stage]
+        frame = self.spec.group
+        while True:
+            with self.cond:
+                while frame not in self.arrived and self.spec.inputs and not self.pipeline.stopping:
+                    self.cond.wait(0.5)
+                if self.pipeline.stopping:
+                    return
+                feeds = self.inbox.pop(frame, {})
+                arrived = self.arrived.pop(frame, time.perf_counter())
+            start = time.perf_counter()
+            try:
+                results = session.run(output_names, feeds)
+            except BaseException as exc:
+                self.pipeline.fail(frame, PipelineError(f"partition {self.spec.name} failed on frame {frame}: {exc}"))
+                frame += period
+                continue
+            end = time.perf_counter()
+            self.stats.busy_s += end - start
+            self.stats.wait_s += start - arrived
+            self.stats.frames += 1
+            for name, value in zip(output_names, results, strict=True):
+                self.pipeline.route(self.spec, frame, name, value)
+            frame += period
+
+
+class Pipeline:
+    """Runs a bundle's partitions as a pipeline of pinned workers."""
+
+    def __init__(self, manifest: Manifest, folder: Path, max_inflight: int = 0) -> None:
+        self.manifest, self.folder = manifest, Path(folder)
+        self.replicas = manifest.replicas
+        self.max_inflight = max_inflight or manifest.max_inflight or 1
+        self.stopping = False
+        self.period = 1
+        for r in manifest.replicas:
+            self.period = self.period * r // int(np.gcd(self.period, r))
+        self._slots = threading.BoundedSemaphore(self.max_inflight)
+        self._frames: dict[int, _Frame] = {}
+        self._lock = threading.Lock()
+        self._next_id = 0
+        cores_use: dict[int, int] = {}
+        for p in manifest.partitions:
+            for c in p.core_ids:
+                cores_use[c] = cores_use.get(c, 0) + 1
+        self.workers = {
+            p.name: _Worker(p, self.folder / p.file, any(cores_use[c] > 1 for c in p.core_ids), self)
+            for p in manifest.partitions
+        }
+        # routing per phase (frame mod period): tensor -> consumers, and who reads the graph inputs
+        self._consumers: list[dict[str, list[_Worker]]] = []
+        self._outputs = {t.name for t in manifest.outputs}
+        for phase in range(self.period):
+            active = manifest.active(phase)
+            table: dict[str, list[_Worker]] = {}
+            for p in active:
+                for t in p.inputs:
+                    table.setdefault(t, []).append(self.workers[p.name])
+            self._consumers.append(table)
+        self.inputs: dict[str, TensorSpec] = {t.name: t for t in manifest.inputs}
+
+    # ------------------------------------------------------------------ life cycle
+
+    def start(self, timeout: float = 120.0) -> None:
+        for w in self.workers.values():
+            w.thread.start()
+        deadline = time.monotonic() + timeout
+        for w in self.workers.values():
+            if not w.ready.wait(max(0.0, deadline - time.monotonic())):
+                self.stop()
+                raise PipelineError(f"partition {w.spec.name} did not load within {timeout:.0f}s")
+            if w.error is not None:
+                self.stop()
+                raise PipelineError(f"partition {w.spec.name} ({w.spec.file}) failed to load: {w.error}")
+
+    def stop(self) -> None:
+        self.stopping = True
+        for w in self.workers.values():
+            with w.cond:
+                w.cond.notify_all()
+        with self._lock:
+            for f in self._frames.values():
+                if not f.future.done():
+                    f.future.set_exception(PipelineError("the pipeline was stopped"))
+            self._frames.clear()
+
+    # ------------------------------------------------------------------ frames
+
+    def check_inputs(self, tensors: Mapping[str, np.ndarray]) -> None:
+        missing = set(self.inputs) - set(tensors)
+        extra = set(tensors) - set(self.inputs)
+        if missing or extra:
+            raise InputError(
+                f"the model takes inputs {sorted(self.inputs)}; got {sorted(tensors)}"
+                + (f" (missing {sorted(missing)})" if missing else "")
+                + (f" (unknown {sorted(extra)})" if extra else "")
+            )
+        for name, spec in self.inputs.items():
+            value = tensors[name]
+            if str(value.dtype) != spec.dtype:
+                raise InputError(f"input {name!r} must be {spec.dtype}, got {value.dtype}")
+            if tuple(value.shape) != spec.shape:
+                raise InputError(f"input {name!r} must have shape {list(spec.shape)}, got {list(value.shape)}")
+
+    def submit(self, tensors: Mapping[str, np.ndarray]) -> Future:
+        """Queue one frame (blocks while max_inflight frames are in flight); the future gives its outputs."""
+        if self.stopping:
+            raise PipelineError("the pipeline is stopped")
+        self.check_inputs(tensors)
+        self._slots.acquire()
+        with self._lock:
+            frame = _Frame(self._next_id, time.perf_counter(), Future())
+            self._frames[frame.id] = frame
+            self._next_id += 1
+        table = self._consumers[frame.id % self.period]
+        for name, value in tensors.items():
+            for w in table.get(name, []):
+                w.deliver(frame.id, name, value)
+            if name in self._outputs:  # an input passed straight through
+                self._collect(frame.id, name, value)
+        return frame.future
+
+    def infer(self, tensors: Mapping[str, np.ndarray], timeout: float | None = None) -> dict[str, np.ndarray]:
+        return self.submit(tensors).result(timeout)
+
+    def route(self, spec: PartitionSpec, frame: int, name: str, value: np.ndarray) -> None:
+        for w in self._consumers[frame % self.period].get(name, []):
+            w.deliver(frame, name, value)
+        if name in self._outputs:
+            self._collect(frame, name, value)
+
+    def _collect(self, frame_id: int, name: str, value: np.ndarray) -> None:
+        with self._lock:
+            frame = self._frames.get(frame_id)
+            if frame is None:
+                return
+            frame.outputs[name] = value
+            if len(frame.outputs) < len(self._outputs):
+                return
+            del self._frames[frame_id]
+        frame.future.set_result(frame.outputs)
+        self._slots.release()
+
+    def fail(self, frame_id: int, error: BaseException) -> None:
+        with self._lock:
+            frame = self._frames.pop(frame_id, None)
+        if frame is not None and not frame.future.done():
+            frame.future.set_exception(error)
+            self._slots.release()
+
+    def stats(self) -> dict[str, WorkerStats]:
+        return {name: w.stats for name, w in self.workers.items()}
+
+    def reset_stats(self) -> None:
+        for w in self.workers.values():
+            w.stats = WorkerStats()
+
+
+def generate_inputs(specs: tuple[TensorSpec, ...], seed: int = 0) -> dict[str, np.ndarray]:
+    """Random frames made on the board: normal floats, integer ids below their table size."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for t in specs:
+        if t.dtype.startswith(("int", "uint")):
+            out[t.name] = rng.integers(0, t.high or 2, size=t.shape).astype(t.dtype)
+        elif t.dtype == "bool":
+            out[t.name] = rng.integers(0, 2, size=t.shape).astype(bool)
+        else:
+            out[t.name] = rng.standard_normal(t.shape).astype(t.dtype)
+    return out

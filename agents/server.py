@@ -1,0 +1,289 @@
+"""The board agent's gRPC server: thin servicers over ``agents.service``, and ``serve()``.
+
+Board side: needs only grpcio, onnxruntime, numpy and psutil. Run it with
+``python -m agents.server --port 50051 --workdir DIR`` (or ``parapipe agent serve``).
+Every request may carry ``authorization: Bearer <token>`` (required when a token file
+is given); message size limits are set explicitly on both ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hmac
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+
+from agents import service
+from agents.bundle import BundleError
+from agents.executor import InputError, PipelineError
+from agents.proto import health_pb2, health_pb2_grpc
+from agents.proto import parapipe_agent_pb2 as pb
+from agents.proto import parapipe_agent_pb2_grpc as rpc
+from agents.tensors import TensorError, frame_arrays, frame_message
+
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+CHUNK_BYTES = 1024 * 1024
+AGENT_SERVICE = "parapipe.agent.v1.Agent"
+log = logging.getLogger("parapipe.agent")
+
+
+def _abort(context: grpc.ServicerContext, exc: BaseException) -> None:
+    """Map an error to the gRPC status that says what went wrong; the agent keeps serving."""
+    if isinstance(exc, service.NotFound):
+        context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+    if isinstance(exc, service.NotReady):
+        context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+    if isinstance(exc, PipelineError):
+        context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+    if isinstance(exc, (BundleError, TensorError, InputError, ValueError)):
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+    log.exception("internal error")
+    context.abort(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
+
+
+class AgentServicer(rpc.AgentServicer):
+    def __init__(self, state: service.AgentState) -> None:
+        self.state = state
+
+    def LoadBundle(self, request_iterator, context):
+        try:
+            return service.load_bundle(self.state, request_iterator)
+        except grpc.RpcError:
+            raise
+        except Exception as exc:
+            _abort(context, exc)
+
+    def StartPipeline(self, request, context):
+        try:
+            manifest = service.start_pipeline(self.state, request.bundle_sha256, request.max_inflight)
+        except Exception as exc:
+            _abort(context, exc)
+        return pb.StartReply(bundle_sha256=request.bundle_sha256, partitions=[p.name for p in manifest.partitions])
+
+    def StopPipeline(self, request, context):
+        return pb.StopReply(was_running=service.stop_pipeline(self.state))
+
+    def Infer(self, request, context):
+        try:
+            pipeline = service.require_pipeline(self.state)
+            outputs = pipeline.infer(frame_arrays(request), timeout=context.time_remaining())
+        except Exception as exc:
+            _abort(context, exc)
+        return frame_message(request.id, outputs)
+
+    def InferStream(self, request_iterator, context) -> Iterator[pb.Frame]:
+        try:
+            pipeline = service.require_pipeline(self.state)
+        except Exception as exc:
+            _abort(context, exc)
+        pending: list[tuple[int, object]] = []
+        cond = threading.Condition()
+        error: list[BaseException] = []
+        done = [False]
+
+        def feed() -> None:
+            try:
+                for frame in request_iterator:
+                    fut = pipeline.submit(frame_arrays(frame))
+                    with cond:
+                        pending.append((frame.id, fut))
+                        cond.notify()
+            except Exception as exc:  # handed to the response stream below
+                error.append(exc)
+            finally:
+                with cond:
+                    done[0] = True
+                    cond.notify()
+
+        threading.Thread(target=feed, daemon=True).start()
+        while True:
+            with cond:
+                while not pending and not done[0]:
+                    cond.wait()
+                if not pending:
+                    break
+                frame_id, fut = pending.pop(0)
+            try:
+                yield frame_message(frame_id, fut.result())  # type: ignore[attr-defined]
+            except Exception as exc:
+                _abort(context, exc)
+        if error:
+            _abort(context, error[0])
+
+    def Benchmark(self, request, context):
+        try:
+            r = service.benchmark(self.state, request.frames or 50, request.warmup, request.seed)
+        except Exception as exc:
+            _abort(context, exc)
+        return pb.BenchmarkReply(
+            frames=r.frames,
+            latency_p50_ms=r.latency_p50_ms,
+            latency_p99_ms=r.latency_p99_ms,
+            latency_alone_ms=r.latency_alone_ms,
+            throughput_fps=r.throughput_fps,
+            energy_mj=r.energy_mj,
+            energy_source=r.energy_source,
+            energy_sensor=r.energy_sensor,
+            wall_s=r.wall_s,
+            partitions=[
+                pb.PartitionStats(
+                    name=p.name, pu=p.pu, busy_ms=p.busy_ms, queue_wait_ms=p.queue_wait_ms, frames=p.frames
+                )
+                for p in r.partitions
+            ],
+        )
+
+    def ProfileOps(self, request, context):
+        try:
+            return service.profile_ops(request)
+        except Exception as exc:
+            _abort(context, exc)
+
+    def Status(self, request, context):
+        return service.status(self.state)
+
+
+class HealthServicer(health_pb2_grpc.HealthServicer):
+    """Service "" is live while the process serves; the agent service is ready with a running pipeline."""
+
+    def __init__(self, state: service.AgentState) -> None:
+        self.state = state
+
+    def _status(self, name: str) -> int:
+        serving, not_serving = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
+        if name == "":
+            return serving
+        if name == AGENT_SERVICE:
+            return serving if self.state.pipeline is not None else not_serving
+        return health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
+
+    def Check(self, request, context):
+        return health_pb2.HealthCheckResponse(status=self._status(request.service))
+
+    def Watch(self, request, context):
+        last = None
+        while context.is_active():
+            current = self._status(request.service)
+            if current != last:
+                yield health_pb2.HealthCheckResponse(status=current)
+                last = current
+            threading.Event().wait(0.5)
+
+
+class TokenInterceptor(grpc.ServerInterceptor):
+    """Refuse every call without ``authorization: Bearer <token>`` (UNAUTHENTICATED)."""
+
+    def __init__(self, token: str) -> None:
+        self.expected = f"Bearer {token}"
+
+        def deny(request, context):
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong token; pass the board's token file")
+
+        self.deny = deny
+
+    def intercept_service(self, continuation, handler_call_details):
+        metadata = dict(handler_call_details.invocation_metadata or ())
+        if hmac.compare_digest(str(metadata.get("authorization", "")), self.expected):
+            return continuation(handler_call_details)
+        handler = continuation(handler_call_details)
+        if handler is None:
+            return None
+        if handler.request_streaming and handler.response_streaming:
+            return grpc.stream_stream_rpc_method_handler(lambda it, ctx: self.deny(None, ctx))
+        if handler.request_streaming:
+            return grpc.stream_unary_rpc_method_handler(lambda it, ctx: self.deny(None, ctx))
+        if handler.response_streaming:
+            return grpc.unary_stream_rpc_method_handler(lambda req, ctx: self.deny(req, ctx))
+        return grpc.unary_unary_rpc_method_handler(self.deny)
+
+
+def build_server(
+    state: service.AgentState,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    token: str | None = None,
+    tls: tuple[bytes, bytes, bytes | None] | None = None,
+    workers: int = 8,
+) -> tuple[grpc.Server, int]:
+    options = [
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ]
+    interceptors = [TokenInterceptor(token)] if token else []
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=options, interceptors=interceptors)
+    rpc.add_AgentServicer_to_server(AgentServicer(state), server)
+    health_pb2_grpc.add_HealthServicer_to_server(HealthServicer(state), server)
+    address = f"{host}:{port}"
+    if tls is not None:
+        cert, key, ca = tls
+        creds = grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=ca is not None)
+        bound = server.add_secure_port(address, creds)
+    else:
+        bound = server.add_insecure_port(address)
+    if bound == 0:
+        raise OSError(f"cannot listen on {address}")
+    return server, bound
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="parapipe-agent", description="The parapipe board agent (gRPC).")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=50051, help="port; 0 picks a free one (see --port-file)")
+    parser.add_argument("--workdir", type=Path, default=Path.home() / ".parapipe-agent", help="bundles are kept here")
+    parser.add_argument("--token-file", type=Path, help="require this bearer token on every call")
+    parser.add_argument("--tls-cert", type=Path)
+    parser.add_argument("--tls-key", type=Path)
+    parser.add_argument("--tls-ca", type=Path, help="also require client certificates signed by this CA")
+    parser.add_argument("--port-file", type=Path, help="write the bound port here once serving")
+    parser.add_argument("--pid-file", type=Path)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    token = None
+    if args.token_file:
+        try:
+            token = args.token_file.read_text().strip()
+        except OSError as exc:
+            print(f"error: cannot read token file: {exc}", file=sys.stderr)
+            return 2
+        if not token:
+            print(f"error: token file {args.token_file} is empty", file=sys.stderr)
+            return 2
+    tls = None
+    if args.tls_cert or args.tls_key:
+        if not (args.tls_cert and args.tls_key):
+            print("error: --tls-cert and --tls-key go together", file=sys.stderr)
+            return 2
+        tls = (args.tls_cert.read_bytes(), args.tls_key.read_bytes(), args.tls_ca.read_bytes() if args.tls_ca else None)
+    state = service.AgentState(args.workdir)
+    try:
+        server, port = build_server(state, args.host, args.port, token, tls)
+    except OSError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    server.start()
+    if args.pid_file:
+        args.pid_file.write_text(f"{os.getpid()}\n")
+    if args.port_file:
+        tmp = args.port_file.with_name(args.port_file.name + ".tmp")
+        tmp.write_text(f"{port}\n")
+        os.replace(tmp, args.port_file)
+    log.info("agent serving on %s:%d, workdir %s", args.host, port, state.workdir)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    stop.wait()
+    service.stop_pipeline(state)
+    server.stop(grace=2).wait()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

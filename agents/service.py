@@ -1,0 +1,222 @@
+"""What the agent does, as plain functions over ``AgentState``; the gRPC servicer only translates.
+
+Bundles live under ``<workdir>/bundles/<sha256>/``; an upload goes to a private
+temporary folder, every file is checked against the manifest's hashes, and only then
+is the folder renamed into place, so a cut-off upload never replaces a good bundle.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import socket
+import threading
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agents.benchmark import BenchmarkResult, run_benchmark
+from agents.bundle import MANIFEST, BundleError, Manifest, file_sha256, parse_manifest, verify_bundle
+from agents.executor import Pipeline, PipelineError
+from agents.proto import parapipe_agent_pb2 as pb
+from profiler.energy import PowerModel
+
+AGENT_VERSION = "0.1.0"
+_HEX = set("0123456789abcdef")
+
+
+class NotFound(LookupError):
+    """A bundle or pipeline the request names does not exist."""
+
+
+class NotReady(RuntimeError):
+    """The request needs a running pipeline."""
+
+
+@dataclass
+class AgentState:
+    workdir: Path
+    pipeline: Pipeline | None = None
+    running: str = ""
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self.workdir = Path(self.workdir).resolve()
+        (self.workdir / "bundles").mkdir(parents=True, exist_ok=True)
+
+    def bundle_dir(self, sha: str) -> Path:
+        if len(sha) != 64 or not set(sha) <= _HEX:
+            raise BundleError(f"{sha!r} is not a sha256 hex digest")
+        return self.workdir / "bundles" / sha
+
+    def bundles(self) -> list[str]:
+        return sorted(p.name for p in (self.workdir / "bundles").iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def load_bundle(state: AgentState, chunks: Iterable[pb.BundleChunk]) -> pb.LoadBundleReply:
+    it = iter(chunks)
+    first = next(it, None)
+    if first is None or not first.manifest_json:
+        raise BundleError("the first chunk must carry the manifest")
+    sha = first.bundle_sha256
+    target = state.bundle_dir(sha)
+    manifest = parse_manifest(first.manifest_json)
+    if manifest.sha256() != sha:
+        raise BundleError(f"the manifest hashes to {manifest.sha256()[:12]}…, not {sha[:12]}… as announced")
+    if target.exists():
+        received = sum(len(c.data) for c in it)  # drain: the bundle is here already
+        return pb.LoadBundleReply(bundle_sha256=sha, already_present=True, bytes_received=received)
+    names = {p.file for p in manifest.partitions}
+    tmp = state.workdir / "bundles" / f".{sha}.partial-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    received = 0
+    try:
+        (tmp / MANIFEST).write_text(first.manifest_json)
+        handles: dict[str, object] = {}
+        try:
+            for chunk in [first, *it] if first.file else it:
+                if chunk.bundle_sha256 != sha:
+                    raise BundleError("a chunk belongs to another bundle")
+                if chunk.file not in names:
+                    raise BundleError(f"{chunk.file!r} is not a file of this bundle")
+                fh = handles.get(chunk.file)
+                if fh is None:
+                    fh = handles[chunk.file] = open(tmp / chunk.file, "wb")
+                fh.seek(chunk.offset)  # type: ignore[attr-defined]
+                fh.write(chunk.data)  # type: ignore[attr-defined]
+                received += len(chunk.data)
+        finally:
+            for fh in handles.values():
+                fh.close()  # type: ignore[attr-defined]
+        verify_bundle(tmp)
+        os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return pb.LoadBundleReply(bundle_sha256=sha, already_present=False, bytes_received=received)
+
+
+def start_pipeline(state: AgentState, sha: str, max_inflight: int = 0) -> Manifest:
+    folder = state.bundle_dir(sha)
+    if not folder.exists():
+        raise NotFound(f"no bundle {sha[:12]}… on this board; load it first (bundles here: {len(state.bundles())})")
+    manifest = verify_bundle(folder)
+    with state.lock:
+        if state.pipeline is not None:
+            state.pipeline.stop()
+            state.pipeline, state.running = None, ""
+        pipeline = Pipeline(manifest, folder, max_inflight)
+        pipeline.start()  # raises PipelineError naming the partition that failed to load
+        state.pipeline, state.running = pipeline, sha
+    return manifest
+
+
+def stop_pipeline(state: AgentState) -> bool:
+    with state.lock:
+        if state.pipeline is None:
+            return False
+        state.pipeline.stop()
+        state.pipeline, state.running = None, ""
+        return True
+
+
+def require_pipeline(state: AgentState) -> Pipeline:
+    pipeline = state.pipeline
+    if pipeline is None:
+        raise NotReady("no pipeline is running; call StartPipeline with a loaded bundle first")
+    return pipeline
+
+
+def benchmark(state: AgentState, frames: int, warmup: int, seed: int) -> BenchmarkResult:
+    pipeline = require_pipeline(state)
+    active, idle, cores = pipeline.manifest.power
+    if frames < 1:
+        raise ValueError("frames must be at least 1")
+    return run_benchmark(pipeline, frames, warmup, seed, PowerModel(active, idle), int(cores))
+
+
+def status(state: AgentState) -> pb.StatusReply:
+    import onnxruntime as ort
+
+    return pb.StatusReply(
+        agent_version=AGENT_VERSION,
+        ort_version=ort.__version__,
+        python_version=platform.python_version(),
+        bundles=state.bundles(),
+        running_bundle=state.running,
+        ready=state.pipeline is not None,
+        cores=sorted(os.sched_getaffinity(0)),
+        hostname=socket.gethostname(),
+        workdir=str(state.workdir),
+        providers=ort.get_available_providers(),
+    )
+
+
+def profile_ops(request: pb.ProfileRequest) -> pb.ProfileReply:
+    import onnxruntime as ort
+
+    from agents.executor import generate_inputs
+    from agents.tensors import arrays_from
+    from profiler.measure import PuConfig, time_model
+    from profiler.measure import profile_ops as op_profile
+
+    session = ort.InferenceSession(request.model, providers=["CPUExecutionProvider"])
+    if request.inputs:
+        feeds = arrays_from(request.inputs)
+    else:
+        from agents.bundle import TensorSpec
+
+        specs = tuple(
+            TensorSpec(i.name, _np_type(i.type), tuple(d if isinstance(d, int) and d > 0 else 1 for d in i.shape))
+            for i in session.get_inputs()
+        )
+        feeds = generate_inputs(specs)
+    cores = tuple(request.cores) or tuple(sorted(os.sched_getaffinity(0)))[: max(1, request.threads)]
+    cfg = PuConfig(
+        "remote", cores, max(1, request.threads or len(cores)), throttle_percent=request.throttle_percent or None
+    )
+    repeats, warmup = max(3, request.repeats or 10), request.warmup or 3
+    if request.per_op:
+        timings = op_profile(request.model, feeds, cfg, warmup, repeats)
+    else:
+        timings = {"": time_model(request.model, feeds, cfg, warmup, repeats)}
+    return pb.ProfileReply(
+        timings=[
+            pb.OpTiming(
+                node=k, median_ms=t.median_ms, mean_ms=t.mean_ms, p10_ms=t.p10_ms, p90_ms=t.p90_ms, repeats=t.repeats
+            )
+            for k, t in timings.items()
+        ],
+        ort_version=ort.__version__,
+    )
+
+
+def _np_type(ort_type: str) -> str:
+    return {
+        "tensor(float)": "float32",
+        "tensor(float16)": "float16",
+        "tensor(double)": "float64",
+        "tensor(int64)": "int64",
+        "tensor(int32)": "int32",
+        "tensor(int8)": "int8",
+        "tensor(uint8)": "uint8",
+        "tensor(bool)": "bool",
+    }.get(ort_type, "float32")
+
+
+__all__ = [
+    "AgentState",
+    "BundleError",
+    "NotFound",
+    "NotReady",
+    "PipelineError",
+    "benchmark",
+    "file_sha256",
+    "load_bundle",
+    "profile_ops",
+    "start_pipeline",
+    "status",
+    "stop_pipeline",
+]

@@ -1,0 +1,49 @@
+"""numpy arrays <-> ``Tensor`` messages, refusing anything malformed with a clear message."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import numpy as np
+
+from agents.proto import parapipe_agent_pb2 as pb
+
+_DTYPES = {"float32", "float16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool"}
+
+
+class TensorError(ValueError):
+    """A tensor message is not a valid array."""
+
+
+def to_message(name: str, value: np.ndarray) -> pb.Tensor:
+    value = np.ascontiguousarray(value)
+    return pb.Tensor(name=name, dtype=str(value.dtype), shape=list(value.shape), data=value.tobytes())
+
+
+def from_message(t: pb.Tensor) -> np.ndarray:
+    if t.dtype not in _DTYPES:
+        raise TensorError(f"tensor {t.name!r}: unsupported dtype {t.dtype!r}")
+    if any(d < 0 for d in t.shape):
+        raise TensorError(f"tensor {t.name!r}: negative dimension in {list(t.shape)}")
+    dtype = np.dtype(t.dtype)
+    expected = int(np.prod(t.shape, dtype=np.int64)) * dtype.itemsize
+    if len(t.data) != expected:
+        raise TensorError(
+            f"tensor {t.name!r}: {len(t.data)} bytes for shape {list(t.shape)} of {t.dtype} ({expected} expected)"
+        )
+    return np.frombuffer(t.data, dtype=dtype).reshape(tuple(t.shape))
+
+
+def frame_message(frame_id: int, tensors: Mapping[str, np.ndarray]) -> pb.Frame:
+    return pb.Frame(id=frame_id, tensors=[to_message(k, v) for k, v in tensors.items()])
+
+
+def frame_arrays(frame: pb.Frame) -> dict[str, np.ndarray]:
+    names = [t.name for t in frame.tensors]
+    if len(set(names)) != len(names):
+        raise TensorError(f"frame {frame.id}: tensor names repeat: {names}")
+    return {t.name: from_message(t) for t in frame.tensors}
+
+
+def arrays_from(tensors: Iterable[pb.Tensor]) -> dict[str, np.ndarray]:
+    return {t.name: from_message(t) for t in tensors}

@@ -1,0 +1,165 @@
+"""Agent commands: compile, agent serve, agent status, run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from parapipe.app import JsonFlag, app, err, fails_cleanly, out, print_json
+
+agent_app = typer.Typer(help="The board agent: serve it here, or ask one for its status.", no_args_is_help=True)
+app.add_typer(agent_app, name="agent")
+
+
+@app.command("compile")
+@fails_cleanly
+def compile_cmd(
+    plan: Annotated[Path, typer.Argument(help="A plan JSON.")],
+    model: Annotated[Path, typer.Argument(help="The .onnx model the plan is for.")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="Bundle folder to write.")],
+    as_json: JsonFlag = False,
+) -> None:
+    """Cut the model per the plan into partitions, check them chained against the full model, write the bundle."""
+    from device_profiles.loader import load_profile
+    from models.graph import build_graph
+    from parapipe.compile import compile_plan, write_bundle
+    from parapipe.run import resolve_model
+    from planner.plan import load_plan
+
+    the_plan = load_plan(plan)
+    loaded = resolve_model(the_plan, model)
+    compiled = compile_plan(the_plan, loaded, build_graph(loaded.proto, loaded.sha256), load_profile(the_plan.device))
+    write_bundle(compiled, output)
+    m = compiled.manifest
+    info = {
+        "bundle": str(output),
+        "bundle_sha256": compiled.sha256,
+        "partitions": [
+            {
+                "name": p.name,
+                "file": p.file,
+                "pu": p.pu,
+                "core_ids": list(p.core_ids),
+                "inputs": list(p.inputs),
+                "outputs": list(p.outputs),
+            }
+            for p in m.partitions
+        ],
+        "files": len(compiled.files),
+        "max_abs_diff": compiled.max_abs_diff,
+    }
+    if as_json:
+        print_json(info)
+        return
+    t = Table("partition", "PU", "cores", "file", "reads", "writes")
+    for p in m.partitions:
+        t.add_row(p.name, p.pu, ",".join(map(str, p.core_ids)) or "-", p.file, str(len(p.inputs)), str(len(p.outputs)))
+    out.print(t)
+    out.print(
+        f"bundle {compiled.sha256[:12]}… in {output}: {len(compiled.files)} files; chained partitions vs full model: "
+        f"max abs diff {compiled.max_abs_diff:.2e}",
+        highlight=False,
+    )
+
+
+@agent_app.command("serve")
+def serve(
+    host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port")] = 50051,
+    workdir: Annotated[Path | None, typer.Option("--workdir", help="Default ~/.parapipe-agent.")] = None,
+    token_file: Annotated[Path | None, typer.Option("--token-file")] = None,
+    tls_cert: Annotated[Path | None, typer.Option("--tls-cert")] = None,
+    tls_key: Annotated[Path | None, typer.Option("--tls-key")] = None,
+    tls_ca: Annotated[Path | None, typer.Option("--tls-ca")] = None,
+    port_file: Annotated[Path | None, typer.Option("--port-file", help="Write the bound port here.")] = None,
+) -> None:
+    """Run the board agent in the foreground (the same as `python -m agents.server`)."""
+    from agents.server import main
+
+    argv = ["--host", host, "--port", str(port), "--workdir", str(workdir or Path.home() / ".parapipe-agent")]
+    for flag, value in (
+        ("--token-file", token_file),
+        ("--tls-cert", tls_cert),
+        ("--tls-key", tls_key),
+        ("--tls-ca", tls_ca),
+        ("--port-file", port_file),
+    ):
+        if value is not None:
+            argv += [flag, str(value)]
+    raise typer.Exit(main(argv))
+
+
+@agent_app.command("status")
+@fails_cleanly
+def agent_status(
+    address: Annotated[str, typer.Option("--address", help="HOST:PORT of the agent.")],
+    token_file: Annotated[Path | None, typer.Option("--token-file")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Health, readiness, loaded bundles, cores and versions of an agent."""
+    from agents.client import AgentClient, AgentError
+    from parapipe.local_agent import DeployError
+
+    token = token_file.read_text().strip() if token_file else None
+    with AgentClient(address, token, timeout=5) as client:
+        try:
+            live = client.health()
+            ready = client.ready()
+            s = client.status()
+        except AgentError as exc:
+            raise DeployError(f"agent at {address}: {exc}") from None
+    info = {
+        "address": address,
+        "live": live,
+        "ready": ready,
+        "agent_version": s.agent_version,
+        "ort_version": s.ort_version,
+        "python_version": s.python_version,
+        "hostname": s.hostname,
+        "cores": list(s.cores),
+        "bundles": list(s.bundles),
+        "running_bundle": s.running_bundle,
+        "providers": list(s.providers),
+        "workdir": s.workdir,
+    }
+    if as_json:
+        print_json(info)
+        return
+    for k, v in info.items():
+        out.print(f"{k:16} {v}", highlight=False)
+
+
+@app.command()
+@fails_cleanly
+def run(
+    plan: Annotated[Path, typer.Argument(help="A plan JSON.")],
+    board: Annotated[str, typer.Option("--board", help="Board to run on (local, local-biglittle).")] = "local",
+    model: Annotated[
+        Path | None, typer.Option("--model", help="The .onnx model (default: where it was planned).")
+    ] = None,
+    frames: Annotated[int, typer.Option("--frames", min=1, help="Frames to benchmark.")] = 50,
+    verify: Annotated[bool, typer.Option("--verify", help="Also compare the outputs with the full model.")] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Deploy a plan to a board's agent, benchmark it there, and print predicted vs measured."""
+    from parapipe.run import run_plan
+    from planner.plan import load_plan
+
+    the_plan = load_plan(plan)
+    with err.status(f"running {the_plan.name or plan.stem} on {board}") as status:
+        result = run_plan(the_plan, board, model, frames, verify, progress=status.update)
+    if as_json:
+        print_json(result.to_json())
+        return
+    t = Table("figure", "predicted", "measured", "error")
+    for k, v in result.measured.items():
+        p = result.predicted.get(k)
+        e = result.errors_pct.get(k)
+        t.add_row(k, f"{p:.2f}" if p is not None else "-", f"{v:.2f}", f"{e:+.1f}%" if e is not None else "-")
+    out.print(t)
+    out.print(f"energy is {result.energy_source}; bundle {result.bundle_sha256[:12]}…", highlight=False)
+    if result.max_abs_diff is not None:
+        out.print(f"outputs vs the full model: max abs diff {result.max_abs_diff:.2e}", highlight=False)

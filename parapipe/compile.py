@@ -1,0 +1,199 @@
+"""Compile: a plan and its model become a PartitionBundle, checked before anything leaves the host.
+
+One ONNX file per segment (a unit's partition, see ``planner.segments``), cut by the
+tensor names at its boundary; replicas share files (same content, same hash). The
+chained partitions of every replica combination are run against the full model with
+onnxruntime; the bundle is written only if they agree (max abs diff <= 1e-5).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from agents.bundle import MANIFEST, Manifest, PartitionSpec, TensorSpec
+from device_profiles.schema import DeviceProfile
+from models.errors import PartitionError
+from models.graph import OpGraph
+from models.onnx_io import LoadedModel
+from models.partition import VERIFY_TOLERANCE, GroupExtractor, random_feeds
+from planner.plan import Plan, validate
+from planner.segments import lower
+
+
+@dataclass(frozen=True)
+class Compiled:
+    manifest: Manifest
+    files: dict[str, bytes]  # file name -> ONNX bytes
+    max_abs_diff: float
+
+    @property
+    def sha256(self) -> str:
+        return self.manifest.sha256()
+
+
+def compile_plan(
+    plan: Plan, loaded: LoadedModel, graph: OpGraph, profile: DeviceProfile, verify: bool = True
+) -> Compiled:
+    validate(plan, graph, profile)
+    segments = lower(plan, graph, profile)
+    extractor = GroupExtractor(loaded.proto, graph)
+    files: dict[str, bytes] = {}
+    parts: list[PartitionSpec] = []
+    cache: dict[tuple[str, ...], tuple[str, str, tuple[str, ...], tuple[str, ...]]] = {}
+    for seg in segments:
+        if seg.members not in cache:
+            part = extractor.extract(seg.name, seg.members)
+            part.model.graph.name = seg.name
+            data = part.model.SerializeToString()
+            sha = hashlib.sha256(data).hexdigest()
+            name = f"{sha[:16]}.onnx"
+            files[name] = data
+            cache[seg.members] = (name, sha, part.inputs, part.outputs)
+        name, sha, inputs, outputs = cache[seg.members]
+        throttled, percent = _throttle(seg.pu, seg.core_ids, profile)
+        provider, options = _provider(seg.pu, profile)
+        parts.append(
+            PartitionSpec(
+                name=seg.name,
+                file=name,
+                sha256=sha,
+                pu=seg.pu,
+                cores=seg.cores,
+                core_ids=seg.core_ids,
+                threads=seg.cores,
+                throttle_percent=percent,
+                throttled_cores=throttled,
+                provider=provider,
+                provider_options=options,
+                stage=seg.stage,
+                group=seg.group,
+                unit=seg.unit,
+                segment=seg.index,
+                inputs=inputs,
+                outputs=outputs,
+            )
+        )
+    highs = _index_bounds(loaded.proto)
+    manifest = Manifest(
+        model_sha256=plan.model_sha256,
+        plan_name=plan.name,
+        device=plan.device,
+        pipelined=plan.pipelined,
+        max_inflight=(2 * len({(p.stage, p.unit, p.segment) for p in parts if p.group == 0}) + 1)
+        if plan.pipelined
+        else 1,
+        replicas=tuple(st.replicas for st in plan.stages),
+        inputs=tuple(TensorSpec(t.name, t.dtype, t.shape, highs.get(t.name)) for t in graph.inputs),
+        outputs=tuple(TensorSpec(t.name, t.dtype, t.shape) for t in graph.outputs),
+        partitions=tuple(parts),
+        power=_power(profile),
+    )
+    diff = verify_compiled(manifest, files, loaded, graph) if verify else float("nan")
+    return Compiled(manifest, files, diff)
+
+
+def _throttle(pu: str, core_ids: tuple[int, ...], profile: DeviceProfile) -> tuple[tuple[int, ...], float | None]:
+    throttled: list[int] = []
+    percent = None
+    for part in pu.split("+"):
+        p = profile.pu(part)
+        if p.throttle is not None:
+            throttled += [c for c in core_ids if c in p.cores]
+            percent = p.throttle.quota_percent
+    return tuple(throttled), percent
+
+
+def _power(profile: DeviceProfile) -> tuple[float, float, int]:
+    """Average per-core power of the board's CPU PUs, for the agent's modelled energy."""
+    cpus = [p for p in profile.pus if p.kind == "cpu" and p.cores]
+    cores = sum(len(p.cores) for p in cpus) or 1
+    active = sum(p.active_power_w.value for p in cpus) / cores
+    idle = sum(p.idle_power_w.value for p in cpus) / cores
+    return (active, idle, cores)
+
+
+def _provider(pu: str, profile: DeviceProfile) -> tuple[str, dict[str, str]]:
+    p = profile.pu(pu.split("+")[0])
+    return p.execution_provider, dict(p.ep_options)
+
+
+def _index_bounds(model: onnx.ModelProto) -> dict[str, int]:
+    inits = {t.name: t for t in model.graph.initializer}
+    return {
+        n.input[1]: int(inits[n.input[0]].dims[0])
+        for n in model.graph.node
+        if n.op_type == "Gather" and len(n.input) > 1 and n.input[0] in inits
+    }
+
+
+def run_chained(
+    manifest: Manifest, files: dict[str, bytes], feeds: dict[str, np.ndarray], frame: int = 0
+) -> dict[str, np.ndarray]:
+    """Run the partitions one frame uses, each when its inputs exist, like the executor does."""
+    import onnxruntime as ort
+
+    values = dict(feeds)
+    pending = manifest.active(frame)
+    sessions: dict[str, ort.InferenceSession] = {}
+    while pending:
+        ready = [p for p in pending if all(t in values for t in p.inputs)]
+        if not ready:
+            raise PartitionError(f"partitions {[p.name for p in pending]} wait on each other: the bundle has a cycle")
+        for p in ready:
+            if p.file not in sessions:
+                sessions[p.file] = ort.InferenceSession(files[p.file], providers=["CPUExecutionProvider"])
+            result = sessions[p.file].run(list(p.outputs), {t: values[t] for t in p.inputs})
+            values.update(zip(p.outputs, result, strict=True))
+            pending.remove(p)
+    return {t.name: values[t.name] for t in manifest.outputs}
+
+
+def verify_compiled(manifest: Manifest, files: dict[str, bytes], loaded: LoadedModel, graph: OpGraph) -> float:
+    """Chained partitions vs the full model for every replica combination; raises above 1e-5."""
+    import onnxruntime as ort
+
+    feeds = random_feeds(graph, loaded.proto)
+    full = ort.InferenceSession(loaded.proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    expected = dict(zip([o.name for o in full.get_outputs()], full.run(None, feeds), strict=True))
+    period = 1
+    for r in manifest.replicas:
+        period = period * r // np.gcd(period, r)
+    worst = 0.0
+    for frame in range(period):
+        got = run_chained(manifest, files, feeds, frame)
+        for name, ref in expected.items():
+            diff = float(np.max(np.abs(got[name].astype(np.float64) - ref))) if ref.size else 0.0
+            worst = max(worst, diff)
+    if worst > VERIFY_TOLERANCE:
+        raise PartitionError(
+            f"the compiled partitions differ from the full model by {worst:.3g} > {VERIFY_TOLERANCE:g}"
+        )
+    return worst
+
+
+def write_bundle(compiled: Compiled, folder: Path) -> Path:
+    """Write files and manifest to a temporary folder, then rename it into place."""
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    for name, data in compiled.files.items():
+        (tmp / name).write_bytes(data)
+    (tmp / MANIFEST).write_text(compiled.manifest.text())
+    if folder.exists():
+        old = folder.with_name(f".{folder.name}.old-{os.getpid()}")
+        os.replace(folder, old)
+        os.replace(tmp, folder)
+        shutil.rmtree(old)
+    else:
+        os.replace(tmp, folder)
+    return folder

@@ -1,0 +1,82 @@
+"""Start the embedded ``local`` board's agent as a child process on 127.0.0.1 and stop it again."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from agents.client import AgentClient, AgentError
+from models.errors import ParapipeError
+
+
+class DeployError(ParapipeError):
+    """Getting a plan onto a board failed."""
+
+
+class LocalAgent:
+    """A child agent process; use as a context manager. ``client`` talks to it."""
+
+    def __init__(self, workdir: Path | None = None, startup_timeout: float = 30.0) -> None:
+        self._tmp = tempfile.TemporaryDirectory(prefix="parapipe-agent-")
+        self.workdir = Path(workdir) if workdir else Path(self._tmp.name) / "work"
+        self.timeout = startup_timeout
+        self.process: subprocess.Popen | None = None
+        self.client: AgentClient | None = None
+        self.log_path = Path(self._tmp.name) / "agent.log"
+
+    def __enter__(self) -> LocalAgent:
+        port_file = Path(self._tmp.name) / "port"
+        root = Path(__file__).resolve().parents[1]
+        env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        log = open(self.log_path, "w")
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "agents.server",
+                "--port",
+                "0",
+                "--workdir",
+                str(self.workdir),
+                "--port-file",
+                str(port_file),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+        deadline = time.monotonic() + self.timeout
+        while not port_file.exists():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.__exit__()
+                raise DeployError(f"the local agent did not start: {self.log_path.read_text()[-800:]}")
+            time.sleep(0.05)
+        port = int(port_file.read_text())
+        self.client = AgentClient(f"127.0.0.1:{port}")
+        while True:
+            try:
+                if self.client.health() == "SERVING":
+                    break
+            except AgentError:
+                pass
+            if time.monotonic() > deadline:
+                self.__exit__()
+                raise DeployError("the local agent never reported SERVING")
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.client is not None:
+            self.client.close()
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._tmp.cleanup()
