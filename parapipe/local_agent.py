@@ -20,43 +20,46 @@ class DeployError(ParapipeError):
 class LocalAgent:
     """A child agent process; use as a context manager. ``client`` talks to it."""
 
-    def __init__(self, workdir: Path | None = None, startup_timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        workdir: Path | None = None,
+        startup_timeout: float = 30.0,
+        token: str | None = None,
+        python: list[str] | None = None,
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
         self._tmp = tempfile.TemporaryDirectory(prefix="parapipe-agent-")
         self.workdir = Path(workdir) if workdir else Path(self._tmp.name) / "work"
         self.timeout = startup_timeout
+        self.token = token
+        self.python = python or [sys.executable, "-m", "agents.server"]
+        self.extra_env = extra_env or {}
         self.process: subprocess.Popen | None = None
         self.client: AgentClient | None = None
+        self.port = 0
         self.log_path = Path(self._tmp.name) / "agent.log"
 
     def __enter__(self) -> LocalAgent:
         port_file = Path(self._tmp.name) / "port"
         root = Path(__file__).resolve().parents[1]
-        env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        log = open(self.log_path, "w")
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "agents.server",
-                "--port",
-                "0",
-                "--workdir",
-                str(self.workdir),
-                "--port-file",
-                str(port_file),
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
+        env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""), **self.extra_env)
+        argv = [*self.python, "--port", "0", "--workdir", str(self.workdir), "--port-file", str(port_file)]
+        if self.token:
+            token_file = Path(self._tmp.name) / "token"
+            token_file.write_text(self.token)
+            token_file.chmod(0o600)
+            argv += ["--token-file", str(token_file)]
+        with open(self.log_path, "w") as log:
+            self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + self.timeout
         while not port_file.exists():
             if self.process.poll() is not None or time.monotonic() > deadline:
+                log_text = self.log_path.read_text()[-800:]
                 self.__exit__()
-                raise DeployError(f"the local agent did not start: {self.log_path.read_text()[-800:]}")
+                raise DeployError(f"the local agent did not start: {log_text}")
             time.sleep(0.05)
-        port = int(port_file.read_text())
-        self.client = AgentClient(f"127.0.0.1:{port}")
+        self.port = int(port_file.read_text())
+        self.client = AgentClient(f"127.0.0.1:{self.port}", token=self.token)
         while True:
             try:
                 if self.client.health() == "SERVING":

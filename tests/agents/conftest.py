@@ -1,0 +1,88 @@
+"""Fixtures for agent tests: a two-core profile without throttling, and plans that exercise the executor."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pytest
+
+from device_profiles.loader import load_profile, parse_profile
+from models.coarsen import coarsen
+from models.graph import build_graph
+from models.onnx_io import load_onnx
+from planner.baselines import flop_pipeline, single_pu
+from planner.build import to_plan
+from planner.costmodel import CostModel
+from planner.ilp import Assignment as UnitAssignment
+from planner.plan import Assignment, Plan, Provenance, Stage
+from planner.problem import build_problem
+
+
+def _q(v: float) -> dict:
+    return {"value": v, "source": "estimate", "cite": "test profile"}
+
+
+@pytest.fixture(scope="session")
+def two_cores():
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        pytest.skip("needs two cores")
+    peaks = {c: _q(50.0) for c in ("conv", "depthwise", "matmul", "elementwise", "pooling", "other")}
+    pu = {
+        "kind": "cpu",
+        "peak_gflops": peaks,
+        "memory_bandwidth_gbps": _q(10.0),
+        "memory_bytes": _q(8e9),
+        "launch_overhead_us": _q(5.0),
+        "active_power_w": _q(5.0),
+        "idle_power_w": _q(1.0),
+    }
+    data = {
+        "schema_version": 1,
+        "name": "two-cores",
+        "pus": [dict(pu, name="c0", cores=[cores[0]]), dict(pu, name="c1", cores=[cores[1]])],
+        "links": [{"a": "c0", "b": "c1", "bandwidth_gbps": _q(10.0), "latency_us": _q(2.0)}],
+    }
+    return parse_profile(data)
+
+
+def model_and_graph(exported, name: str):
+    loaded = load_onnx(exported(name).path)
+    return loaded, build_graph(loaded.proto, loaded.sha256, name)
+
+
+def executor_plans(loaded, graph, profile) -> dict[str, Plan]:
+    """Plans with parallel branches on two units, a two-stage pipeline, and a replicated stage."""
+    blocks = coarsen(graph, "coarse")
+    problem = build_problem(blocks, graph, CostModel(profile, graph), 4)
+    c0 = next(u for u, x in enumerate(problem.units) if x.pu == "c0")
+    c1 = next(u for u, x in enumerate(problem.units) if x.pu == "c1")
+    first_branch = {succ[0] for succ in blocks.successors.values() if len(succ) >= 2}
+    branches = to_plan(
+        problem,
+        UnitAssignment(tuple(c1 if b in first_branch else c0 for b in problem.blocks)),
+        blocks,
+        profile,
+        Provenance("hand"),
+        "branches",
+    )
+    pipeline = flop_pipeline(blocks, profile, [("c0", 1), ("c1", 1)], name="two-stages")
+    one = single_pu(blocks, profile, "c0", 1)
+    names = one.stages[0].groups[0][0].blocks
+    replicated = dataclasses.replace(
+        one,
+        name="replicated",
+        stages=(
+            Stage(
+                (
+                    (Assignment("c0", 1, names, profile.pu("c0").cores),),
+                    (Assignment("c1", 1, names, profile.pu("c1").cores),),
+                )
+            ),
+        ),
+    )
+    return {"branches": branches, "two-stages": pipeline, "replicated": replicated}
+
+
+__all__ = ["executor_plans", "load_profile", "model_and_graph"]
