@@ -4,11 +4,13 @@ Today: export a branchy zoo model, load it as an OpGraph, coarsen it, cut it int
 partitions with a parallel pair and check them against the full model, profile it on
 the local board, calibrate the cost model (with its error on held-back partitions),
 and plan the Pareto set (ILP) on ``local`` and on the Khadas VIM3 profile against the
-baselines.
+baselines, then run the chosen plans on a real local agent and compare measured with
+predicted, beside plain onnxruntime.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -20,6 +22,7 @@ from models.coarsen import coarsen
 from models.graph import build_graph
 from models.onnx_io import load_onnx
 from models.partition import cut_partitions, example_grouping, random_feeds, verify_partitions
+from parapipe.run import run_plan
 from parapipe.summary import human_bytes, model_summary
 from planner.costmodel import CostModel
 from planner.problem import build_problem
@@ -93,12 +96,13 @@ def run_demo(model: str, workdir: Path, console: Console) -> None:
 
     console.rule("5. plan: the Pareto set on local (measured costs) and on khadas-vim3 (its profile)")
     blocks = coarsen(graph, "coarse")
+    fronts = {}
     for board in ("local", "khadas-vim3"):
         prof = load_profile(board)
         cost = CostModel(prof, graph, table)
         problem = build_problem(blocks, graph, cost, 4)
         base = baselines(blocks, graph, cost, 4, problem)
-        front = pareto_set(blocks, graph, cost, time_limit=2.0)
+        front = fronts[board] = pareto_set(blocks, graph, cost, time_limit=2.0)
         folder = workdir / "plans" / board
         for p in front:
             p.save(folder / f"{p.name}.json")
@@ -134,5 +138,40 @@ def run_demo(model: str, workdir: Path, console: Console) -> None:
             highlight=False,
         )
     console.print("figures are predicted; khadas-vim3's come from its profile (estimates), not from a board")
+
+    console.rule("6. run the chosen plans on a real local agent (gRPC on 127.0.0.1) beside plain onnxruntime")
+    local = load_profile("local")
+    cost = CostModel(local, graph, table)
+    front = fronts["local"]
+    chosen = {
+        "throughput": max(front, key=lambda p: p.predicted.throughput_fps),
+        "latency": min(front, key=lambda p: p.predicted.latency_ms),
+    }
+    ort_plan = baselines(blocks, graph, cost, 4)["ort-all-cores"]
+    rows = []
+    for label, plan in (*chosen.items(), ("plain onnxruntime, all cores", ort_plan)):
+        result = run_plan(
+            dataclasses.replace(plan, model_path=str(onnx_path.resolve())), "local", None, frames=40, verify=True
+        )
+        rows.append((label, plan, result))
+    out = Table(
+        "plan", "units", "latency ms pred / meas", "fps pred / meas", "energy mJ pred / meas (modelled)", "max abs diff"
+    )
+    for label, plan, r in rows:
+        out.add_row(
+            f"{label}: {plan.name}",
+            " ".join(f"{a.pu}x{a.cores}" for _, _, a in plan.assignments()),
+            f"{r.predicted['latency_ms']:.1f} / {r.measured['latency_ms']:.1f}",
+            f"{r.predicted['throughput_fps']:.1f} / {r.measured['throughput_fps']:.1f}",
+            f"{r.predicted['energy_mj']:.0f} / {r.measured['energy_mj']:.0f}",
+            f"{r.max_abs_diff:.1e}",
+        )
+    console.print(out)
+    ort_r = rows[-1][2]
+    console.print(
+        f"measured vs plain onnxruntime: throughput {rows[0][2].measured['throughput_fps'] / ort_r.measured['throughput_fps']:.2f}x, "
+        f"latency {rows[1][2].measured['latency_ms'] / ort_r.measured['latency_ms']:.2f}x (lower is better)",
+        highlight=False,
+    )
     console.rule(f"done in {time.perf_counter() - t0:.1f}s")
-    console.print("Not yet part of the demo (open issues): running the chosen plan on a local agent, deploy.")
+    console.print("Not yet part of the demo (open issue): deploy to boards over SSH, remote profiling, the tune loop.")

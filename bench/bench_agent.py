@@ -1,0 +1,253 @@
+"""Measured, side by side in one run: our plans on the local agent vs plain onnxruntime.
+
+Per model on ``local`` (2 equal cores):
+  * plain onnxruntime: one session with both cores (latency and throughput), and one
+    session per core fed from two threads (throughput); the best of them is the bar;
+  * ours: the model is profiled, the ILP plans for throughput and for latency, and the
+    plans run on the agent (frames generated on the board);
+  * ratios: our throughput / ORT's best (goal >= 0.97), our latency / ORT's best (<= 1.03).
+On ``local-biglittle`` (core 1 throttled): our best plan vs one session on both cores
+(goal >= 1.3x). Agent overhead: resnet18 through the agent (gRPC Infer round trip and the
+board-side pipeline alone) vs the same session run directly (goal <= 3%).
+Medians over --repeats runs. Energy figures are modelled.
+
+Run: .venv/bin/python bench/bench_agent.py [--models resnet18 googlenet inception_v3] [--frames 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import onnxruntime as ort
+
+from agents.executor import generate_inputs
+from device_profiles.loader import load_profile
+from models.coarsen import coarsen
+from models.graph import build_graph
+from models.onnx_io import load_onnx
+from parapipe.compile import compile_plan, write_bundle
+from parapipe.local_agent import LocalAgent
+from planner.costmodel import CostModel
+from planner.search import best_plan
+from profiler.costtable import CostTable
+from profiler.pinning import pin_current_thread, release_current_thread, throttle_current_thread
+from profiler.session import pu_configs, run_profile
+
+
+def _session(
+    path: Path,
+    threads: int,
+    cores: list[int],
+    spin: bool = True,
+    pool_cores: list[int] | None = None,
+    throttle: float | None = None,
+) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+    if pool_cores:
+        options.add_session_config_entry("session.intra_op_thread_affinities", ";".join(str(c + 1) for c in pool_cores))
+    pin_current_thread(cores)
+    if throttle:
+        throttle_current_thread("bench-pool", throttle)
+    try:
+        return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    finally:
+        if throttle:
+            release_current_thread()
+
+
+def ort_one_session(path: Path, feeds: dict, frames: int, cores: list[int], **kw) -> tuple[float, float]:
+    """(latency ms median, throughput fps) of one session with len(cores) threads, run back to back."""
+    result: list[tuple[float, float]] = []
+
+    def work() -> None:
+        s = _session(path, len(cores), cores[:1] if kw.get("pool_cores") else cores, **kw)
+        for _ in range(5):
+            s.run(None, feeds)
+        times = []
+        t0 = time.perf_counter()
+        for _ in range(frames):
+            a = time.perf_counter()
+            s.run(None, feeds)
+            times.append(time.perf_counter() - a)
+        result.append((statistics.median(times) * 1e3, frames / (time.perf_counter() - t0)))
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    return result[0]
+
+
+def ort_session_per_core(path: Path, feeds: dict, frames: int, cores: list[int]) -> float:
+    """Throughput of one single-thread session per core, each fed by its own thread."""
+    barrier = threading.Barrier(len(cores) + 1)
+    counts = [0] * len(cores)
+
+    def work(i: int, core: int) -> None:
+        s = _session(path, 1, [core])
+        for _ in range(3):
+            s.run(None, feeds)
+        barrier.wait()
+        for _ in range(frames // len(cores)):
+            s.run(None, feeds)
+            counts[i] += 1
+
+    threads = [threading.Thread(target=work, args=(i, c)) for i, c in enumerate(cores)]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    return sum(counts) / (time.perf_counter() - t0)
+
+
+def measure_plan(plan, loaded, graph, profile, frames: int, tmp: Path, agent: LocalAgent):
+    compiled = compile_plan(plan, loaded, graph, profile)
+    folder = write_bundle(compiled, tmp / compiled.sha256[:12])
+    client = agent.client
+    client.start(client.load_bundle(folder).bundle_sha256)
+    reply = client.benchmark(frames=frames, warmup=5)
+    client.stop()
+    return reply
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", default=["resnet18", "googlenet", "inception_v3"])
+    parser.add_argument("--frames", type=int, default=60)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--zoo-dir", type=Path, default=Path("build/bench/zoo"))
+    args = parser.parse_args()
+    from models.export import export_model
+
+    tmp = Path(tempfile.mkdtemp(prefix="parapipe-bench-agent-"))
+    costs = tmp / "costs.json"
+    cores = sorted(__import__("os").sched_getaffinity(0))[:2]
+    med = statistics.median
+    with LocalAgent() as agent:
+        print("== local (2 equal cores): ours vs the best plain onnxruntime configuration")
+        print(
+            f"{'model':13} {'ORT 1x2 fps':>11} {'ORT 2x1 fps':>11} {'ours fps':>9} {'ratio':>6} {'ORT lat ms':>10} {'ours lat ms':>11} {'ratio':>6}  plans"
+        )
+        for name in args.models:
+            path = args.zoo_dir / f"{name}.onnx"
+            if not path.exists():
+                export_model(name, path)
+            loaded = load_onnx(path)
+            graph = build_graph(loaded.proto, loaded.sha256, name)
+            feeds = {k: v for k, v in generate_inputs(compile_inputs(graph)).items()}
+            profile = load_profile("local")
+            table = CostTable.load(costs)
+            run_profile(loaded, graph, profile, table, costs, pu_configs(profile))
+            cost = CostModel(profile, graph, table)
+            blocks = coarsen(graph, "coarse")
+            thr_plan = best_plan(blocks, graph, cost, "throughput", time_limit=5)
+            lat_plan = best_plan(blocks, graph, cost, "latency", time_limit=5)
+            o12, o21, ours_t, o_lat, ours_l = [], [], [], [], []
+            for _ in range(args.repeats):
+                lat, thr = ort_one_session(path, feeds, args.frames, cores)
+                o12.append(thr)
+                o_lat.append(min(lat, ort_one_session(path, feeds, args.frames, cores[:1])[0]))
+                o21.append(ort_session_per_core(path, feeds, args.frames, cores))
+                ours_t.append(measure_plan(thr_plan, loaded, graph, profile, args.frames, tmp, agent).throughput_fps)
+                ours_l.append(measure_plan(lat_plan, loaded, graph, profile, args.frames, tmp, agent).latency_alone_ms)
+            best_ort = max(med(o12), med(o21))
+            print(
+                f"{name:13} {med(o12):11.2f} {med(o21):11.2f} {med(ours_t):9.2f} {med(ours_t) / best_ort:6.3f} "
+                f"{med(o_lat):10.2f} {med(ours_l):11.2f} {med(ours_l) / med(o_lat):6.3f}  "
+                f"thr={'+'.join(f'{a.pu}x{a.cores}' for _, _, a in thr_plan.assignments())} lat={'+'.join(f'{a.pu}x{a.cores}' for _, _, a in lat_plan.assignments())}",
+                flush=True,
+            )
+
+        print("\n== local-biglittle (core 1 throttled to 40%): ours vs one session on both cores")
+        try:
+            bl = load_profile("local-biglittle")
+        except ValueError as exc:
+            print(f"skipped: {exc}")
+            bl = None
+        if bl is not None:
+            print(f"{'model':13} {'ORT both fps':>12} {'ours fps':>9} {'ratio':>6}  plan")
+            for name in args.models:
+                path = args.zoo_dir / f"{name}.onnx"
+                loaded = load_onnx(path)
+                graph = build_graph(loaded.proto, loaded.sha256, name)
+                feeds = generate_inputs(compile_inputs(graph))
+                table = CostTable.load(costs)
+                run_profile(loaded, graph, bl, table, costs, pu_configs(bl))
+                cost = CostModel(bl, graph, table)
+                plan = best_plan(coarsen(graph, "coarse"), graph, cost, "throughput", time_limit=5)
+                ort_t, ours = [], []
+                little = bl.pu("little")
+                for _ in range(args.repeats):
+                    ort_t.append(
+                        ort_one_session(
+                            path,
+                            feeds,
+                            args.frames,
+                            [bl.pu("big").cores[0], little.cores[0]],
+                            spin=False,
+                            pool_cores=list(little.cores),
+                            throttle=little.throttle.quota_percent,
+                        )[1]
+                    )
+                    ours.append(measure_plan(plan, loaded, graph, bl, args.frames, tmp, agent).throughput_fps)
+                print(
+                    f"{name:13} {med(ort_t):12.2f} {med(ours):9.2f} {med(ours) / med(ort_t):6.3f}  "
+                    f"{'+'.join(f'{a.pu}x{a.cores}' for _, _, a in plan.assignments())}",
+                    flush=True,
+                )
+
+        print("\n== agent overhead per frame, resnet18 batch 1 (one session, both cores)")
+        path = args.zoo_dir / "resnet18.onnx"
+        if not path.exists():
+            export_model("resnet18", path)
+        loaded = load_onnx(path)
+        graph = build_graph(loaded.proto, loaded.sha256, "resnet18")
+        profile = load_profile("local")
+        from planner.baselines import single_pu
+
+        plan = single_pu(coarsen(graph, "coarse"), profile, "cpu", len(profile.pu("cpu").cores))
+        compiled = compile_plan(plan, loaded, graph, profile)
+        folder = write_bundle(compiled, tmp / "overhead")
+        client = agent.client
+        client.start(client.load_bundle(folder).bundle_sha256)
+        feeds = generate_inputs(compiled.manifest.inputs)
+        direct, alone, grpc_rt = [], [], []
+        for _ in range(args.repeats):
+            direct.append(ort_one_session(path, feeds, args.frames, cores)[0])
+            alone.append(client.benchmark(frames=args.frames, warmup=5).latency_alone_ms)
+            times = []
+            for _ in range(args.frames):
+                a = time.perf_counter()
+                client.infer(feeds)
+                times.append((time.perf_counter() - a) * 1e3)
+            grpc_rt.append(statistics.median(times))
+        d = med(direct)
+        print(
+            f"plain session {d:.2f} ms; pipeline on the board {med(alone):.2f} ms ({(med(alone) / d - 1) * 100:+.1f}%); "
+            f"gRPC round trip from the host {med(grpc_rt):.2f} ms ({(med(grpc_rt) / d - 1) * 100:+.1f}%); goal <= +3%"
+        )
+        client.stop()
+
+
+def compile_inputs(graph):
+    from agents.bundle import TensorSpec
+
+    return tuple(
+        TensorSpec(t.name, t.dtype, t.shape, 1024 if t.dtype.startswith("int") else None) for t in graph.inputs
+    )
+
+
+if __name__ == "__main__":
+    main()
