@@ -1,0 +1,160 @@
+"""Board commands: boards add/list/check, deploy, undeploy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from parapipe.app import JsonFlag, app, err, fails_cleanly, out, print_json
+
+boards_app = typer.Typer(help="The board inventory ($PARAPIPE_HOME/boards.toml).", no_args_is_help=True)
+app.add_typer(boards_app, name="boards")
+
+
+@boards_app.command("add")
+@fails_cleanly
+def add(
+    name: Annotated[str, typer.Argument(help="A name for the board.")],
+    host: Annotated[str, typer.Option("--host")],
+    user: Annotated[str, typer.Option("--user")],
+    key: Annotated[Path, typer.Option("--key", help="Private key file for SSH.")],
+    device: Annotated[str, typer.Option("--device", help="Device profile (name or TOML path).")],
+    port: Annotated[int, typer.Option("--port")] = 22,
+    known_hosts: Annotated[
+        Path | None, typer.Option("--known-hosts", help="known_hosts file holding the board's key.")
+    ] = None,
+    host_key: Annotated[str | None, typer.Option("--host-key", help="Pinned host key fingerprint, SHA256:...")] = None,
+    python: Annotated[str, typer.Option("--python", help="Python on the board.")] = "python3",
+    workdir: Annotated[str, typer.Option("--workdir", help="Working directory on the board.")] = "~/parapipe",
+    agent_port: Annotated[
+        int, typer.Option("--agent-port", help="Port of the agent on the board's 127.0.0.1.")
+    ] = 50051,
+) -> None:
+    """Add (or replace) a board in the inventory."""
+    from parapipe.boards import Board, add_board
+
+    board = Board(
+        name=name,
+        host=host,
+        port=port,
+        user=user,
+        key=str(key.expanduser().resolve()),
+        device=device,
+        known_hosts=str(known_hosts.expanduser().resolve()) if known_hosts else "",
+        host_key_sha256=host_key or "",
+        python=python,
+        workdir=workdir,
+        agent_port=agent_port,
+    )
+    path = add_board(board)
+    out.print(f"board {name} saved in {path}", highlight=False)
+
+
+@boards_app.command("list")
+@fails_cleanly
+def list_boards(as_json: JsonFlag = False) -> None:
+    """The boards in the inventory."""
+    from dataclasses import asdict
+
+    from parapipe.boards import load_boards
+
+    boards = load_boards()
+    if as_json:
+        print_json([asdict(b) for b in boards.values()])
+        return
+    t = Table("board", "address", "device", "workdir", "host key")
+    for b in boards.values():
+        t.add_row(b.name, f"{b.user}@{b.host}:{b.port}", b.device, b.workdir, b.host_key_sha256 or b.known_hosts)
+    out.print(t)
+
+
+@boards_app.command("check")
+@fails_cleanly
+def check(name: Annotated[str, typer.Argument()], as_json: JsonFlag = False) -> None:
+    """Connect and report the board's OS, CPU, cores, Python, onnxruntime and the agent's state."""
+    from parapipe.boards import get_board
+    from parapipe.deploy import _paths, agent_running
+    from parapipe.ssh import BoardConnection
+
+    board = get_board(name)
+    with BoardConnection(board) as conn:
+        _, uname, _ = conn.run(["uname", "-srm"])
+        _, cpu, _ = conn.shell("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 || true", check=False)
+        _, cores, _ = conn.run(["nproc"])
+        code, py, _ = conn.run([board.python, "--version"], check=False)
+        code_ort, ort_v, _ = conn.run(
+            [board.python, "-c", "import onnxruntime; print(onnxruntime.__version__)"], check=False
+        )
+        wd = conn.path(board.workdir)
+        code_v, version, _ = conn.run(["cat", _paths(wd)["version"]], check=False)
+        running = agent_running(conn, wd)
+    info = {
+        "board": name,
+        "os": uname.strip(),
+        "cpu": cpu.strip(),
+        "cores": int(cores.strip() or 0),
+        "python": py.strip() if code == 0 else f"missing ({board.python})",
+        "onnxruntime": ort_v.strip() if code_ort == 0 else "not importable by the board's Python",
+        "agent_installed": version.strip() if code_v == 0 else "no",
+        "agent_running": running,
+    }
+    if running:
+        from parapipe.deploy import agent_client
+
+        with BoardConnection(board) as conn, agent_client(conn) as client:
+            info["agent_ready"] = client.ready()
+    if as_json:
+        print_json(info)
+        return
+    for k, v in info.items():
+        out.print(f"{k:16} {v}", highlight=False)
+
+
+@app.command()
+@fails_cleanly
+def deploy(
+    plan: Annotated[Path, typer.Argument(help="A plan JSON.")],
+    board: Annotated[str, typer.Option("--board", help="A board of the inventory.")],
+    model: Annotated[
+        Path | None, typer.Option("--model", help="The .onnx model (default: where it was planned).")
+    ] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Ship the agent and the plan's bundle to a board over SSH and start the pipeline there."""
+    from parapipe.boards import get_board
+    from parapipe.deploy import deploy as do_deploy
+    from parapipe.run import build_bundle, resolve_model
+    from planner.plan import load_plan
+
+    the_board = get_board(board)
+    the_plan = load_plan(plan)
+    with err.status(f"deploying {the_plan.name or plan.stem} to {board}") as status:
+        folder, _ = build_bundle(the_plan, resolve_model(the_plan, model))
+
+        def progress(done: int, total: int) -> None:
+            status.update(f"uploading {done / 2**20:.1f} / {total / 2**20:.1f} MiB")
+
+        result = do_deploy(the_board, folder, progress)
+    if as_json:
+        print_json(result.__dict__)
+        return
+    out.print(
+        f"deployed bundle {result.bundle_sha256[:12]}… to {board} ({result.workdir}): agent "
+        f"{'installed' if result.wheel_uploaded else 'up to date'}, {'restarted' if result.agent_restarted else 'kept running'}, "
+        f"{result.bundle_uploaded_bytes} bundle bytes uploaded",
+        highlight=False,
+    )
+
+
+@app.command()
+@fails_cleanly
+def undeploy(board: Annotated[str, typer.Option("--board")]) -> None:
+    """Stop the agent on a board and remove what deploy put there, nothing else."""
+    from parapipe.boards import get_board
+    from parapipe.deploy import undeploy as do_undeploy
+
+    removed = do_undeploy(get_board(board))
+    out.print(f"removed {len(removed)} item(s) from {board}", highlight=False)

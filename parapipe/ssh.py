@@ -1,0 +1,214 @@
+"""SSH to boards with paramiko: host keys verified (RejectPolicy), commands quoted, timeouts everywhere.
+
+``BoardConnection`` runs commands (built with ``shlex.join``), uploads files through a
+temporary name checked by sha256 on the board before an atomic rename, and forwards a
+local port to the agent on the board's 127.0.0.1 (the agent never listens publicly).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import select
+import shlex
+import socket
+import threading
+from pathlib import Path
+
+import paramiko
+
+from parapipe.boards import Board
+from parapipe.local_agent import DeployError
+
+
+def fingerprint(key: paramiko.PKey) -> str:
+    return "SHA256:" + base64.b64encode(hashlib.sha256(key.asbytes()).digest()).decode().rstrip("=")
+
+
+class _PinnedKey(paramiko.MissingHostKeyPolicy):
+    """Accept exactly the pinned fingerprint; anything else is refused before authentication."""
+
+    def __init__(self, expected: str) -> None:
+        self.expected = expected
+
+    def missing_host_key(self, client, hostname, key) -> None:
+        got = fingerprint(key)
+        if got != self.expected:
+            raise DeployError(
+                f"host key of {hostname} is {got}, but the inventory pins {self.expected}; if the board was "
+                "reinstalled, check the new key on the board and update it with `parapipe boards add`"
+            )
+
+
+class BoardConnection:
+    def __init__(self, board: Board) -> None:
+        self.board = board
+        self.client = paramiko.SSHClient()
+        known = board.known_hosts and Path(board.known_hosts).expanduser()
+        if known:
+            self.client.load_host_keys(str(known))
+        if board.host_key_sha256:
+            self.client.set_missing_host_key_policy(_PinnedKey(board.host_key_sha256))
+        else:
+            self.client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        try:
+            self.client.connect(
+                board.host,
+                port=board.port,
+                username=board.user,
+                key_filename=str(Path(board.key).expanduser()),
+                timeout=board.timeout_s,
+                banner_timeout=board.timeout_s,
+                auth_timeout=board.timeout_s,
+                allow_agent=False,
+                look_for_keys=False,
+            )
+        except paramiko.BadHostKeyException as exc:
+            raise DeployError(
+                f"the host key of {board.host}:{board.port} CHANGED: the board presents {fingerprint(exc.key)}, "
+                f"{board.known_hosts} expects {fingerprint(exc.expected_key)}. Refusing to connect; if the board was "
+                "reinstalled, verify the new key on the board and update the known_hosts file."
+            ) from None
+        except paramiko.SSHException as exc:
+            if "not found in known_hosts" in str(exc):
+                raise DeployError(
+                    f"{board.host}:{board.port} is not in {board.known_hosts or 'a known_hosts file'}: refusing an unknown "
+                    "host key. Add the board's key (checked on the board) to the known_hosts file."
+                ) from None
+            raise DeployError(f"cannot connect to {board.user}@{board.host}:{board.port}: {exc}") from None
+        except DeployError:
+            raise
+        except (TimeoutError, OSError) as exc:
+            raise DeployError(f"cannot reach {board.host}:{board.port}: {exc}") from None
+        transport = self.client.get_transport()
+        assert transport is not None
+        transport.set_keepalive(15)
+        self.transport = transport
+
+    def close(self) -> None:
+        self.client.close()
+
+    def __enter__(self) -> BoardConnection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def run(
+        self, argv: list[str], timeout: float = 120.0, check: bool = True, stdin: bytes | None = None
+    ) -> tuple[int, str, str]:
+        """Run one command on the board; every argument is quoted with shlex."""
+        return self.shell(shlex.join(argv), timeout, check, stdin)
+
+    def shell(
+        self, command: str, timeout: float = 120.0, check: bool = True, stdin: bytes | None = None
+    ) -> tuple[int, str, str]:
+        """Run a command line the caller built from quoted parts."""
+        try:
+            chan_in, chan_out, chan_err = self.client.exec_command(command, timeout=timeout)
+            if stdin is not None:
+                chan_in.write(stdin)
+                chan_in.channel.shutdown_write()
+            out = chan_out.read().decode(errors="replace")
+            err = chan_err.read().decode(errors="replace")
+            code = chan_out.channel.recv_exit_status()
+        except (TimeoutError, paramiko.SSHException) as exc:
+            raise DeployError(f"command on {self.board.name} timed out or failed: {command[:120]}: {exc}") from None
+        if check and code != 0:
+            raise DeployError(f"command on {self.board.name} failed ({code}): {command[:160]}\n{err.strip()[-800:]}")
+        return code, out, err
+
+    def home(self) -> str:
+        return self.run(["sh", "-c", 'printf %s "$HOME"'])[1]
+
+    def path(self, p: str) -> str:
+        """Expand a leading ~ (the board's home); everything else is used literally."""
+        if p == "~" or p.startswith("~/"):
+            return self.home() + p[1:]
+        return p
+
+    def upload(self, data: bytes, remote: str, progress=None) -> None:
+        """Write to a temporary name, check its sha256 on the board, then rename over ``remote``."""
+        tmp = f"{remote}.partial"
+        sftp = self.client.open_sftp()
+        try:
+            sftp.get_channel().settimeout(self.board.timeout_s * 4)
+            with sftp.open(tmp, "wb") as fh:
+                fh.set_pipelined(True)
+                step = 1 << 20
+                for off in range(0, len(data), step):
+                    fh.write(data[off : off + step])
+                    if progress:
+                        progress(min(off + step, len(data)), len(data))
+        except (OSError, paramiko.SSHException) as exc:
+            raise DeployError(f"upload of {remote} to {self.board.name} failed: {exc}") from None
+        finally:
+            sftp.close()
+        expected = hashlib.sha256(data).hexdigest()
+        _, out, _ = self.run(["sha256sum", tmp])
+        if out.split()[0] != expected:
+            self.run(["rm", "-f", tmp], check=False)
+            raise DeployError(f"upload of {remote} arrived damaged (sha256 mismatch); nothing was replaced")
+        self.run(["mv", "-f", tmp, remote])
+
+    def forward(self, remote_port: int) -> LocalForward:
+        return LocalForward(self.transport, remote_port)
+
+
+class LocalForward:
+    """127.0.0.1:<free port> on the host -> 127.0.0.1:<remote_port> on the board, through the SSH transport."""
+
+    def __init__(self, transport: paramiko.Transport, remote_port: int) -> None:
+        self.transport, self.remote_port = transport, remote_port
+        self.server = socket.socket()
+        self.server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.server.bind(("127.0.0.1", 0))
+        self.server.listen(16)
+        self.port = self.server.getsockname()[1]
+        self.stopping = False
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def _accept(self) -> None:
+        while not self.stopping:
+            try:
+                sock, _ = self.server.accept()
+            except OSError:
+                return
+            try:
+                chan = self.transport.open_channel("direct-tcpip", ("127.0.0.1", self.remote_port), sock.getpeername())
+            except (paramiko.SSHException, OSError):
+                sock.close()
+                continue
+            threading.Thread(target=self._pump, args=(sock, chan), daemon=True).start()
+
+    @staticmethod
+    def _pump(sock: socket.socket, chan: paramiko.Channel) -> None:
+        try:
+            while True:
+                ready, _, _ = select.select([sock, chan], [], [], 1.0)
+                if sock in ready:
+                    data = sock.recv(65536)
+                    if not data:
+                        break
+                    chan.sendall(data)
+                if chan in ready:
+                    data = chan.recv(65536)
+                    if not data:
+                        break
+                    sock.sendall(data)
+        except OSError:
+            pass
+        finally:
+            chan.close()
+            sock.close()
+
+    def close(self) -> None:
+        self.stopping = True
+        self.server.close()
+
+    def __enter__(self) -> LocalForward:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,94 @@
+"""A real OpenSSH server on 127.0.0.1 for deploy tests: its own config, keys and pidfile in a temp dir."""
+
+from __future__ import annotations
+
+import getpass
+import os
+import shutil
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+
+@dataclass
+class Sshd:
+    port: int
+    host_key: Path
+    user_key: Path
+    known_hosts: Path
+    pid: int
+    log: Path
+    user: str
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def keygen(path: Path) -> None:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
+
+
+def start_sshd(folder: Path) -> tuple[Sshd, subprocess.Popen]:
+    binary = shutil.which("sshd") or "/usr/sbin/sshd"
+    if not Path(binary).exists():
+        pytest.skip("openssh-server is not installed (.ci/run installs it)")
+    if os.geteuid() != 0:
+        pytest.skip("sshd with privilege separation needs root here")
+    folder.mkdir(parents=True, exist_ok=True)
+    keygen(folder / "host_key")
+    keygen(folder / "user_key")
+    shutil.copy(folder / "user_key.pub", folder / "authorized_keys")
+    port = free_port()
+    user = getpass.getuser()
+    config = folder / "sshd_config"
+    config.write_text(
+        "\n".join(
+            [
+                f"Port {port}",
+                "ListenAddress 127.0.0.1",
+                f"HostKey {folder / 'host_key'}",
+                f"PidFile {folder / 'sshd.pid'}",
+                f"AuthorizedKeysFile {folder / 'authorized_keys'}",
+                "PasswordAuthentication no",
+                "KbdInteractiveAuthentication no",
+                "UsePAM no",
+                "StrictModes no",
+                "PermitRootLogin prohibit-password",
+                f"AllowUsers {user}",
+                "Subsystem sftp internal-sftp",
+                "LogLevel VERBOSE",
+                "",
+            ]
+        )
+    )
+    Path("/run/sshd").mkdir(exist_ok=True)
+    log = folder / "sshd.log"
+    proc = subprocess.Popen([binary, "-D", "-f", str(config), "-E", str(log)])
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"sshd did not start: {log.read_text() if log.exists() else ''}") from None
+            time.sleep(0.1)
+    key_line = (folder / "host_key.pub").read_text().split()
+    (folder / "known_hosts").write_text(f"[127.0.0.1]:{port} {key_line[0]} {key_line[1]}\n")
+    return Sshd(port, folder / "host_key", folder / "user_key", folder / "known_hosts", proc.pid, log, user), proc
+
+
+def stop_sshd(proc: subprocess.Popen) -> None:
+    proc.terminate()  # only this sshd, by its own pid
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

@@ -1,0 +1,193 @@
+"""Deploy to a real OpenSSH server on loopback as a board: run a plan, undeploy, and every refusal."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from parapipe.boards import Board
+from parapipe.deploy import agent_client, deploy, undeploy
+from parapipe.local_agent import DeployError
+from parapipe.ssh import BoardConnection
+from tests.parapipe.sshd import free_port, keygen, start_sshd, stop_sshd
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory):
+    info, proc = start_sshd(tmp_path_factory.mktemp("sshd"))
+    yield info
+    stop_sshd(proc)
+
+
+@pytest.fixture
+def board(sshd, tmp_path) -> Board:
+    workdir = tmp_path / "board dir; $(touch pwned) 'q' & x"  # spaces and shell metacharacters
+    return Board(
+        name="loopback",
+        host="127.0.0.1",
+        port=sshd.port,
+        user=sshd.user,
+        key=str(sshd.user_key),
+        device="local",
+        known_hosts=str(sshd.known_hosts),
+        python=sys.executable,
+        workdir=str(workdir),
+        agent_port=free_port(),
+    )
+
+
+@pytest.fixture(scope="module")
+def bundle(exported, tmp_path_factory):
+    from device_profiles.loader import load_profile
+    from models.coarsen import coarsen
+    from models.graph import build_graph
+    from models.onnx_io import load_onnx
+    from parapipe.compile import compile_plan, write_bundle
+    from planner.baselines import flop_pipeline
+
+    loaded = load_onnx(exported("squeezenet1_1").path)
+    graph = build_graph(loaded.proto, loaded.sha256)
+    profile = load_profile("local")
+    plan = flop_pipeline(coarsen(graph, "coarse"), profile, [("cpu", 1)])
+    compiled = compile_plan(plan, loaded, graph, profile)
+    return write_bundle(compiled, tmp_path_factory.mktemp("b") / "bundle"), compiled
+
+
+def test_deploy_run_redeploy_undeploy(board, bundle, monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("PARAPIPE_HOME", str(tmp_path / "home"))
+    folder, _compiled = bundle
+    first = deploy(board, folder)
+    assert first.wheel_uploaded and first.agent_restarted and first.bundle_uploaded_bytes > 0
+    workdir = Path(board.workdir)
+    assert (workdir / "agent.pid").is_file() and not (workdir.parent / "pwned").exists()
+    with BoardConnection(board) as conn, agent_client(conn) as client:
+        assert client.ready()
+        reply = client.benchmark(frames=5, warmup=1)
+        assert reply.throughput_fps > 0
+    again = deploy(board, folder)
+    assert not again.wheel_uploaded and not again.agent_restarted and again.bundle_uploaded_bytes == 0
+    (workdir / "keep-me.txt").write_text("not ours")
+    removed = undeploy(board)
+    assert removed and not (workdir / "agent.pid").exists() and not (workdir / "venv").exists()
+    assert (workdir / "keep-me.txt").read_text() == "not ours", "undeploy removed something it did not create"
+
+
+def test_unknown_host_key_is_refused_before_login(board, sshd, tmp_path) -> None:
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    before = len(sshd.log.read_text())
+    with pytest.raises(DeployError, match="unknown host key"):
+        BoardConnection(dataclasses.replace(board, known_hosts=str(empty)))
+    import time
+
+    time.sleep(0.3)
+    assert "Accepted publickey" not in sshd.log.read_text()[before:], "refused only after logging in"
+
+
+def test_changed_host_key_is_refused_showing_both_fingerprints(board, tmp_path) -> None:
+    keygen(tmp_path / "other")
+    other = (tmp_path / "other.pub").read_text().split()
+    wrong = tmp_path / "known_hosts"
+    wrong.write_text(f"[127.0.0.1]:{board.port} {other[0]} {other[1]}\n")
+    with pytest.raises(DeployError) as info:
+        BoardConnection(dataclasses.replace(board, known_hosts=str(wrong)))
+    assert "CHANGED" in str(info.value) and str(info.value).count("SHA256:") == 2
+
+
+def test_pinned_fingerprint_must_match(board, sshd) -> None:
+    out = subprocess.run(["ssh-keygen", "-lf", str(sshd.host_key) + ".pub"], capture_output=True, text=True, check=True)
+    good = out.stdout.split()[1]
+    with BoardConnection(dataclasses.replace(board, known_hosts="", host_key_sha256=good)) as conn:
+        assert conn.run(["echo", "hi; rm -rf /"])[1].strip() == "hi; rm -rf /"  # arguments are quoted, not run
+    with pytest.raises(DeployError, match="pins"):
+        BoardConnection(dataclasses.replace(board, known_hosts="", host_key_sha256="SHA256:" + "A" * 43))
+
+
+def test_cut_off_upload_leaves_the_old_file(board) -> None:
+    with BoardConnection(board) as conn:
+        wd = conn.path(board.workdir)
+        conn.run(["mkdir", "-p", wd])
+        target = f"{wd}/model.bin"
+        conn.upload(b"old content", target)
+
+        class Cut(Exception):
+            pass
+
+        def cut(done: int, total: int) -> None:
+            raise Cut
+
+        with pytest.raises(Cut):
+            conn.upload(b"x" * (3 << 20), target, progress=cut)
+        assert conn.run(["cat", target])[1] == "old content"
+
+
+def test_two_concurrent_deploys_one_fails_with_a_lock_error(board, bundle, monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("PARAPIPE_HOME", str(tmp_path / "home"))
+    folder, _ = bundle
+    errors: list[BaseException] = []
+    results = []
+
+    def one() -> None:
+        try:
+            results.append(deploy(board, folder))
+        except DeployError as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 1 and len(errors) == 1
+    assert "another deploy" in str(errors[0]) or "locked" in str(errors[0])
+    undeploy(board)
+
+
+def test_boards_cli(board, sshd, tmp_path, monkeypatch) -> None:
+    from typer.testing import CliRunner
+
+    from parapipe.cli import app
+
+    monkeypatch.setenv("PARAPIPE_HOME", str(tmp_path / "home"))
+    runner = CliRunner()
+    added = runner.invoke(
+        app,
+        [
+            "boards",
+            "add",
+            "lb",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(sshd.port),
+            "--user",
+            sshd.user,
+            "--key",
+            str(sshd.user_key),
+            "--known-hosts",
+            str(sshd.known_hosts),
+            "--device",
+            "local",
+            "--python",
+            sys.executable,
+            "--workdir",
+            board.workdir,
+        ],
+    )
+    assert added.exit_code == 0, added.output
+    listed = runner.invoke(app, ["boards", "list", "--json"])
+    assert json.loads(listed.stdout)[0]["name"] == "lb"
+    checked = runner.invoke(app, ["boards", "check", "lb", "--json"])
+    assert checked.exit_code == 0, checked.output
+    info = json.loads(checked.stdout)
+    assert info["cores"] >= 1 and info["onnxruntime"] != "not importable by the board's Python"
+    missing = runner.invoke(
+        app, ["boards", "add", "x", "--host", "h", "--user", "u", "--key", str(sshd.user_key), "--device", "local"]
+    )
+    assert missing.exit_code == 2 and "host key" in missing.output
