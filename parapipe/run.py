@@ -81,39 +81,58 @@ def _intact(folder: Path) -> bool:
 def run_plan(
     plan: Plan, board: str, model: Path | None, frames: int = 50, verify: bool = False, progress=None
 ) -> RunResult:
+    """Run on the embedded local board (child agent) or on an inventory board (deploy over SSH)."""
+    remote = None
     if board not in LOCAL_BOARDS:
+        from parapipe.boards import get_board
+
+        remote = get_board(board)
+        device = remote.device
+    else:
+        device = board
+    if plan.device != device:
         raise DeployError(
-            f"board {board!r} is not reachable from here yet: this version runs on {', '.join(LOCAL_BOARDS)}"
-        )
-    if plan.device != board:
-        raise DeployError(
-            f"the plan is for {plan.device!r}; board {board!r} runs plans made with --device {board}. Re-plan for this board."
+            f"the plan is for {plan.device!r}; board {board!r} runs plans made with --device {device}. Re-plan for this board."
         )
     loaded = resolve_model(plan, model)
     if progress:
         progress("compiling and checking the bundle")
     folder, _ = build_bundle(plan, loaded)
-    with LocalAgent() as agent:
-        client = agent.client
-        assert client is not None
-        if progress:
-            progress("loading the bundle on the agent")
-        reply = client.load_bundle(folder)
-        client.start(reply.bundle_sha256)
-        diff = None
-        if verify:
-            import onnxruntime as ort
+    if remote is None:
+        with LocalAgent() as agent:
+            assert agent.client is not None
+            if progress:
+                progress("loading the bundle on the agent")
+            reply = agent.client.load_bundle(folder)
+            agent.client.start(reply.bundle_sha256)
+            return _measure(plan, board, agent.client, folder, loaded, reply, frames, verify, progress)
+    from parapipe.deploy import agent_client, deploy
+    from parapipe.ssh import BoardConnection
 
-            manifest = verify_bundle(folder)
-            inputs = generate_inputs(manifest.inputs, seed=7)
-            got = client.infer(inputs)
-            full = ort.InferenceSession(loaded.proto.SerializeToString(), providers=["CPUExecutionProvider"])
-            expected = dict(zip([o.name for o in full.get_outputs()], full.run(None, inputs), strict=True))
-            diff = max(float(np.max(np.abs(got[k].astype(np.float64) - v))) for k, v in expected.items())
-        if progress:
-            progress(f"benchmarking {frames} frames on the board")
-        bench = client.benchmark(frames, warmup=max(3, frames // 10))
-        client.stop()
+    result = deploy(remote, folder)
+    with BoardConnection(remote) as conn, agent_client(conn) as client:
+        from agents.proto import parapipe_agent_pb2 as pb
+
+        reply = pb.LoadBundleReply(bundle_sha256=result.bundle_sha256, bytes_received=result.bundle_uploaded_bytes)
+        return _measure(plan, board, client, folder, loaded, reply, frames, verify, progress)
+
+
+def _measure(
+    plan: Plan, board: str, client, folder: Path, loaded: LoadedModel, reply, frames: int, verify: bool, progress
+) -> RunResult:
+    diff = None
+    if verify:
+        import onnxruntime as ort
+
+        manifest = verify_bundle(folder)
+        inputs = generate_inputs(manifest.inputs, seed=7)
+        got = client.infer(inputs)
+        full = ort.InferenceSession(loaded.proto.SerializeToString(), providers=["CPUExecutionProvider"])
+        expected = dict(zip([o.name for o in full.get_outputs()], full.run(None, inputs), strict=True))
+        diff = max(float(np.max(np.abs(got[k].astype(np.float64) - v))) for k, v in expected.items())
+    if progress:
+        progress(f"benchmarking {frames} frames on the board")
+    bench = client.benchmark(frames, warmup=max(3, frames // 10))
     measured = {
         "latency_ms": bench.latency_alone_ms,
         "latency_p50_at_rate_ms": bench.latency_p50_ms,

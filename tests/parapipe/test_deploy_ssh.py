@@ -191,3 +191,32 @@ def test_boards_cli(board, sshd, tmp_path, monkeypatch) -> None:
         app, ["boards", "add", "x", "--host", "h", "--user", "u", "--key", str(sshd.user_key), "--device", "local"]
     )
     assert missing.exit_code == 2 and "host key" in missing.output
+
+
+def test_run_a_plan_on_an_ssh_board_then_undeploy(board, sshd, tmp_path, monkeypatch, exported) -> None:
+    from typer.testing import CliRunner
+
+    from device_profiles.loader import load_profile
+    from models.coarsen import coarsen
+    from models.graph import build_graph
+    from models.onnx_io import load_onnx
+    from parapipe.boards import add_board
+    from parapipe.cli import app
+    from parapipe.run import run_plan
+    from planner.baselines import single_pu
+    from planner.build import evaluate
+    from planner.costmodel import CostModel
+
+    monkeypatch.setenv("PARAPIPE_HOME", str(tmp_path / "home"))
+    add_board(dataclasses.replace(board, name="ssh-board"))
+    path = exported("squeezenet1_1").path
+    loaded = load_onnx(path)
+    graph = build_graph(loaded.proto, loaded.sha256)
+    profile = load_profile("local")
+    plan = evaluate(single_pu(coarsen(graph, "coarse"), profile, "cpu", 1), graph, CostModel(profile, graph), frames=20)
+    result = run_plan(dataclasses.replace(plan, model_path=str(path)), "ssh-board", None, frames=5, verify=True)
+    assert result.max_abs_diff is not None and result.max_abs_diff <= 1e-5
+    assert result.measured["throughput_fps"] > 0 and "throughput_fps" in result.errors_pct
+    gone = CliRunner().invoke(app, ["undeploy", "--board", "ssh-board"])
+    assert gone.exit_code == 0, gone.output
+    assert not (Path(board.workdir) / "venv").exists()
