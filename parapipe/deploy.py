@@ -179,6 +179,21 @@ def agent_client(conn: BoardConnection) -> Iterator[AgentClient]:
         yield client
 
 
+def ensure_agent(board: Board, progress=None) -> bool:
+    """Install and start the agent on a board if needed (no bundle); True if it was (re)started."""
+    with host_lock(board), BoardConnection(board) as conn:
+        wd = conn.path(board.workdir)
+        conn.run(["mkdir", "-p", wd])
+        with board_lock(conn, wd):
+            _record(conn, wd, [*(_paths(wd).values())])
+            uploaded = ensure_agent_installed(conn, wd, progress)
+            if uploaded or not agent_running(conn, wd):
+                stop_agent(conn, wd)
+                start_agent(conn, wd)
+                return True
+    return False
+
+
 def deploy(board: Board, bundle: Path, progress=None) -> DeployResult:
     with host_lock(board), BoardConnection(board) as conn:
         wd = conn.path(board.workdir)

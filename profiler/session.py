@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -29,6 +30,26 @@ from profiler.energy import EnergyMeter, PowerModel
 from profiler.measure import PuConfig, Timing, profile_ops, time_model
 
 Progress = Callable[[str, int, int], None]  # (what, done, total)
+
+
+class Timer(Protocol):
+    """Where measurements are taken: here (``LocalTimer``) or on a board through its agent."""
+
+    def op_profile(
+        self, model: bytes, feeds: dict[str, np.ndarray], cfg: PuConfig, warmup: int, repeats: int
+    ) -> dict[str, Timing]: ...
+
+    def time(
+        self, model: bytes, feeds: dict[str, np.ndarray], cfg: PuConfig, warmup: int, repeats: int, pu: ProcessingUnit
+    ) -> Timing: ...
+
+
+class LocalTimer:
+    def op_profile(self, model, feeds, cfg, warmup, repeats):  # type: ignore[no-untyped-def]
+        return profile_ops(model, feeds, cfg, warmup, repeats)
+
+    def time(self, model, feeds, cfg, warmup, repeats, pu):  # type: ignore[no-untyped-def]
+        return time_model(model, feeds, cfg, warmup, repeats, meter=_meter(pu, cfg.threads))
 
 
 class ProfilingError(ParapipeError):
@@ -104,6 +125,7 @@ def run_profile(
     warmup: int = 3,
     progress: Progress | None = None,
     ort_version: str | None = None,
+    timer: Timer | None = None,
 ) -> ProfileSummary:
     import onnxruntime as ort
 
@@ -172,7 +194,7 @@ def run_profile(
             if all(k in table for k in op_keys.values()):
                 reused += len(op_keys)
             else:
-                timings = profile_ops(full_bytes, feeds, cfg, warmup, repeats)
+                timings = (timer or LocalTimer()).op_profile(full_bytes, feeds, cfg, warmup, repeats)
                 for n in graph.nodes:
                     if n.name in timings:
                         table.add(entry("op", n.name, (n.name,), c_ops, timings[n.name]))
@@ -187,7 +209,7 @@ def run_profile(
                     reused += 1
                 else:
                     sub, sub_feeds = submodel(members)
-                    t = time_model(sub, sub_feeds, cfg, warmup, repeats, meter=_meter(pu, cfg.threads))
+                    t = (timer or LocalTimer()).time(sub, sub_feeds, cfg, warmup, repeats, pu)
                     table.add(entry(kind, name, members, c_all, t))
                     measured += 1
                 tick(f"{cfg.label}: {kind} {name}")

@@ -35,14 +35,20 @@ def profile(
     from profiler.costtable import CostTable
     from profiler.session import ProfilingError, pu_configs, run_profile
 
+    remote = None
     if board not in LOCAL_BOARDS:
-        raise ProfilingError(
-            f"board {board!r} cannot be reached from here: this version profiles {', '.join(LOCAL_BOARDS)}; "
-            "remote boards need the agent (plan from the board's profile meanwhile)"
-        )
+        from parapipe.boards import BoardError, get_board
+
+        try:
+            remote = get_board(board)
+        except BoardError:
+            raise ProfilingError(
+                f"board {board!r} is neither {' nor '.join(LOCAL_BOARDS)} nor in the inventory; "
+                "add it with `parapipe boards add` to profile it over SSH"
+            ) from None
     if granularity not in ("coarse", "fine", "both"):
         raise ProfilingError(f"--granularity must be coarse, fine or both, not {granularity!r}")
-    profile_ = load_profile(board)
+    profile_ = load_profile(remote.device if remote else board)
     loaded = load_onnx(model, parse_input_shapes(input_shape))
     graph = build_graph(loaded.proto, loaded.sha256, model.stem)
     configs = pu_configs(profile_, pu)
@@ -63,8 +69,32 @@ def profile(
         def progress(what: str, done: int, total: int) -> None:
             bar.update(task, completed=done, total=total, description=f"{board}: {what}"[:60])
 
-        summary = run_profile(loaded, graph, profile_, table, path, configs, granularity, repeats, warmup, progress)
-    result = _summarise(table, loaded.sha256, board, configs, graph)
+        if remote is None:
+            summary = run_profile(loaded, graph, profile_, table, path, configs, granularity, repeats, warmup, progress)
+        else:
+            from parapipe.deploy import agent_client, ensure_agent
+            from parapipe.remote_profile import RemoteTimer
+            from parapipe.ssh import BoardConnection
+
+            bar.update(task, description=f"{board}: starting the agent")
+            ensure_agent(remote)
+            with BoardConnection(remote) as conn, agent_client(conn) as client:
+                ort_version = client.status().ort_version
+                summary = run_profile(
+                    loaded,
+                    graph,
+                    profile_,
+                    table,
+                    path,
+                    configs,
+                    granularity,
+                    repeats,
+                    warmup,
+                    progress,
+                    ort_version=ort_version,
+                    timer=RemoteTimer(client),
+                )
+    result = _summarise(table, loaded.sha256, profile_.name, configs, graph)
     result.update(
         {
             "costs": str(path),

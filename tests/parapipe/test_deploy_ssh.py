@@ -220,3 +220,23 @@ def test_run_a_plan_on_an_ssh_board_then_undeploy(board, sshd, tmp_path, monkeyp
     gone = CliRunner().invoke(app, ["undeploy", "--board", "ssh-board"])
     assert gone.exit_code == 0, gone.output
     assert not (Path(board.workdir) / "venv").exists()
+
+
+def test_remote_profiling_session_caches_on_the_host(board, tmp_path, monkeypatch, exported) -> None:
+    from typer.testing import CliRunner
+
+    from parapipe.boards import add_board
+    from parapipe.cli import app
+    from parapipe.deploy import undeploy as do_undeploy
+
+    monkeypatch.setenv("PARAPIPE_HOME", str(tmp_path / "home"))
+    add_board(dataclasses.replace(board, name="prof-board"))
+    model = str(exported("squeezenet1_1").path)
+    args = ["profile", model, "--board", "prof-board", "--pu", "cpu", "--repeats", "3", "--warmup", "1", "--json"]
+    first = CliRunner().invoke(app, args)
+    assert first.exit_code == 0, first.output
+    measured = json.loads(first.stdout)["measured"]
+    assert measured > 0 and (tmp_path / "home" / "costs.json").is_file()
+    again = CliRunner().invoke(app, args)
+    assert json.loads(again.stdout)["measured"] == 0, "a repeated session reuses the host's cache"
+    do_undeploy(dataclasses.replace(board, name="prof-board"))

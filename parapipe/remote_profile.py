@@ -1,0 +1,50 @@
+"""Profiling sessions on a board through its agent: the same run as locally, timed on the board.
+
+The host cuts the blocks and partitions, sends each (with its real input tensors) to
+the agent's ``ProfileOps``, and writes every result into the host's cost table as soon
+as it arrives, so an interrupted session continues where it stopped.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from agents.client import AgentClient
+from agents.proto import parapipe_agent_pb2 as pb
+from agents.tensors import to_message
+from device_profiles.schema import ProcessingUnit
+from profiler.measure import PuConfig, Timing
+
+
+class RemoteTimer:
+    """``profiler.session.Timer`` that measures on the board (energy: none is read remotely yet)."""
+
+    def __init__(self, client: AgentClient) -> None:
+        self.client = client
+
+    def _request(
+        self, model: bytes, feeds: dict[str, np.ndarray], cfg: PuConfig, warmup: int, repeats: int, per_op: bool
+    ):
+        return pb.ProfileRequest(
+            model=model,
+            cores=list(cfg.cores),
+            threads=cfg.threads,
+            repeats=repeats,
+            warmup=warmup,
+            per_op=per_op,
+            throttle_percent=cfg.throttle_percent or 0.0,
+            inputs=[to_message(k, v) for k, v in feeds.items()],
+        )
+
+    def op_profile(
+        self, model: bytes, feeds: dict[str, np.ndarray], cfg: PuConfig, warmup: int, repeats: int
+    ) -> dict[str, Timing]:
+        reply = self.client.profile_ops(self._request(model, feeds, cfg, warmup, repeats, True))
+        return {t.node: Timing(t.median_ms, t.mean_ms, t.p10_ms, t.p90_ms, t.repeats, 0.0) for t in reply.timings}
+
+    def time(
+        self, model: bytes, feeds: dict[str, np.ndarray], cfg: PuConfig, warmup: int, repeats: int, pu: ProcessingUnit
+    ) -> Timing:
+        reply = self.client.profile_ops(self._request(model, feeds, cfg, warmup, repeats, False))
+        t = reply.timings[0]
+        return Timing(t.median_ms, t.mean_ms, t.p10_ms, t.p90_ms, t.repeats, 0.0)
