@@ -163,3 +163,66 @@ def run(
     out.print(f"energy is {result.energy_source}; bundle {result.bundle_sha256[:12]}…", highlight=False)
     if result.max_abs_diff is not None:
         out.print(f"outputs vs the full model: max abs diff {result.max_abs_diff:.2e}", highlight=False)
+
+
+@app.command()
+@fails_cleanly
+def tune(
+    model: Annotated[Path, typer.Argument(help="The .onnx model.")],
+    board: Annotated[str, typer.Option("--board", help="local, local-biglittle or an inventory board.")] = "local",
+    objective: Annotated[str, typer.Option("--objective", help="pareto, latency, throughput or energy.")] = "pareto",
+    rounds: Annotated[int, typer.Option("--rounds", min=1)] = 3,
+    target_error: Annotated[float, typer.Option("--target-error", help="Stop when RMSPE (%) is below this.")] = 5.0,
+    time_limit: Annotated[float, typer.Option("--time-limit", min=0.1, help="Seconds per ILP solve.")] = 2.0,
+    frames: Annotated[int, typer.Option("--frames", min=5, help="Frames per measured plan.")] = 30,
+    costs: Annotated[
+        Path | None, typer.Option("--costs", help="Cost table (default $PARAPIPE_HOME/costs.json).")
+    ] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Profile, plan, run every plan, feed the measurements back and re-plan, until predictions match."""
+    from parapipe.home import default_costs
+    from parapipe.tune import tune as run_tune
+    from planner.plan import PlanError
+
+    if objective not in ("pareto", "latency", "throughput", "energy"):
+        raise PlanError(f"--objective must be pareto, latency, throughput or energy, not {objective!r}")
+    with err.status(f"tuning {model.name} on {board}") as status:
+        history, last = run_tune(
+            model, board, costs or default_costs(), objective, rounds, target_error, time_limit, frames, status.update
+        )
+    if as_json:
+        print_json(
+            {
+                "rounds": [h.__dict__ for h in history],
+                "front_measured": [{"plan": p.name, "measured": r.measured} for p, r in last],
+                "target_error_pct": target_error,
+            }
+        )
+        return
+    t = Table("round", "plans", "RMSPE latency %", "RMSPE throughput %", "RMSPE energy %")
+    for h in history:
+        t.add_row(
+            str(h.index),
+            str(h.plans),
+            f"{h.rmspe_latency:.1f}",
+            f"{h.rmspe_throughput:.1f}",
+            f"{h.rmspe_energy:.1f}" if h.rmspe_energy is not None else "n/a (energy modelled)",
+        )
+    out.print(t)
+    f = Table("plan (last round)", "latency ms", "fps", "energy mJ", title="the front as measured")
+    for p, r in last:
+        f.add_row(
+            p.name,
+            f"{r.measured['latency_ms']:.2f}",
+            f"{r.measured['throughput_fps']:.2f}",
+            f"{r.measured['energy_mj']:.1f}",
+        )
+    out.print(f)
+    final = history[-1]
+    reached = final.rmspe_latency <= target_error and final.rmspe_throughput <= target_error
+    out.print(
+        f"target {target_error:g}% {'reached' if reached else 'NOT reached'} after {final.index} round(s): "
+        f"latency {final.rmspe_latency:.1f}%, throughput {final.rmspe_throughput:.1f}%",
+        highlight=False,
+    )

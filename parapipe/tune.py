@@ -1,0 +1,159 @@
+"""The closed loop: profile -> plan -> run each plan -> feed the measurements back -> re-plan.
+
+Each run on the board reports every partition's busy time per frame; those become
+measured ``partition`` entries in the cost table (keyed like the profiler's), so the
+next round's cost model predicts those partitions from what the board did. Rounds stop
+when predicted and measured latency and throughput agree within the target (RMSPE) or
+the rounds run out; energy enters the error only where a sensor measured it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from device_profiles.loader import load_profile
+from device_profiles.schema import DeviceProfile
+from models.coarsen import coarsen
+from models.graph import OpGraph, build_graph
+from models.onnx_io import LoadedModel, load_onnx
+from parapipe.run import LOCAL_BOARDS, RunResult, run_plan
+from planner.costmodel import CostModel
+from planner.plan import Plan
+from planner.search import best_plan, pareto_set
+from planner.segments import lower
+from profiler.costtable import Conditions, CostEntry, CostTable, entry_key
+from profiler.session import pu_configs, run_profile
+
+
+@dataclass
+class Round:
+    index: int
+    plans: int
+    rmspe_latency: float
+    rmspe_throughput: float
+    rmspe_energy: float | None  # None: energy was modelled, not measured
+    rows: list[dict] = field(default_factory=list)
+
+
+def rmspe(pairs: list[tuple[float, float]]) -> float:
+    """Root mean square percentage error of (predicted, measured) pairs."""
+    if not pairs:
+        return float("nan")
+    return math.sqrt(sum(((p - m) / m) ** 2 for p, m in pairs) / len(pairs)) * 100
+
+
+def feed_back(
+    table: CostTable, plan: Plan, result: RunResult, graph: OpGraph, profile: DeviceProfile, ort_version: str
+) -> int:
+    """Measured busy time per frame of each partition -> measured partition entries; returns how many."""
+    segments = {s.name: s for s in lower(plan, graph, profile)}
+    flops = {n.name: n.flops for n in graph.nodes}
+    added = 0
+    for p in result.partitions:
+        seg = segments.get(p["name"])
+        if seg is None or not p["frames"] or "+" in seg.pu:
+            continue
+        per_frame = p["busy_ms"] / p["frames"]
+        pu = profile.pu(seg.pu)
+        cond = Conditions(
+            profile.name,
+            seg.pu,
+            seg.cores,
+            seg.cores,
+            pu.execution_provider,
+            ort_version,
+            "all",
+            pu.throttle.quota_percent if pu.throttle else None,
+        )
+        table.add(
+            CostEntry(
+                key=entry_key(graph.model_sha256, "partition", seg.members, cond),
+                kind="partition",
+                model_sha256=graph.model_sha256,
+                name=f"run:{seg.name}",
+                members=seg.members,
+                conditions=cond,
+                median_ms=per_frame,
+                mean_ms=per_frame,
+                p10_ms=per_frame,
+                p90_ms=per_frame,
+                repeats=int(p["frames"]),
+                energy_mj=None,
+                energy_source="none",
+                flops=sum(flops[m] for m in seg.members),
+            )
+        )
+        added += 1
+    return added
+
+
+def tune(
+    model: Path,
+    board: str,
+    costs: Path,
+    objective: str = "pareto",
+    rounds: int = 3,
+    target_error: float = 5.0,
+    time_limit: float = 2.0,
+    frames: int = 30,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[list[Round], list[tuple[Plan, RunResult]]]:
+    import onnxruntime as ort
+
+    say = progress or (lambda _msg: None)
+    loaded: LoadedModel = load_onnx(model)
+    graph = build_graph(loaded.proto, loaded.sha256, model.stem)
+    if board in LOCAL_BOARDS:
+        profile = load_profile(board)
+    else:
+        from parapipe.boards import get_board
+
+        profile = load_profile(get_board(board).device)
+    table = CostTable.load(costs)
+    if board in LOCAL_BOARDS and not table.select(model_sha256=loaded.sha256, board=profile.name):
+        say("profiling")
+        run_profile(loaded, graph, profile, table, costs, pu_configs(profile))
+    blocks = coarsen(graph, "coarse")
+    history: list[Round] = []
+    last: list[tuple[Plan, RunResult]] = []
+    for r in range(rounds):
+        cost = CostModel(profile, graph, table)
+        say(f"round {r + 1}: planning")
+        if objective == "pareto":
+            plans = pareto_set(blocks, graph, cost, time_limit=time_limit)
+        else:
+            plans = [best_plan(blocks, graph, cost, objective, time_limit)]
+        last = []
+        for i, plan in enumerate(plans):
+            say(f"round {r + 1}: running plan {i + 1}/{len(plans)} on {board}")
+            plan = plan.__class__(**{**plan.__dict__, "model_path": str(model.resolve())})
+            last.append((plan, run_plan(plan, board, None, frames)))
+        lat = [(res.predicted["latency_ms"], res.measured["latency_ms"]) for _, res in last]
+        thr = [(res.predicted["throughput_fps"], res.measured["throughput_fps"]) for _, res in last]
+        energy = [
+            (res.predicted["energy_mj"], res.measured["energy_mj"])
+            for _, res in last
+            if res.energy_source == "measured"
+        ]
+        history.append(
+            Round(
+                r + 1,
+                len(last),
+                rmspe(lat),
+                rmspe(thr),
+                rmspe(energy) if energy else None,
+                [
+                    {"plan": p.name, "predicted": res.predicted, "measured": res.measured, "errors_pct": res.errors_pct}
+                    for p, res in last
+                ],
+            )
+        )
+        if history[-1].rmspe_latency <= target_error and history[-1].rmspe_throughput <= target_error:
+            break
+        for plan, res in last:
+            feed_back(table, plan, res, graph, profile, ort.__version__)
+        table.save(costs)
+    return history, last
