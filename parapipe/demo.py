@@ -174,4 +174,4 @@ def run_demo(model: str, workdir: Path, console: Console) -> None:
         highlight=False,
     )
     console.rule(f"done in {time.perf_counter() - t0:.1f}s")
-    console.print("Not yet part of the demo (open issue): deploy to boards over SSH, remote profiling, the tune loop.")
+    console.print("Next: `parapipe boards add` + `parapipe deploy` for a real board over SSH, `parapipe tune` for the measure-replan loop.")
