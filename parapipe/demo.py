@@ -174,4 +174,6 @@ def run_demo(model: str, workdir: Path, console: Console) -> None:
         highlight=False,
     )
     console.rule(f"done in {time.perf_counter() - t0:.1f}s")
-    console.print("Next: `parapipe boards add` + `parapipe deploy` for a real board over SSH, `parapipe tune` for the measure-replan loop.")
+    console.print(
+        "Next: `parapipe boards add` + `parapipe deploy` for a real board over SSH, `parapipe tune` for the measure-replan loop."
+    )
