@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -26,9 +29,9 @@ def sshd(tmp_path_factory):
 
 
 @pytest.fixture
-def board(sshd, tmp_path) -> Board:
+def board(sshd, tmp_path):
     workdir = tmp_path / "board dir; $(touch pwned) 'q' & x"  # spaces and shell metacharacters
-    return Board(
+    yield Board(
         name="loopback",
         host="127.0.0.1",
         port=sshd.port,
@@ -40,6 +43,11 @@ def board(sshd, tmp_path) -> Board:
         workdir=str(workdir),
         agent_port=free_port(),
     )
+    # whatever the test did, leave no agent running on the "board"
+    pid = workdir / "agent.pid"
+    if pid.exists():
+        with contextlib.suppress(OSError, ValueError):
+            os.kill(int(pid.read_text()), signal.SIGTERM)
 
 
 @pytest.fixture(scope="module")
