@@ -325,14 +325,20 @@ def verify_partitions(
     return worst
 
 
+def index_bounds(model: onnx.ModelProto) -> dict[str, int]:
+    """Integer inputs that index a table (Gather on an initializer) -> the table's size."""
+    inits = {t.name: t for t in model.graph.initializer}
+    return {
+        n.input[1]: int(inits[n.input[0]].dims[0])
+        for n in model.graph.node
+        if n.op_type == "Gather" and len(n.input) > 1 and n.input[0] in inits
+    }
+
+
 def random_feeds(graph: OpGraph, model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
     """Inputs for checks: normal floats; integer ids kept below the table they index (Gather)."""
     rng = np.random.default_rng(seed)
-    bounds: dict[str, int] = {}
-    inits = {t.name: t for t in model.graph.initializer}
-    for node in model.graph.node:
-        if node.op_type == "Gather" and len(node.input) > 1 and node.input[0] in inits:
-            bounds[node.input[1]] = int(inits[node.input[0]].dims[0])
+    bounds = index_bounds(model)
     feeds = {}
     for t in graph.inputs:
         if t.dtype.startswith(("int", "uint")):

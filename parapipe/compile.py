@@ -15,14 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import onnx
 
 from agents.bundle import MANIFEST, Manifest, PartitionSpec, TensorSpec
 from device_profiles.schema import DeviceProfile
 from models.errors import PartitionError
 from models.graph import OpGraph
 from models.onnx_io import LoadedModel
-from models.partition import VERIFY_TOLERANCE, GroupExtractor, random_feeds
+from models.partition import VERIFY_TOLERANCE, GroupExtractor, index_bounds, random_feeds
 from planner.plan import Plan, validate
 from planner.segments import lower
 
@@ -80,7 +79,7 @@ def compile_plan(
                 outputs=outputs,
             )
         )
-    highs = _index_bounds(loaded.proto)
+    highs = index_bounds(loaded.proto)
     manifest = Manifest(
         model_sha256=plan.model_sha256,
         plan_name=plan.name,
@@ -122,15 +121,6 @@ def _power(profile: DeviceProfile) -> tuple[float, float, int]:
 def _provider(pu: str, profile: DeviceProfile) -> tuple[str, dict[str, str]]:
     p = profile.pu(pu.split("+")[0])
     return p.execution_provider, dict(p.ep_options)
-
-
-def _index_bounds(model: onnx.ModelProto) -> dict[str, int]:
-    inits = {t.name: t for t in model.graph.initializer}
-    return {
-        n.input[1]: int(inits[n.input[0]].dims[0])
-        for n in model.graph.node
-        if n.op_type == "Gather" and len(n.input) > 1 and n.input[0] in inits
-    }
 
 
 def run_chained(
