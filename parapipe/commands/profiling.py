@@ -219,7 +219,7 @@ def simulate(
             "busy_ms": dict(s.busy_ms),
         },
         "energy_source": "modelled",
-        "cost_sources": sorted({cost.group_ms(p.members, p.pu, p.cores).source for p in lowered.parts.values()}),
+        "cost_sources": sorted(lowered.sources),
     }
     if as_json:
         print_json(result)

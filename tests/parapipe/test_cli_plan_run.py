@@ -131,3 +131,23 @@ def test_agent_status_command() -> None:
         [PARAPIPE, "agent", "status", "--address", "127.0.0.1:1"], capture_output=True, text=True, timeout=60
     )
     assert down.returncode == 2 and "UNAVAILABLE" in down.stderr
+
+
+def test_simulate_command(planned) -> None:
+    home, model, folder, _ = planned
+    index = json.loads((folder / "plans.json").read_text())
+    result = _run(
+        "simulate",
+        str(folder / index["plans"][0]),
+        str(model),
+        "--device",
+        "local",
+        "--frames",
+        "20",
+        "--json",
+        home=home,
+    )
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert out["energy_source"] == "modelled" and out["simulated"]["throughput_fps"] > 0
+    assert out["analytic"]["throughput_fps"] == pytest.approx(out["simulated"]["throughput_fps"], rel=0.15)
