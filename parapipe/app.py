@@ -56,3 +56,12 @@ def fails_cleanly(fn: F) -> F:
 
 def print_json(data: object) -> None:
     sys.stdout.write(json.dumps(data, indent=2) + "\n")
+
+
+def print_info(info: dict[str, object], as_json: bool) -> None:
+    """A flat record as JSON, or as aligned "key value" lines for people."""
+    if as_json:
+        print_json(info)
+        return
+    for k, v in info.items():
+        out.print(f"{k:16} {v}", highlight=False)

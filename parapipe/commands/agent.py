@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from parapipe.app import JsonFlag, app, err, fails_cleanly, out, print_json
+from parapipe.app import JsonFlag, app, err, fails_cleanly, out, print_info, print_json
 
 agent_app = typer.Typer(help="The board agent: serve it here, or ask one for its status.", no_args_is_help=True)
 app.add_typer(agent_app, name="agent")
@@ -125,18 +125,16 @@ def agent_status(
         "providers": list(s.providers),
         "workdir": s.workdir,
     }
-    if as_json:
-        print_json(info)
-        return
-    for k, v in info.items():
-        out.print(f"{k:16} {v}", highlight=False)
+    print_info(info, as_json)
 
 
 @app.command()
 @fails_cleanly
 def run(
     plan: Annotated[Path, typer.Argument(help="A plan JSON.")],
-    board: Annotated[str, typer.Option("--board", help="Board to run on (local, local-biglittle).")] = "local",
+    board: Annotated[
+        str, typer.Option("--board", help="local, local-biglittle, or a board of the inventory (SSH).")
+    ] = "local",
     model: Annotated[
         Path | None, typer.Option("--model", help="The .onnx model (default: where it was planned).")
     ] = None,

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from parapipe.app import JsonFlag, app, err, fails_cleanly, out, print_json
+from parapipe.app import JsonFlag, app, err, fails_cleanly, out, print_info, print_json
 
 boards_app = typer.Typer(help="The board inventory ($PARAPIPE_HOME/boards.toml).", no_args_is_help=True)
 app.add_typer(boards_app, name="boards")
@@ -106,11 +106,7 @@ def check(name: Annotated[str, typer.Argument()], as_json: JsonFlag = False) -> 
 
         with BoardConnection(board) as conn, agent_client(conn) as client:
             info["agent_ready"] = client.ready()
-    if as_json:
-        print_json(info)
-        return
-    for k, v in info.items():
-        out.print(f"{k:16} {v}", highlight=False)
+    print_info(info, as_json)
 
 
 @app.command()
