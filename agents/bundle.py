@@ -4,6 +4,12 @@ Board side, stdlib only. The manifest says, per partition: its file and hash, th
 core ids, threads, throttle and execution provider it runs with, its stage, replica
 group, unit and segment, and the tensors it reads and writes. The bundle's identity is
 the sha256 of its manifest, which names the hash of every file.
+
+A plan over several hosts (edge + cloud) compiles to one bundle per host: each
+manifest lists every partition of the plan with its host, but carries files only for
+its own host's partitions (``host``); ``hosts`` names the plan's hosts, the entry host
+(where frames enter and results leave) first, and ``plan_bundle`` is the same on every
+host so agents can tell that handoffs belong to the same plan.
 """
 
 from __future__ import annotations
@@ -57,6 +63,7 @@ class PartitionSpec:
     segment: int
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
+    host: str = ""  # the profile's host this partition runs on ("" = single-host plan)
 
 
 @dataclass(frozen=True)
@@ -72,6 +79,24 @@ class Manifest:
     partitions: tuple[PartitionSpec, ...]
     # modelled power when the board has no sensor: (active W per busy core, idle W per core, cores)
     power: tuple[float, float, int] = (0.0, 0.0, 1)
+    host: str = ""  # the host this bundle is for; "" = every partition runs here
+    hosts: tuple[str, ...] = ()  # hosts of a plan over several hosts, the entry host first
+    plan_bundle: str = ""  # sha256 of the whole plan's manifest (multi-host bundles only)
+
+    @property
+    def entry(self) -> str:
+        """The host where frames enter and results are collected ("" for single-host plans)."""
+        return self.hosts[0] if self.hosts else ""
+
+    @property
+    def is_entry(self) -> bool:
+        return not self.host or self.host == self.entry
+
+    def is_local(self, p: PartitionSpec) -> bool:
+        return not self.host or p.host == self.host
+
+    def local_partitions(self) -> tuple[PartitionSpec, ...]:
+        return tuple(p for p in self.partitions if self.is_local(p))
 
     def active(self, frame: int) -> list[PartitionSpec]:
         """The partitions frame ``frame`` runs on (replicated stages take frames round-robin)."""
@@ -87,6 +112,9 @@ class Manifest:
             "max_inflight": self.max_inflight,
             "replicas": list(self.replicas),
             "power": list(self.power),
+            "host": self.host,
+            "hosts": list(self.hosts),
+            "plan_bundle": self.plan_bundle,
             "inputs": [_tensor_json(t) for t in self.inputs],
             "outputs": [_tensor_json(t) for t in self.outputs],
             "partitions": [
@@ -108,6 +136,7 @@ class Manifest:
                     "segment": p.segment,
                     "inputs": list(p.inputs),
                     "outputs": list(p.outputs),
+                    "host": p.host,
                 }
                 for p in self.partitions
             ],
@@ -137,8 +166,10 @@ def parse_manifest(text: str) -> Manifest:
             return TensorSpec(str(t["name"]), str(t["dtype"]), tuple(int(d) for d in t["shape"]), t.get("high"))
 
         parts = []
+        this_host = str(data.get("host", ""))
         for p in data["partitions"]:
-            if not _SAFE_NAME.match(str(p["file"])):
+            elsewhere = bool(this_host) and str(p.get("host", "")) != this_host
+            if not (elsewhere and p["file"] == "") and not _SAFE_NAME.match(str(p["file"])):
                 raise BundleError(f"partition file name {p['file']!r} is not a plain file name")
             parts.append(
                 PartitionSpec(
@@ -159,6 +190,7 @@ def parse_manifest(text: str) -> Manifest:
                     segment=int(p["segment"]),
                     inputs=tuple(p["inputs"]),
                     outputs=tuple(p["outputs"]),
+                    host=str(p.get("host", "")),
                 )
             )
         manifest = Manifest(
@@ -172,6 +204,9 @@ def parse_manifest(text: str) -> Manifest:
             outputs=tuple(tensor(t) for t in data["outputs"]),
             partitions=tuple(parts),
             power=tuple(data.get("power", (0.0, 0.0, 1))),  # type: ignore[arg-type]
+            host=this_host,
+            hosts=tuple(str(h) for h in data.get("hosts", [])),
+            plan_bundle=str(data.get("plan_bundle", "")),
         )
     except BundleError:
         raise
@@ -182,6 +217,18 @@ def parse_manifest(text: str) -> Manifest:
     for p in manifest.partitions:
         if p.stage >= len(manifest.replicas):
             raise BundleError(f"partition {p.name!r} is in stage {p.stage}, the manifest has {len(manifest.replicas)}")
+    if manifest.host:
+        if manifest.host not in manifest.hosts:
+            raise BundleError(
+                f"the manifest is for host {manifest.host!r}, which is not among its hosts {manifest.hosts}"
+            )
+        if len(manifest.plan_bundle) != 64:
+            raise BundleError("a bundle for one host of a plan must name the plan's bundle (plan_bundle)")
+        unknown = {p.host for p in manifest.partitions} - set(manifest.hosts)
+        if unknown:
+            raise BundleError(f"partitions run on hosts {sorted(unknown)} the manifest does not list")
+        if not manifest.local_partitions():
+            raise BundleError(f"no partition of the plan runs on host {manifest.host!r}")
     return manifest
 
 
@@ -196,7 +243,7 @@ def file_sha256(path: Path) -> str:
 def verify_bundle(folder: Path) -> Manifest:
     """Read a bundle folder and check every file against the manifest's hashes."""
     manifest = parse_manifest((folder / MANIFEST).read_text())
-    for p in manifest.partitions:
+    for p in manifest.local_partitions():
         path = folder / p.file
         if not path.is_file():
             raise BundleError(f"partition file {p.file} is missing from the bundle")

@@ -9,6 +9,7 @@ import grpc
 import numpy as np
 
 from agents.bundle import MANIFEST, parse_manifest
+from agents.peers import Peer
 from agents.proto import health_pb2, health_pb2_grpc
 from agents.proto import parapipe_agent_pb2 as pb
 from agents.proto import parapipe_agent_pb2_grpc as rpc
@@ -85,7 +86,7 @@ class AgentClient:
         sha = manifest.sha256()
         if sha in self.status().bundles:
             return pb.LoadBundleReply(bundle_sha256=sha, already_present=True, bytes_received=0)
-        files = list(dict.fromkeys(p.file for p in manifest.partitions))
+        files = list(dict.fromkeys(p.file for p in manifest.local_partitions()))
         total = sum((Path(folder) / f).stat().st_size for f in files)
 
         def chunks() -> Iterator[pb.BundleChunk]:
@@ -103,11 +104,12 @@ class AgentClient:
 
         return self._call("load bundle", self.stub.LoadBundle, chunks(), timeout=max(self.timeout, 600.0))
 
-    def start(self, sha: str, max_inflight: int = 0) -> pb.StartReply:
+    def start(self, sha: str, max_inflight: int = 0, peers: Iterable[Peer] = ()) -> pb.StartReply:
+        """Start a loaded bundle; for one host's part of a multi-host plan, ``peers`` are the other agents."""
         return self._call(
             "start pipeline",
             self.stub.StartPipeline,
-            pb.StartRequest(bundle_sha256=sha, max_inflight=max_inflight),
+            pb.StartRequest(bundle_sha256=sha, max_inflight=max_inflight, peers=[p.to_message() for p in peers]),
             300,
         )
 

@@ -7,6 +7,10 @@ session, so onnxruntime's intra-op threads inherit both. Tensors move between wo
 as numpy arrays through per-worker inboxes (no serialisation); a frame enters while
 fewer than ``max_inflight`` frames are in flight, replicated stages take frames
 round-robin, and results are handed back per frame (callers wait on them in order).
+
+In a plan over several hosts, each host's agent runs only its own partitions; tensors
+read on another host go there through ``links`` (agent-to-agent gRPC streams, see
+``agents.peers``), and results come back to the entry host, which alone takes frames.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -30,6 +35,16 @@ class PipelineError(RuntimeError):
 
 class InputError(ValueError):
     """A frame's tensors do not match the model's inputs (name, dtype, shape or size)."""
+
+
+class Links(Protocol):
+    """Sends tensors and frame failures to the agents of other hosts of the plan."""
+
+    def send(self, host: str, frame: int, name: str, value: np.ndarray) -> None: ...
+
+    def send_error(self, host: str, frame: int, message: str) -> None: ...
+
+    def close(self) -> None: ...
 
 
 @dataclass
@@ -140,8 +155,9 @@ class _Worker:
 class Pipeline:
     """Runs a bundle's partitions as a pipeline of pinned workers."""
 
-    def __init__(self, manifest: Manifest, folder: Path, max_inflight: int = 0) -> None:
+    def __init__(self, manifest: Manifest, folder: Path, max_inflight: int = 0, links: Links | None = None) -> None:
         self.manifest, self.folder = manifest, Path(folder)
+        self.links = links
         self.replicas = manifest.replicas
         self.max_inflight = max_inflight or manifest.max_inflight or 1
         self.stopping = False
@@ -152,24 +168,36 @@ class Pipeline:
         self._frames: dict[int, _Frame] = {}
         self._lock = threading.Lock()
         self._next_id = 0
+        local = manifest.local_partitions()
         cores_use: dict[int, int] = {}
-        for p in manifest.partitions:
+        for p in local:
             for c in p.core_ids:
                 cores_use[c] = cores_use.get(c, 0) + 1
         self.workers = {
-            p.name: _Worker(p, self.folder / p.file, any(cores_use[c] > 1 for c in p.core_ids), self)
-            for p in manifest.partitions
+            p.name: _Worker(p, self.folder / p.file, any(cores_use[c] > 1 for c in p.core_ids), self) for p in local
         }
-        # routing per phase (frame mod period): tensor -> consumers, and who reads the graph inputs
+        # routing per phase (frame mod period): tensor -> local consumers, and -> other hosts reading it
         self._consumers: list[dict[str, list[_Worker]]] = []
+        self._remote: list[dict[str, list[str]]] = []
         self._outputs = {t.name for t in manifest.outputs}
+        self.entry = manifest.is_entry
         for phase in range(self.period):
-            active = manifest.active(phase)
             table: dict[str, list[_Worker]] = {}
-            for p in active:
+            remote: dict[str, list[str]] = {}
+            for p in manifest.active(phase):
                 for t in p.inputs:
-                    table.setdefault(t, []).append(self.workers[p.name])
+                    if manifest.is_local(p):
+                        table.setdefault(t, []).append(self.workers[p.name])
+                    elif p.host not in remote.setdefault(t, []):
+                        remote[t].append(p.host)
+            if not self.entry:  # results go back to the entry host
+                for t in self._outputs:
+                    if manifest.entry not in remote.setdefault(t, []):
+                        remote[t].append(manifest.entry)
             self._consumers.append(table)
+            self._remote.append({t: hs for t, hs in remote.items() if hs})
+        self.peer_hosts = sorted({h for table in self._remote for hs in table.values() for h in hs})
+        self.accepts = {t for table in self._consumers for t in table} | (self._outputs if self.entry else set())
         self.inputs: dict[str, TensorSpec] = {t.name: t for t in manifest.inputs}
 
     # ------------------------------------------------------------------ life cycle
@@ -188,6 +216,8 @@ class Pipeline:
 
     def stop(self) -> None:
         self.stopping = True
+        if self.links is not None:
+            self.links.close()
         for w in self.workers.values():
             with w.cond:
                 w.cond.notify_all()
@@ -219,28 +249,49 @@ class Pipeline:
         """Queue one frame (blocks while max_inflight frames are in flight); the future gives its outputs."""
         if self.stopping:
             raise PipelineError("the pipeline is stopped")
+        if not self.entry:
+            raise PipelineError(
+                f"this agent runs host {self.manifest.host!r}'s part of a plan over {', '.join(self.manifest.hosts)}; "
+                f"send frames to the agent of the entry host {self.manifest.entry!r}"
+            )
         self.check_inputs(tensors)
         self._slots.acquire()
         with self._lock:
             frame = _Frame(self._next_id, time.perf_counter(), Future())
             self._frames[frame.id] = frame
             self._next_id += 1
-        table = self._consumers[frame.id % self.period]
         for name, value in tensors.items():
-            for w in table.get(name, []):
-                w.deliver(frame.id, name, value)
-            if name in self._outputs:  # an input passed straight through
-                self._collect(frame.id, name, value)
+            self._fan_out(frame.id, name, value)
         return frame.future
 
     def infer(self, tensors: Mapping[str, np.ndarray], timeout: float | None = None) -> dict[str, np.ndarray]:
         return self.submit(tensors).result(timeout)
 
     def route(self, spec: PartitionSpec, frame: int, name: str, value: np.ndarray) -> None:
+        self._fan_out(frame, name, value)
+
+    def _fan_out(self, frame: int, name: str, value: np.ndarray) -> None:
         for w in self._consumers[frame % self.period].get(name, []):
             w.deliver(frame, name, value)
-        if name in self._outputs:
+        hosts = self._remote[frame % self.period].get(name) if self._remote else None
+        if hosts and self.links is not None:
+            for host in hosts:
+                self.links.send(host, frame, name, value)
+        if name in self._outputs and self.entry:  # also an input passed straight through
             self._collect(frame, name, value)
+
+    def receive(self, frame: int, name: str, value: np.ndarray) -> None:
+        """A tensor from another host's agent: hand it to the partitions here that read it."""
+        if name not in self.accepts:
+            raise InputError(f"no partition on host {self.manifest.host!r} reads tensor {name!r}")
+        for w in self._consumers[frame % self.period].get(name, []):
+            w.deliver(frame, name, value)
+        if name in self._outputs and self.entry:
+            self._collect(frame, name, value)
+
+    def receive_error(self, frame: int, message: str) -> None:
+        """Another host's partition failed on a frame: fail it here (entry) or pass it on to the entry host."""
+        self.fail(frame, PipelineError(message))
 
     def _collect(self, frame_id: int, name: str, value: np.ndarray) -> None:
         with self._lock:
@@ -255,6 +306,10 @@ class Pipeline:
         self._slots.release()
 
     def fail(self, frame_id: int, error: BaseException) -> None:
+        if not self.entry:
+            if self.links is not None:
+                self.links.send_error(self.manifest.entry, frame_id, str(error))
+            return
         with self._lock:
             frame = self._frames.pop(frame_id, None)
         if frame is not None and not frame.future.done():

@@ -24,6 +24,7 @@ import grpc
 from agents import service
 from agents.bundle import BundleError
 from agents.executor import InputError, PipelineError
+from agents.peers import Peer, PeerError
 from agents.proto import health_pb2, health_pb2_grpc
 from agents.proto import parapipe_agent_pb2 as pb
 from agents.proto import parapipe_agent_pb2_grpc as rpc
@@ -43,6 +44,8 @@ def _abort(context: grpc.ServicerContext, exc: BaseException) -> None:
         context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
     if isinstance(exc, PipelineError):
         context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+    if isinstance(exc, PeerError):
+        context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
     if isinstance(exc, (BundleError, TensorError, InputError, ValueError)):
         context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
     log.exception("internal error")
@@ -63,10 +66,13 @@ class AgentServicer(rpc.AgentServicer):
 
     def StartPipeline(self, request, context):
         try:
-            manifest = service.start_pipeline(self.state, request.bundle_sha256, request.max_inflight)
+            peers = [Peer.from_message(m) for m in request.peers]
+            manifest = service.start_pipeline(self.state, request.bundle_sha256, request.max_inflight, peers)
         except Exception as exc:
             _abort(context, exc)
-        return pb.StartReply(bundle_sha256=request.bundle_sha256, partitions=[p.name for p in manifest.partitions])
+        return pb.StartReply(
+            bundle_sha256=request.bundle_sha256, partitions=[p.name for p in manifest.local_partitions()]
+        )
 
     def StopPipeline(self, request, context):
         return pb.StopReply(was_running=service.stop_pipeline(self.state))
@@ -149,6 +155,14 @@ class AgentServicer(rpc.AgentServicer):
 
     def Status(self, request, context):
         return service.status(self.state)
+
+    def Exchange(self, request_iterator, context):
+        try:
+            return service.exchange(self.state, request_iterator)
+        except grpc.RpcError:
+            raise
+        except Exception as exc:
+            _abort(context, exc)
 
 
 class HealthServicer(health_pb2_grpc.HealthServicer):

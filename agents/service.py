@@ -7,6 +7,7 @@ is the folder renamed into place, so a cut-off upload never replaces a good bund
 
 from __future__ import annotations
 
+import logging
 import os
 import platform
 import shutil
@@ -20,10 +21,13 @@ from pathlib import Path
 from agents.benchmark import BenchmarkResult, run_benchmark
 from agents.bundle import MANIFEST, BundleError, Manifest, file_sha256, parse_manifest, verify_bundle
 from agents.executor import Pipeline, PipelineError
+from agents.peers import Peer, PeerLinks
 from agents.proto import parapipe_agent_pb2 as pb
+from agents.tensors import from_message
 from profiler.energy import PowerModel
 
-AGENT_VERSION = "0.1.0"
+AGENT_VERSION = "0.2.0"
+log = logging.getLogger("parapipe.agent")
 _HEX = set("0123456789abcdef")
 
 
@@ -68,7 +72,7 @@ def load_bundle(state: AgentState, chunks: Iterable[pb.BundleChunk]) -> pb.LoadB
     if target.exists():
         received = sum(len(c.data) for c in it)  # drain: the bundle is here already
         return pb.LoadBundleReply(bundle_sha256=sha, already_present=True, bytes_received=received)
-    names = {p.file for p in manifest.partitions}
+    names = {p.file for p in manifest.local_partitions()}
     tmp = state.workdir / "bundles" / f".{sha}.partial-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     received = 0
@@ -98,19 +102,69 @@ def load_bundle(state: AgentState, chunks: Iterable[pb.BundleChunk]) -> pb.LoadB
     return pb.LoadBundleReply(bundle_sha256=sha, already_present=False, bytes_received=received)
 
 
-def start_pipeline(state: AgentState, sha: str, max_inflight: int = 0) -> Manifest:
+def start_pipeline(state: AgentState, sha: str, max_inflight: int = 0, peers: Iterable[Peer] = ()) -> Manifest:
+    """Start a bundle's pipeline; a bundle for one host of a multi-host plan needs its peers' addresses.
+
+    Start the other hosts' agents first and the entry host's last: this agent checks that
+    every peer it sends tensors to answers (and accepts its token) before it starts.
+    """
     folder = state.bundle_dir(sha)
     if not folder.exists():
         raise NotFound(f"no bundle {sha[:12]}… on this board; load it first (bundles here: {len(state.bundles())})")
     manifest = verify_bundle(folder)
+    given = {p.host: p for p in peers}
     with state.lock:
         if state.pipeline is not None:
             state.pipeline.stop()
             state.pipeline, state.running = None, ""
         pipeline = Pipeline(manifest, folder, max_inflight)
-        pipeline.start()  # raises PipelineError naming the partition that failed to load
+        missing = [h for h in pipeline.peer_hosts if h not in given]
+        if missing:
+            raise BundleError(
+                f"this bundle is host {manifest.host!r}'s part of a plan over {', '.join(manifest.hosts)}; "
+                f"StartPipeline needs the address of the agent of {', '.join(missing)} (peers)"
+            )
+        if pipeline.peer_hosts:
+            links = PeerLinks({h: given[h] for h in pipeline.peer_hosts}, manifest.plan_bundle, _on_lost(pipeline))
+            links.start()  # raises PeerError when a peer does not answer or refuses the token
+            pipeline.links = links
+        try:
+            pipeline.start()  # raises PipelineError naming the partition that failed to load
+        except BaseException:
+            pipeline.stop()
+            raise
         state.pipeline, state.running = pipeline, sha
     return manifest
+
+
+def _on_lost(pipeline: Pipeline):
+    def lost(frame: int, message: str) -> None:
+        if pipeline.entry:
+            pipeline.fail(frame, PipelineError(message))
+        else:  # the entry host notices by its own deadline; nothing here can reach it
+            log.error("frame %d lost: %s", frame, message)
+
+    return lost
+
+
+def exchange(state: AgentState, handoffs: Iterable[pb.Handoff]) -> pb.ExchangeReply:
+    """Tensors (or failures) from another host's agent for the running pipeline."""
+    received = 0
+    for h in handoffs:
+        pipeline = state.pipeline
+        if pipeline is None or not pipeline.manifest.plan_bundle:
+            raise NotReady("no pipeline of a multi-host plan runs here; start this host's bundle first")
+        if h.plan_bundle != pipeline.manifest.plan_bundle:
+            raise NotReady(
+                f"the handoff belongs to plan bundle {h.plan_bundle[:12]}…, this agent runs "
+                f"{pipeline.manifest.plan_bundle[:12]}…; start the same plan on every host"
+            )
+        if h.error:
+            pipeline.receive_error(h.frame, h.error)
+        else:
+            pipeline.receive(h.frame, h.tensor.name, from_message(h.tensor))
+        received += 1
+    return pb.ExchangeReply(received=received)
 
 
 def stop_pipeline(state: AgentState) -> bool:
@@ -140,7 +194,22 @@ def benchmark(state: AgentState, frames: int, warmup: int, seed: int) -> Benchma
 def status(state: AgentState) -> pb.StatusReply:
     import onnxruntime as ort
 
+    pipeline = state.pipeline
+    partitions = []
+    if pipeline is not None:
+        partitions = [
+            pb.PartitionStats(
+                name=name,
+                pu=w.spec.pu,
+                busy_ms=w.stats.busy_s * 1e3,
+                queue_wait_ms=w.stats.wait_s * 1e3,
+                frames=w.stats.frames,
+            )
+            for name, w in pipeline.workers.items()
+        ]
     return pb.StatusReply(
+        host=pipeline.manifest.host if pipeline is not None else "",
+        partitions=partitions,
         agent_version=AGENT_VERSION,
         ort_version=ort.__version__,
         python_version=platform.python_version(),
@@ -213,6 +282,7 @@ __all__ = [
     "NotReady",
     "PipelineError",
     "benchmark",
+    "exchange",
     "file_sha256",
     "load_bundle",
     "profile_ops",

@@ -29,7 +29,7 @@ from device_profiles.schema import (
 )
 
 SHIPPED_DIR = Path(__file__).parent / "boards"
-RUNTIME_PROFILES = ("local", "local-biglittle")
+RUNTIME_PROFILES = ("local", "local-biglittle", "local-edge-cloud")
 
 
 def shipped_names() -> list[str]:
@@ -37,12 +37,12 @@ def shipped_names() -> list[str]:
 
 
 def load_profile(name_or_path: str | Path) -> DeviceProfile:
-    """A shipped profile by name, a runtime one (local, local-biglittle), or a TOML file by path."""
+    """A shipped profile by name, a runtime one (local, local-biglittle, local-edge-cloud), or a TOML file by path."""
     text = str(name_or_path)
     if text in RUNTIME_PROFILES:
         from device_profiles.local import build_local_profile
 
-        return build_local_profile(biglittle=text == "local-biglittle")
+        return build_local_profile(biglittle=text == "local-biglittle", edge_cloud=text == "local-edge-cloud")
     shipped = SHIPPED_DIR / f"{text}.toml"
     path = shipped if shipped.is_file() else Path(text)
     if not path.is_file():

@@ -5,6 +5,9 @@ Cores come from the process's affinity mask; clusters from sysfs ``cpu_capacity`
 frequency form one cluster). Peak throughput and power are estimates derived from
 what /proc/cpuinfo says; the profiler's measurements replace them. ``local-biglittle``
 splits two cores into a fast PU and a PU throttled to a share of each CFS period.
+``local-edge-cloud`` makes this host two hosts, an ``edge`` (first core) and a ``cloud``
+(second core), each served by its own agent process on 127.0.0.1, joined by a network
+link that is gRPC over loopback: plans over it exercise agent-to-agent streaming.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from device_profiles.schema import (
     DeviceProfile,
     Host,
     Link,
+    NetworkLink,
     ProcessingUnit,
     ProfileError,
     Quantity,
@@ -78,7 +82,7 @@ def throttling_available() -> str | None:
     return None
 
 
-def build_local_profile(biglittle: bool = False) -> DeviceProfile:
+def build_local_profile(biglittle: bool = False, edge_cloud: bool = False) -> DeviceProfile:
     cores = sorted(os.sched_getaffinity(0))
     ghz, per_cycle, how = _cpuinfo()
     import psutil
@@ -99,12 +103,14 @@ def build_local_profile(biglittle: bool = False) -> DeviceProfile:
             for cls in OP_CLASSES
         }
 
-    def pu(name: str, pu_cores: list[int], share: float = 1.0, throttle: Throttle | None = None) -> ProcessingUnit:
+    def pu(
+        name: str, pu_cores: list[int], share: float = 1.0, throttle: Throttle | None = None, host: str = "local"
+    ) -> ProcessingUnit:
         n = len(pu_cores)
         return ProcessingUnit(
             name=name,
             kind="cpu",
-            host="local",
+            host=host,
             cores=tuple(pu_cores),
             execution_provider="CPUExecutionProvider",
             ep_options=(),
@@ -120,7 +126,25 @@ def build_local_profile(biglittle: bool = False) -> DeviceProfile:
             throttle=throttle,
         )
 
-    if biglittle:
+    hosts: tuple[Host, ...] = (Host("local", "this machine"),)
+    network: tuple[NetworkLink, ...] = ()
+    if edge_cloud:
+        if len(cores) < 2:
+            raise ProfileError(f"local-edge-cloud needs two cores; this process may use {len(cores)}")
+        pus = (pu("edge", [cores[0]], host="edge"), pu("cloud", [cores[1]], host="cloud"))
+        hosts = (Host("edge", f"core {cores[0]} of this machine"), Host("cloud", f"core {cores[1]} of this machine"))
+        network = (
+            NetworkLink(
+                a="edge",
+                b="cloud",
+                bandwidth_gbps=Quantity(0.8, "estimate", "protobuf copy + gRPC over loopback; replaced by calibration"),
+                latency_us=Quantity(300.0, "estimate", "one gRPC stream message between two local processes"),
+                energy_nj_per_byte=Quantity(0.0, "estimate", "loopback: no radio or NIC energy"),
+            ),
+        )
+        notes.append("two agents on one machine: tensors between edge and cloud go agent to agent over gRPC")
+        name, desc = "local-edge-cloud", f"this host as an edge (core {cores[0]}) and a cloud node (core {cores[1]})"
+    elif biglittle:
         if len(cores) < 2:
             raise ProfileError(f"local-biglittle needs two cores; this process may use {len(cores)}")
         why_not = throttling_available()
@@ -148,9 +172,10 @@ def build_local_profile(biglittle: bool = False) -> DeviceProfile:
     return DeviceProfile(
         name=name,
         description=desc,
-        hosts=(Host("local", "this machine"),),
+        hosts=hosts,
         pus=pus,
         links=(),
+        network=network,
         default_link=shared_memory,
         origin="built at run time",
         notes=tuple(notes),

@@ -2,7 +2,10 @@
 
 A board is reached over SSH (host key verified against a known_hosts file or a pinned
 SHA256 fingerprint), runs the agent from its own Python in a venv under its working
-directory, and is planned with a device profile.
+directory, and is planned with a device profile. A board whose agent listens on an
+address the host (and other boards) can reach is given as ``agent_address`` with a
+token file and the CA of the agent's TLS certificate; parapipe then talks to that
+agent directly, with no SSH tunnel, and other boards can stream tensors to it.
 """
 
 from __future__ import annotations
@@ -11,11 +14,17 @@ import json
 import os
 import re
 import tomllib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from models.errors import ParapipeError
 from parapipe.home import parapipe_home
+
+if TYPE_CHECKING:
+    from agents.client import AgentClient
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
@@ -38,6 +47,9 @@ class Board:
     workdir: str = "~/parapipe"
     agent_port: int = 50051
     timeout_s: float = 15.0
+    agent_address: str = ""  # HOST:PORT of an agent reachable directly (TLS + token), instead of the tunnel
+    token_file: str = ""
+    tls_ca: str = ""  # PEM file of the CA that signed the agent's certificate
 
 
 def inventory_path() -> Path:
@@ -102,14 +114,20 @@ def save_boards(boards: dict[str, Board]) -> Path:
 def add_board(board: Board) -> Path:
     if not _NAME.match(board.name):
         raise BoardError(f"board name {board.name!r}: use letters, digits, '.', '_' or '-'")
-    if not Path(board.key).expanduser().is_file():
+    if board.agent_address:
+        _check_direct(board)
+    if board.agent_address and not board.host:
+        pass  # an agent-only board: no SSH (its agent is started by whoever runs the board)
+    elif not board.host or not board.user or not board.key:
+        raise BoardError("give --host, --user and --key for SSH, or --agent-address with --token-file and --tls-ca")
+    elif not Path(board.key).expanduser().is_file():
         raise BoardError(f"key file {board.key} does not exist")
-    if not board.known_hosts and not board.host_key_sha256:
+    elif not board.known_hosts and not board.host_key_sha256:
         raise BoardError(
             "give the board's host key: --known-hosts FILE (e.g. from ssh-keyscan, checked by you) or "
             "--host-key SHA256:... (ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub on the board)"
         )
-    if board.known_hosts and not Path(board.known_hosts).expanduser().is_file():
+    elif board.known_hosts and not Path(board.known_hosts).expanduser().is_file():
         raise BoardError(f"known_hosts file {board.known_hosts} does not exist")
     from device_profiles.loader import load_profile
 
@@ -117,3 +135,44 @@ def add_board(board: Board) -> Path:
     boards = load_boards()
     boards[board.name] = board
     return save_boards(boards)
+
+
+def _check_direct(board: Board) -> None:
+    host, sep, port = board.agent_address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise BoardError(f"--agent-address {board.agent_address!r}: give HOST:PORT, e.g. 10.0.0.7:50051")
+    if not board.token_file or not board.tls_ca:
+        raise BoardError(
+            "an agent reached directly needs --token-file (its bearer token) and --tls-ca (the CA of its TLS "
+            "certificate); without them use SSH, which tunnels to an agent on the board's 127.0.0.1"
+        )
+    for what, path in (("token file", board.token_file), ("TLS CA file", board.tls_ca)):
+        if not Path(path).expanduser().is_file():
+            raise BoardError(f"{what} {path} does not exist")
+    if not read_secret(board.token_file).strip():
+        raise BoardError(f"token file {board.token_file} is empty")
+
+
+def read_secret(path: str) -> bytes:
+    try:
+        return Path(path).expanduser().read_bytes().strip()
+    except OSError as exc:
+        raise BoardError(f"cannot read {path}: {exc.strerror}") from None
+
+
+@contextmanager
+def direct_client(board: Board, timeout: float = 60.0) -> Iterator[AgentClient]:
+    """A client of a board's agent at its ``agent_address`` (TLS, token); checks it answers first."""
+    from agents.client import AgentClient, AgentError
+
+    token = read_secret(board.token_file).decode()
+    ca = read_secret(board.tls_ca)
+    with AgentClient(board.agent_address, token=token, tls=(ca, None, None), timeout=timeout) as client:
+        try:
+            client.health(timeout=board.timeout_s)
+        except AgentError as exc:
+            raise BoardError(
+                f"the agent of board {board.name} at {board.agent_address} does not answer: {exc}; "
+                "is it running with this token and certificate?"
+            ) from None
+        yield client

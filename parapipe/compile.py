@@ -4,6 +4,11 @@ One ONNX file per segment (a unit's partition, see ``planner.segments``), cut by
 tensor names at its boundary; replicas share files (same content, same hash). The
 chained partitions of every replica combination are run against the full model with
 onnxruntime; the bundle is written only if they agree (max abs diff <= 1e-5).
+
+A plan whose units sit on several hosts of the profile (edge + cloud) is checked as one
+bundle and then split into one bundle per host (``host_bundles``): each lists the whole
+plan's partitions with their hosts, holds only its own host's files, and names the
+whole bundle's hash so the agents can tell their handoffs apart from other plans'.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -77,6 +82,7 @@ def compile_plan(
                 segment=seg.index,
                 inputs=inputs,
                 outputs=outputs,
+                host=profile.pu(seg.pu.split("+")[0]).host,
             )
         )
     highs = index_bounds(loaded.proto)
@@ -93,9 +99,59 @@ def compile_plan(
         outputs=tuple(TensorSpec(t.name, t.dtype, t.shape) for t in graph.outputs),
         partitions=tuple(parts),
         power=_power(profile),
+        hosts=_hosts(parts, {t.name for t in graph.inputs}),
     )
     diff = verify_compiled(manifest, files, loaded, graph) if verify else float("nan")
     return Compiled(manifest, files, diff)
+
+
+def _hosts(parts: list[PartitionSpec], graph_inputs: set[str]) -> tuple[str, ...]:
+    """The plan's hosts when it spans several, the entry host (it reads the graph inputs) first."""
+    hosts = list(dict.fromkeys(p.host for p in sorted(parts, key=lambda p: (p.stage, p.segment))))
+    if len(hosts) < 2:
+        return ()
+    readers = [p for p in sorted(parts, key=lambda p: (p.stage, p.segment)) if graph_inputs & set(p.inputs)]
+    entry = readers[0].host if readers else hosts[0]
+    return (entry, *(h for h in hosts if h != entry))
+
+
+def host_bundles(compiled: Compiled) -> dict[str, Compiled]:
+    """One bundle per host for a plan over several hosts ({"": compiled} for a single-host plan)."""
+    full = compiled.manifest
+    if not full.hosts:
+        return {"": compiled}
+    out = {}
+    for host in full.hosts:
+        manifest = replace(full, host=host, plan_bundle=full.sha256())
+        files = {p.file: compiled.files[p.file] for p in manifest.local_partitions()}
+        out[host] = Compiled(manifest, files, compiled.max_abs_diff)
+    return out
+
+
+def write_bundles(compiled: Compiled, folder: Path) -> dict[str, Path]:
+    """The bundle in ``folder``, or for a plan over several hosts one bundle per host in ``folder/<host>``."""
+    parts = host_bundles(compiled)
+    if "" in parts:
+        return {"": write_bundle(compiled, folder)}
+    folder = Path(folder)
+    tmp = folder.with_name(f".{folder.name}.hosts-{os.getpid()}")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    for host, part in parts.items():
+        write_bundle(part, tmp / host)
+    _swap(tmp, folder)
+    return {host: folder / host for host in parts}
+
+
+def _swap(tmp: Path, folder: Path) -> None:
+    if folder.exists():
+        old = folder.with_name(f".{folder.name}.old-{os.getpid()}")
+        os.replace(folder, old)
+        os.replace(tmp, folder)
+        shutil.rmtree(old)
+    else:
+        os.replace(tmp, folder)
 
 
 def _throttle(pu: str, core_ids: tuple[int, ...], profile: DeviceProfile) -> tuple[tuple[int, ...], float | None]:
@@ -179,11 +235,5 @@ def write_bundle(compiled: Compiled, folder: Path) -> Path:
     for name, data in compiled.files.items():
         (tmp / name).write_bytes(data)
     (tmp / MANIFEST).write_text(compiled.manifest.text())
-    if folder.exists():
-        old = folder.with_name(f".{folder.name}.old-{os.getpid()}")
-        os.replace(folder, old)
-        os.replace(tmp, folder)
-        shutil.rmtree(old)
-    else:
-        os.replace(tmp, folder)
+    _swap(tmp, folder)
     return folder

@@ -1,7 +1,12 @@
 """``parapipe run``: compile a plan, run it on a board's agent, and compare measured with predicted.
 
-For the embedded ``local`` board the agent is a child process on 127.0.0.1. Every run
-is appended to ``$PARAPIPE_HOME/measurements.jsonl`` for the profiler's calibration.
+For the embedded boards (``local``, ``local-biglittle``, ``local-edge-cloud``) the
+agent is a child process on 127.0.0.1 (one per host of the plan). An inventory board
+is reached through an SSH tunnel after ``deploy``, or directly when the inventory
+gives the agent's TLS address and token. A plan over several hosts gets one agent per
+host: every agent is told where the others are, tensors between hosts go agent to
+agent, and the host talks only to the entry agent. Every run is appended to
+``$PARAPIPE_HOME/measurements.jsonl`` for the profiler's calibration.
 """
 
 from __future__ import annotations
@@ -9,23 +14,27 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from agents.bundle import verify_bundle
+from agents.client import AgentClient
 from agents.executor import generate_inputs
+from agents.peers import Peer
 from device_profiles.loader import load_profile
 from models.graph import build_graph
 from models.onnx_io import LoadedModel, load_onnx
-from parapipe.compile import compile_plan, write_bundle
+from parapipe.compile import compile_plan, host_bundles, write_bundle, write_bundles
 from parapipe.home import parapipe_home
 from parapipe.local_agent import DeployError, LocalAgent
 from planner.plan import Plan
 
-LOCAL_BOARDS = ("local", "local-biglittle")
+LOCAL_BOARDS = ("local", "local-biglittle", "local-edge-cloud")
 
 
 @dataclass(frozen=True)
@@ -40,6 +49,7 @@ class RunResult:
     max_abs_diff: float | None
     partitions: list[dict[str, Any]]
     uploaded_bytes: int
+    hosts: dict[str, str] = field(default_factory=dict)  # plan host -> board (plans over several hosts)
 
     def to_json(self) -> dict[str, Any]:
         return self.__dict__.copy()
@@ -61,13 +71,29 @@ def resolve_model(plan: Plan, model: Path | None) -> LoadedModel:
 
 
 def build_bundle(plan: Plan, loaded: LoadedModel) -> tuple[Path, float]:
+    """The bundle of a single-host plan, compiled and checked (cached under $PARAPIPE_HOME/bundles)."""
+    folders, diff = build_bundles(plan, loaded)
+    if "" not in folders:
+        raise DeployError(
+            f"the plan spans hosts {', '.join(folders)}; deploy runs one board: use `parapipe run --board HOST=BOARD ...`"
+        )
+    return folders[""], diff
+
+
+def build_bundles(plan: Plan, loaded: LoadedModel) -> tuple[dict[str, Path], float]:
+    """{"": folder} for a single-host plan, else one folder per host of the plan (entry host first)."""
     profile = load_profile(plan.device)
     graph = build_graph(loaded.proto, loaded.sha256)
     compiled = compile_plan(plan, loaded, graph, profile)
     folder = parapipe_home() / "bundles" / compiled.sha256
-    if not (folder.exists() and _intact(folder)):
-        write_bundle(compiled, folder)
-    return folder, compiled.max_abs_diff
+    parts = host_bundles(compiled)
+    if "" in parts:
+        if not (folder.exists() and _intact(folder)):
+            write_bundle(compiled, folder)
+        return {"": folder}, compiled.max_abs_diff
+    if not all((folder / h).exists() and _intact(folder / h) for h in parts):
+        write_bundles(compiled, folder)
+    return {h: folder / h for h in parts}, compiled.max_abs_diff
 
 
 def _intact(folder: Path) -> bool:
@@ -79,33 +105,79 @@ def _intact(folder: Path) -> bool:
 
 
 def run_plan(
-    plan: Plan, board: str, model: Path | None, frames: int = 50, verify: bool = False, progress=None
+    plan: Plan,
+    board: str | Mapping[str, str],
+    model: Path | None,
+    frames: int = 50,
+    verify: bool = False,
+    progress=None,
 ) -> RunResult:
-    """Run on the embedded local board (child agent) or on an inventory board (deploy over SSH)."""
-    remote = None
-    if board not in LOCAL_BOARDS:
+    """Run a plan on its board(s) and compare measured with predicted.
+
+    ``board`` is an embedded board (local, local-biglittle, local-edge-cloud: child agents
+    on 127.0.0.1) or an inventory board; a plan over several hosts of an inventory needs
+    one board per host, ``{"edge": "vim3", "cloud": "gpu-box"}``.
+    """
+    say = progress or (lambda _msg: None)
+    per_host = dict(board) if isinstance(board, Mapping) else {}
+    board_name = ",".join(f"{h}={b}" for h, b in per_host.items()) if per_host else str(board)
+    for name in per_host.values() or [str(board)]:
+        _check_device(plan, name)
+    loaded = resolve_model(plan, model)
+    say("compiling and checking the bundle")
+    folders, _ = build_bundles(plan, loaded)
+    hosts = [h for h in folders if h]
+    if not hosts:
+        if per_host:
+            raise DeployError(f"the plan runs on one host; give one board: --board {next(iter(per_host.values()))}")
+        return _run_single(plan, str(board), folders[""], loaded, frames, verify, say)
+    if not per_host:
+        if board not in LOCAL_BOARDS:
+            raise DeployError(
+                f"the plan spans hosts {', '.join(hosts)}; give a board per host: "
+                + " ".join(f"--board {h}=BOARD" for h in hosts)
+            )
+        per_host = {h: str(board) for h in hosts}
+    missing = [h for h in hosts if h not in per_host]
+    unknown = [h for h in per_host if h not in hosts]
+    if missing or unknown:
+        raise DeployError(
+            f"the plan's hosts are {', '.join(hosts)}; "
+            + (f"no board given for {', '.join(missing)}" if missing else f"it has no host {', '.join(unknown)}")
+        )
+    return _run_hosts(plan, board_name, per_host, folders, loaded, frames, verify, say)
+
+
+def _check_device(plan: Plan, board: str) -> None:
+    if board in LOCAL_BOARDS:
+        device = board
+    else:
         from parapipe.boards import get_board
 
-        remote = get_board(board)
-        device = remote.device
-    else:
-        device = board
+        device = get_board(board).device
     if plan.device != device:
         raise DeployError(
             f"the plan is for {plan.device!r}; board {board!r} runs plans made with --device {device}. Re-plan for this board."
         )
-    loaded = resolve_model(plan, model)
-    if progress:
-        progress("compiling and checking the bundle")
-    folder, _ = build_bundle(plan, loaded)
-    if remote is None:
+
+
+def _run_single(plan: Plan, board: str, folder: Path, loaded: LoadedModel, frames: int, verify: bool, say) -> RunResult:
+    if board in LOCAL_BOARDS:
         with LocalAgent() as agent:
             assert agent.client is not None
-            if progress:
-                progress("loading the bundle on the agent")
+            say("loading the bundle on the agent")
             reply = agent.client.load_bundle(folder)
             agent.client.start(reply.bundle_sha256)
-            return _measure(plan, board, agent.client, folder, loaded, reply, frames, verify, progress)
+            return _measure(plan, board, agent.client, folder, loaded, reply, frames, verify, say)
+    from parapipe.boards import direct_client, get_board
+
+    remote = get_board(board)
+    if remote.agent_address:
+        with direct_client(remote) as client:
+            say(f"loading the bundle on {board} ({remote.agent_address})")
+            reply = client.load_bundle(folder)
+            client.start(reply.bundle_sha256)
+            return _measure(plan, board, client, folder, loaded, reply, frames, verify, say)
     from parapipe.deploy import agent_client, deploy
     from parapipe.ssh import BoardConnection
 
@@ -114,11 +186,113 @@ def run_plan(
         from agents.proto import parapipe_agent_pb2 as pb
 
         reply = pb.LoadBundleReply(bundle_sha256=result.bundle_sha256, bytes_received=result.bundle_uploaded_bytes)
-        return _measure(plan, board, client, folder, loaded, reply, frames, verify, progress)
+        return _measure(plan, board, client, folder, loaded, reply, frames, verify, say)
+
+
+@contextmanager
+def _host_agent(board: str) -> Iterator[tuple[AgentClient, Peer]]:
+    """An agent for one host of a multi-host plan, and how the other agents reach it."""
+    if board in LOCAL_BOARDS:
+        with LocalAgent() as agent:
+            assert agent.client is not None
+            yield agent.client, Peer("", f"127.0.0.1:{agent.port}")
+        return
+    from parapipe.boards import direct_client, get_board, read_secret
+
+    remote = get_board(board)
+    if not remote.agent_address:
+        raise DeployError(
+            f"board {board} is reached through an SSH tunnel, which other boards cannot use; for agent-to-agent "
+            f"streaming give its agent's address: parapipe boards add {board} --agent-address HOST:PORT "
+            "--token-file F --tls-ca F ..."
+        )
+    token = read_secret(remote.token_file).decode() if remote.token_file else ""
+    ca = read_secret(remote.tls_ca) if remote.tls_ca else b""
+    with direct_client(remote) as client:
+        yield client, Peer("", remote.agent_address, token, ca)
+
+
+def _run_hosts(
+    plan: Plan,
+    board_name: str,
+    per_host: dict[str, str],
+    folders: dict[str, Path],
+    loaded: LoadedModel,
+    frames: int,
+    verify: bool,
+    say,
+) -> RunResult:
+    hosts = list(folders)  # the entry host first
+    with ExitStack() as stack:
+        agents: dict[str, tuple[AgentClient, Peer]] = {}
+        for h in hosts:
+            say(f"starting the agent of host {h} ({per_host[h]})")
+            client, peer = stack.enter_context(_host_agent(per_host[h]))
+            agents[h] = (client, Peer(h, peer.address, peer.token, peer.tls_ca))
+        replies = {}
+        for h in hosts:
+            say(f"loading host {h}'s bundle")
+            replies[h] = agents[h][0].load_bundle(folders[h])
+        for h in reversed(hosts):  # the entry host last: its agent checks that its peers answer
+            say(f"starting host {h}'s pipeline")
+            peers = [agents[o][1] for o in hosts if o != h]
+            agents[h][0].start(replies[h].bundle_sha256, peers=peers)
+        try:
+            entry = agents[hosts[0]][0]
+            result = _measure(
+                plan,
+                board_name,
+                entry,
+                folders[hosts[0]],
+                loaded,
+                replies[hosts[0]],
+                frames,
+                verify,
+                say,
+                record_it=False,
+            )
+            partitions = [dict(p, host=hosts[0]) for p in result.partitions]
+            for h in hosts[1:]:  # counters since start (warm-up and --verify frames included)
+                for p in agents[h][0].status().partitions:
+                    partitions.append(
+                        {
+                            "name": p.name,
+                            "pu": p.pu,
+                            "busy_ms": p.busy_ms,
+                            "queue_wait_ms": p.queue_wait_ms,
+                            "frames": p.frames,
+                            "host": h,
+                        }
+                    )
+            result = RunResult(
+                **{
+                    **result.__dict__,
+                    "partitions": partitions,
+                    "hosts": dict(per_host),
+                    "uploaded_bytes": sum(r.bytes_received for r in replies.values()),
+                }
+            )
+        finally:
+            for h in hosts:
+                try:
+                    agents[h][0].stop()
+                except Exception:  # the agent may be gone already; the run's own error matters more
+                    pass
+    record(plan, result)
+    return result
 
 
 def _measure(
-    plan: Plan, board: str, client, folder: Path, loaded: LoadedModel, reply, frames: int, verify: bool, progress
+    plan: Plan,
+    board: str,
+    client,
+    folder: Path,
+    loaded: LoadedModel,
+    reply,
+    frames: int,
+    verify: bool,
+    progress,
+    record_it: bool = True,
 ) -> RunResult:
     diff = None
     if verify:
@@ -165,7 +339,8 @@ def _measure(
         ],
         uploaded_bytes=reply.bytes_received,
     )
-    record(plan, result)
+    if record_it:
+        record(plan, result)
     return result
 
 

@@ -74,6 +74,11 @@ class AgentStub:
                 request_serializer=parapipe__agent__pb2.StatusRequest.SerializeToString,
                 response_deserializer=parapipe__agent__pb2.StatusReply.FromString,
                 _registered_method=True)
+        self.Exchange = channel.stream_unary(
+                '/parapipe.agent.v1.Agent/Exchange',
+                request_serializer=parapipe__agent__pb2.Handoff.SerializeToString,
+                response_deserializer=parapipe__agent__pb2.ExchangeReply.FromString,
+                _registered_method=True)
 
 
 class AgentServicer:
@@ -130,6 +135,14 @@ class AgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Exchange(self, request_iterator, context):
+        """Agent to agent: tensors of a plan that spans hosts, streamed from the agent that makes
+        them to the agent whose partitions read them (never through the host).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -172,6 +185,11 @@ def add_AgentServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=parapipe__agent__pb2.StatusRequest.FromString,
                     response_serializer=parapipe__agent__pb2.StatusReply.SerializeToString,
+            ),
+            'Exchange': grpc.stream_unary_rpc_method_handler(
+                    servicer.Exchange,
+                    request_deserializer=parapipe__agent__pb2.Handoff.FromString,
+                    response_serializer=parapipe__agent__pb2.ExchangeReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -390,6 +408,33 @@ class Agent:
             '/parapipe.agent.v1.Agent/Status',
             parapipe__agent__pb2.StatusRequest.SerializeToString,
             parapipe__agent__pb2.StatusReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Exchange(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/parapipe.agent.v1.Agent/Exchange',
+            parapipe__agent__pb2.Handoff.SerializeToString,
+            parapipe__agent__pb2.ExchangeReply.FromString,
             options,
             channel_credentials,
             insecure,

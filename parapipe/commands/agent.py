@@ -25,21 +25,27 @@ def compile_cmd(
     """Cut the model per the plan into partitions, check them chained against the full model, write the bundle."""
     from device_profiles.loader import load_profile
     from models.graph import build_graph
-    from parapipe.compile import compile_plan, write_bundle
+    from parapipe.compile import compile_plan, host_bundles, write_bundles
     from parapipe.run import resolve_model
     from planner.plan import load_plan
 
     the_plan = load_plan(plan)
     loaded = resolve_model(the_plan, model)
     compiled = compile_plan(the_plan, loaded, build_graph(loaded.proto, loaded.sha256), load_profile(the_plan.device))
-    write_bundle(compiled, output)
+    folders = write_bundles(compiled, output)
     m = compiled.manifest
     info = {
         "bundle": str(output),
         "bundle_sha256": compiled.sha256,
+        "hosts": {
+            host: {"folder": str(folders[host]), "bundle_sha256": part.sha256, "files": len(part.files)}
+            for host, part in host_bundles(compiled).items()
+            if host
+        },
         "partitions": [
             {
                 "name": p.name,
+                "host": p.host,
                 "file": p.file,
                 "pu": p.pu,
                 "core_ids": list(p.core_ids),
@@ -54,10 +60,15 @@ def compile_cmd(
     if as_json:
         print_json(info)
         return
-    t = Table("partition", "PU", "cores", "file", "reads", "writes")
+    t = Table("partition", "host", "PU", "cores", "file", "reads", "writes")
     for p in m.partitions:
-        t.add_row(p.name, p.pu, ",".join(map(str, p.core_ids)) or "-", p.file, str(len(p.inputs)), str(len(p.outputs)))
+        t.add_row(
+            p.name, p.host, p.pu, ",".join(map(str, p.core_ids)) or "-", p.file, str(len(p.inputs)), str(len(p.outputs))
+        )
     out.print(t)
+    for host, folder in folders.items():
+        if host:
+            out.print(f"host {host}: its bundle is {folder} (entry host: {m.entry})", highlight=False)
     out.print(
         f"bundle {compiled.sha256[:12]}… in {output}: {len(compiled.files)} files; chained partitions vs full model: "
         f"max abs diff {compiled.max_abs_diff:.2e}",
@@ -133,8 +144,13 @@ def agent_status(
 def run(
     plan: Annotated[Path, typer.Argument(help="A plan JSON.")],
     board: Annotated[
-        str, typer.Option("--board", help="local, local-biglittle, or a board of the inventory (SSH).")
-    ] = "local",
+        list[str] | None,
+        typer.Option(
+            "--board",
+            help="local, local-biglittle, local-edge-cloud, or an inventory board; for a plan over several hosts "
+            "one HOST=BOARD per host (repeat the option).",
+        ),
+    ] = None,
     model: Annotated[
         Path | None, typer.Option("--model", help="The .onnx model (default: where it was planned).")
     ] = None,
@@ -143,12 +159,26 @@ def run(
     as_json: JsonFlag = False,
 ) -> None:
     """Deploy a plan to a board's agent, benchmark it there, and print predicted vs measured."""
+    from parapipe.local_agent import DeployError
     from parapipe.run import run_plan
     from planner.plan import load_plan
 
+    boards = board or ["local"]
+    target: str | dict[str, str]
+    if len(boards) == 1 and "=" not in boards[0]:
+        target = boards[0]
+    else:
+        pairs = [b.partition("=") for b in boards]
+        bad = [b for b, (h, eq, name) in zip(boards, pairs, strict=True) if not (h and eq and name)]
+        if bad or len({h for h, _, _ in pairs}) != len(pairs):
+            raise DeployError(
+                f"--board {' '.join(bad) or ' '.join(boards)}: give one board, or HOST=BOARD once per host of the plan"
+            )
+        target = {h: name for h, _, name in pairs}
     the_plan = load_plan(plan)
-    with err.status(f"running {the_plan.name or plan.stem} on {board}") as status:
-        result = run_plan(the_plan, board, model, frames, verify, progress=status.update)
+    shown = boards[0] if isinstance(target, str) else ", ".join(boards)
+    with err.status(f"running {the_plan.name or plan.stem} on {shown}") as status:
+        result = run_plan(the_plan, target, model, frames, verify, progress=status.update)
     if as_json:
         print_json(result.to_json())
         return
@@ -159,6 +189,12 @@ def run(
         t.add_row(k, f"{p:.2f}" if p is not None else "-", f"{v:.2f}", f"{e:+.1f}%" if e is not None else "-")
     out.print(t)
     out.print(f"energy is {result.energy_source}; bundle {result.bundle_sha256[:12]}…", highlight=False)
+    if result.hosts:
+        out.print(
+            "hosts: " + ", ".join(f"{h} on {b}" for h, b in result.hosts.items()) + " (tensors between them went "
+            "agent to agent; the modelled energy counts the entry host's cores only)",
+            highlight=False,
+        )
     if result.max_abs_diff is not None:
         out.print(f"outputs vs the full model: max abs diff {result.max_abs_diff:.2e}", highlight=False)
 

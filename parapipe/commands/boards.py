@@ -18,10 +18,10 @@ app.add_typer(boards_app, name="boards")
 @fails_cleanly
 def add(
     name: Annotated[str, typer.Argument(help="A name for the board.")],
-    host: Annotated[str, typer.Option("--host")],
-    user: Annotated[str, typer.Option("--user")],
-    key: Annotated[Path, typer.Option("--key", help="Private key file for SSH.")],
     device: Annotated[str, typer.Option("--device", help="Device profile (name or TOML path).")],
+    host: Annotated[str, typer.Option("--host", help="SSH host of the board.")] = "",
+    user: Annotated[str, typer.Option("--user", help="SSH user.")] = "",
+    key: Annotated[Path | None, typer.Option("--key", help="Private key file for SSH.")] = None,
     port: Annotated[int, typer.Option("--port")] = 22,
     known_hosts: Annotated[
         Path | None, typer.Option("--known-hosts", help="known_hosts file holding the board's key.")
@@ -32,8 +32,17 @@ def add(
     agent_port: Annotated[
         int, typer.Option("--agent-port", help="Port of the agent on the board's 127.0.0.1.")
     ] = 50051,
+    agent_address: Annotated[
+        str,
+        typer.Option(
+            "--agent-address",
+            help="HOST:PORT of an agent reachable directly over TLS (no SSH tunnel); needs --token-file and --tls-ca.",
+        ),
+    ] = "",
+    token_file: Annotated[Path | None, typer.Option("--token-file", help="The agent's bearer token.")] = None,
+    tls_ca: Annotated[Path | None, typer.Option("--tls-ca", help="CA (PEM) of the agent's TLS certificate.")] = None,
 ) -> None:
-    """Add (or replace) a board in the inventory."""
+    """Add (or replace) a board: reached over SSH (--host/--user/--key), or directly (--agent-address)."""
     from parapipe.boards import Board, add_board
 
     board = Board(
@@ -41,13 +50,16 @@ def add(
         host=host,
         port=port,
         user=user,
-        key=str(key.expanduser().resolve()),
+        key=str(key.expanduser().resolve()) if key else "",
         device=device,
         known_hosts=str(known_hosts.expanduser().resolve()) if known_hosts else "",
         host_key_sha256=host_key or "",
         python=python,
         workdir=workdir,
         agent_port=agent_port,
+        agent_address=agent_address,
+        token_file=str(token_file.expanduser().resolve()) if token_file else "",
+        tls_ca=str(tls_ca.expanduser().resolve()) if tls_ca else "",
     )
     path = add_board(board)
     out.print(f"board {name} saved in {path}", highlight=False)
@@ -65,9 +77,16 @@ def list_boards(as_json: JsonFlag = False) -> None:
     if as_json:
         print_json([asdict(b) for b in boards.values()])
         return
-    t = Table("board", "address", "device", "workdir", "host key")
+    t = Table("board", "ssh", "agent", "device", "workdir", "host key")
     for b in boards.values():
-        t.add_row(b.name, f"{b.user}@{b.host}:{b.port}", b.device, b.workdir, b.host_key_sha256 or b.known_hosts)
+        t.add_row(
+            b.name,
+            f"{b.user}@{b.host}:{b.port}" if b.host else "-",
+            f"{b.agent_address} (TLS)" if b.agent_address else f"tunnel to 127.0.0.1:{b.agent_port}",
+            b.device,
+            b.workdir if b.host else "-",
+            b.host_key_sha256 or b.known_hosts or "-",
+        )
     out.print(t)
 
 
@@ -80,6 +99,25 @@ def check(name: Annotated[str, typer.Argument()], as_json: JsonFlag = False) -> 
     from parapipe.ssh import BoardConnection
 
     board = get_board(name)
+    if not board.host:  # an agent-only board: what its agent says about itself
+        from parapipe.boards import direct_client
+
+        with direct_client(board) as client:
+            s = client.status()
+            print_info(
+                {
+                    "board": name,
+                    "agent_address": board.agent_address,
+                    "hostname": s.hostname,
+                    "cores": len(s.cores),
+                    "python": s.python_version,
+                    "onnxruntime": s.ort_version,
+                    "agent_version": s.agent_version,
+                    "agent_ready": s.ready,
+                },
+                as_json,
+            )
+        return
     with BoardConnection(board) as conn:
         _, uname, _ = conn.run(["uname", "-srm"])
         _, cpu, _ = conn.shell("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 || true", check=False)
