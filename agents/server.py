@@ -157,6 +157,7 @@ class AgentServicer(rpc.AgentServicer):
         return service.status(self.state)
 
     def Exchange(self, request_iterator, context):
+        log.info("exchange stream from %s", context.peer())
         try:
             return service.exchange(self.state, request_iterator)
         except grpc.RpcError:
@@ -275,7 +276,15 @@ def main(argv: list[str] | None = None) -> int:
         if not (args.tls_cert and args.tls_key):
             print("error: --tls-cert and --tls-key go together", file=sys.stderr)
             return 2
-        tls = (args.tls_cert.read_bytes(), args.tls_key.read_bytes(), args.tls_ca.read_bytes() if args.tls_ca else None)
+        try:
+            tls = (
+                args.tls_cert.read_bytes(),
+                args.tls_key.read_bytes(),
+                args.tls_ca.read_bytes() if args.tls_ca else None,
+            )
+        except OSError as exc:
+            print(f"error: cannot read a TLS file: {exc}", file=sys.stderr)
+            return 2
     state = service.AgentState(args.workdir)
     try:
         server, port = build_server(state, args.host, args.port, token, tls)

@@ -27,13 +27,16 @@ class LocalAgent:
         token: str | None = None,
         python: list[str] | None = None,
         extra_env: dict[str, str] | None = None,
+        tls: tuple[Path, Path, Path] | None = None,
     ) -> None:
+        """``tls`` = (certificate, key, CA that signed it): the agent serves TLS, the client checks it."""
         self._tmp = tempfile.TemporaryDirectory(prefix="parapipe-agent-")
         self.workdir = Path(workdir) if workdir else Path(self._tmp.name) / "work"
         self.timeout = startup_timeout
         self.token = token
         self.python = python or [sys.executable, "-m", "agents.server"]
         self.extra_env = extra_env or {}
+        self.tls = tls
         self.process: subprocess.Popen | None = None
         self.client: AgentClient | None = None
         self.port = 0
@@ -49,6 +52,8 @@ class LocalAgent:
             token_file.write_text(self.token)
             token_file.chmod(0o600)
             argv += ["--token-file", str(token_file)]
+        if self.tls:
+            argv += ["--tls-cert", str(self.tls[0]), "--tls-key", str(self.tls[1])]
         with open(self.log_path, "w") as log:
             self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + self.timeout
@@ -59,7 +64,11 @@ class LocalAgent:
                 raise DeployError(f"the local agent did not start: {log_text}")
             time.sleep(0.05)
         self.port = int(port_file.read_text())
-        self.client = AgentClient(f"127.0.0.1:{self.port}", token=self.token)
+        self.client = AgentClient(
+            f"127.0.0.1:{self.port}",
+            token=self.token,
+            tls=(self.tls[2].read_bytes(), None, None) if self.tls else None,
+        )
         while True:
             try:
                 if self.client.health() == "SERVING":
