@@ -23,6 +23,8 @@ class PartitionResult:
     busy_ms: float
     queue_wait_ms: float
     frames: int
+    alone_busy_ms: float = 0.0  # over the frames run one at a time: no other frame competes
+    alone_frames: int = 0
 
 
 @dataclass(frozen=True)
@@ -72,19 +74,29 @@ def run_benchmark(
     skip = min(frames - 1, max(1, frames // 10))
     span = done[-1] - done[skip - 1] if frames > 1 else t1 - t0
     throughput = (frames - skip) / span if frames > 1 else 1 / (t1 - t0)
-    stats = pipeline.stats()
-    partitions = tuple(
-        PartitionResult(name, pipeline.workers[name].spec.pu, s.busy_s * 1e3, s.wait_s * 1e3, s.frames)
-        for name, s in stats.items()
-    )
+    stats = dict(pipeline.stats())
     reading = meter.reading
 
     # 2. one frame at a time
+    pipeline.reset_stats()
     alone = []
     for _ in range(max(3, min(frames, 20))):
         a = time.perf_counter()
         pipeline.infer(inputs)
         alone.append((time.perf_counter() - a) * 1e3)
+    alone_stats = pipeline.stats()
+    partitions = tuple(
+        PartitionResult(
+            name,
+            pipeline.workers[name].spec.pu,
+            s.busy_s * 1e3,
+            s.wait_s * 1e3,
+            s.frames,
+            alone_stats[name].busy_s * 1e3,
+            alone_stats[name].frames,
+        )
+        for name, s in stats.items()
+    )
 
     # 3. frames arriving at the measured throughput
     interval = 1.0 / throughput

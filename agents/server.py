@@ -141,7 +141,13 @@ class AgentServicer(rpc.AgentServicer):
             wall_s=r.wall_s,
             partitions=[
                 pb.PartitionStats(
-                    name=p.name, pu=p.pu, busy_ms=p.busy_ms, queue_wait_ms=p.queue_wait_ms, frames=p.frames
+                    name=p.name,
+                    pu=p.pu,
+                    busy_ms=p.busy_ms,
+                    queue_wait_ms=p.queue_wait_ms,
+                    frames=p.frames,
+                    alone_busy_ms=p.alone_busy_ms,
+                    alone_frames=p.alone_frames,
                 )
                 for p in r.partitions
             ],

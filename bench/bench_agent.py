@@ -88,6 +88,30 @@ def ort_one_session(path: Path, feeds: dict, frames: int, cores: list[int], **kw
     return result[0]
 
 
+def ort_throttled_core(path: Path, feeds: dict, frames: int, core: int, percent: float) -> float:
+    """Throughput of one single-thread session on one core, the running thread itself throttled."""
+    result: list[float] = []
+
+    def work() -> None:
+        pin_current_thread([core])
+        throttle_current_thread("bench-little", percent)
+        try:
+            s = _session(path, 1, [core], spin=False)
+            for _ in range(3):
+                s.run(None, feeds)
+            t0 = time.perf_counter()
+            for _ in range(frames):
+                s.run(None, feeds)
+            result.append(frames / (time.perf_counter() - t0))
+        finally:
+            release_current_thread()
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    return result[0]
+
+
 def ort_session_per_core(path: Path, feeds: dict, frames: int, cores: list[int]) -> float:
     """Throughput of one single-thread session per core, each fed by its own thread."""
     barrier = threading.Barrier(len(cores) + 1)
@@ -177,7 +201,10 @@ def main() -> None:
             print(f"skipped: {exc}")
             bl = None
         if bl is not None:
-            print(f"{'model':13} {'ORT both fps':>12} {'ours fps':>9} {'ratio':>6}  plan")
+            print(
+                f"{'model':13} {'ORT both fps':>12} {'ours fps':>9} {'ratio':>6} {'limit fps':>9} "
+                f"{'ORT/limit':>9} {'ours/limit':>10}  plan"
+            )
             for name in args.models:
                 path = args.zoo_dir / f"{name}.onnx"
                 loaded = load_onnx(path)
@@ -187,9 +214,15 @@ def main() -> None:
                 run_profile(loaded, graph, bl, table, costs, pu_configs(bl))
                 cost = CostModel(bl, graph, table)
                 plan = best_plan(coarsen(graph, "coarse"), graph, cost, "throughput", time_limit=5)
-                ort_t, ours = [], []
+                ort_t, ours, limit = [], [], []
                 little = bl.pu("little")
                 for _ in range(args.repeats):
+                    # the physical limit: each core busy all the time on whole frames (big alone + little alone)
+                    big_alone = ort_one_session(path, feeds, args.frames, list(bl.pu("big").cores))[1]
+                    little_alone = ort_throttled_core(
+                        path, feeds, max(10, args.frames // 3), little.cores[0], little.throttle.quota_percent
+                    )
+                    limit.append(big_alone + little_alone)
                     ort_t.append(
                         ort_one_session(
                             path,
@@ -203,7 +236,8 @@ def main() -> None:
                     )
                     ours.append(measure_plan(plan, loaded, graph, bl, args.frames, tmp, agent).throughput_fps)
                 print(
-                    f"{name:13} {med(ort_t):12.2f} {med(ours):9.2f} {med(ours) / med(ort_t):6.3f}  "
+                    f"{name:13} {med(ort_t):12.2f} {med(ours):9.2f} {med(ours) / med(ort_t):6.3f} {med(limit):9.2f} "
+                    f"{med(ort_t) / med(limit):9.3f} {med(ours) / med(limit):10.3f}  "
                     f"{'+'.join(f'{a.pu}x{a.cores}' for _, _, a in plan.assignments())}",
                     flush=True,
                 )
@@ -223,9 +257,11 @@ def main() -> None:
         client = agent.client
         client.start(client.load_bundle(folder).bundle_sha256)
         feeds = generate_inputs(compiled.manifest.inputs)
-        direct, alone, grpc_rt = [], [], []
+        direct, direct_fps, alone, grpc_rt, stream_fps = [], [], [], [], []
         for _ in range(args.repeats):
-            direct.append(ort_one_session(path, feeds, args.frames, cores)[0])
+            lat, fps = ort_one_session(path, feeds, args.frames, cores)
+            direct.append(lat)
+            direct_fps.append(fps)
             alone.append(client.benchmark(frames=args.frames, warmup=5).latency_alone_ms)
             times = []
             for _ in range(args.frames):
@@ -233,10 +269,19 @@ def main() -> None:
                 client.infer(feeds)
                 times.append((time.perf_counter() - a) * 1e3)
             grpc_rt.append(statistics.median(times))
+            # frames streamed from the host (InferStream): transfers overlap the board's compute
+            a = time.perf_counter()
+            n = sum(1 for _ in client.infer_stream(feeds for _ in range(args.frames)))
+            stream_fps.append(n / (time.perf_counter() - a))
         d = med(direct)
         print(
             f"plain session {d:.2f} ms; pipeline on the board {med(alone):.2f} ms ({(med(alone) / d - 1) * 100:+.1f}%); "
             f"gRPC round trip from the host {med(grpc_rt):.2f} ms ({(med(grpc_rt) / d - 1) * 100:+.1f}%); goal <= +3%"
+        )
+        per_frame_direct, per_frame_stream = 1000 / med(direct_fps), 1000 / med(stream_fps)
+        print(
+            f"streamed from the host: {med(stream_fps):.2f} fps vs {med(direct_fps):.2f} fps plain, per frame "
+            f"{per_frame_stream:.2f} ms vs {per_frame_direct:.2f} ms ({(per_frame_stream / per_frame_direct - 1) * 100:+.1f}%)"
         )
         client.stop()
 

@@ -334,7 +334,15 @@ def _measure(
         energy_source=bench.energy_source,
         max_abs_diff=diff,
         partitions=[
-            {"name": p.name, "pu": p.pu, "busy_ms": p.busy_ms, "queue_wait_ms": p.queue_wait_ms, "frames": p.frames}
+            {
+                "name": p.name,
+                "pu": p.pu,
+                "busy_ms": p.busy_ms,
+                "queue_wait_ms": p.queue_wait_ms,
+                "frames": p.frames,
+                "alone_busy_ms": p.alone_busy_ms,
+                "alone_frames": p.alone_frames,
+            }
             for p in bench.partitions
         ],
         uploaded_bytes=reply.bytes_received,

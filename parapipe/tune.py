@@ -1,7 +1,8 @@
 """The closed loop: profile -> plan -> run each plan -> feed the measurements back -> re-plan.
 
-Each run on the board reports every partition's busy time per frame; those become
-measured ``partition`` entries in the cost table (keyed like the profiler's), so the
+Each run on the board reports every partition's busy time per frame (from the frames
+run one at a time, where nothing else competes for its core); those become measured
+``partition`` entries in the cost table (keyed like the profiler's), so the
 next round's cost model predicts those partitions from what the board did. Rounds stop
 when predicted and measured latency and throughput agree within the target (RMSPE) or
 the rounds run out; energy enters the error only where a sensor measured it.
@@ -10,6 +11,7 @@ the rounds run out; energy enters the error only where a sensor measured it.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +38,7 @@ class Round:
     rmspe_throughput: float
     rmspe_energy: float | None  # None: energy was modelled, not measured
     rows: list[dict] = field(default_factory=list)
+    handoff_ms: float | None = None  # the handoff delay learnt from this round's runs (None: none to learn)
 
 
 def rmspe(pairs: list[tuple[float, float]]) -> float:
@@ -54,9 +57,16 @@ def feed_back(
     added = 0
     for p in result.partitions:
         seg = segments.get(p["name"])
-        if seg is None or not p["frames"] or "+" in seg.pu:
+        if seg is None or "+" in seg.pu:
             continue
-        per_frame = p["busy_ms"] / p["frames"]
+        # Frames run one at a time give the partition's own time, as the profiler measures it;
+        # back to back, segments sharing a core overlap and each one's wall time counts the others.
+        if p.get("alone_frames"):
+            per_frame = p["alone_busy_ms"] / p["alone_frames"]
+        elif p["frames"]:
+            per_frame = p["busy_ms"] / p["frames"]
+        else:
+            continue
         pu = profile.pu(seg.pu)
         cond = Conditions(
             profile.name,
@@ -88,6 +98,63 @@ def feed_back(
         )
         added += 1
     return added
+
+
+HANDOFF_GRID_MS = (0.0, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0)
+
+
+def fit_handoff(
+    table: CostTable,
+    runs: list[tuple[Plan, RunResult]],
+    graph: OpGraph,
+    profile: DeviceProfile,
+    ort_version: str,
+) -> float | None:
+    """Learn the delay of a handoff between PUs from the measured latencies (one frame alone).
+
+    With the partitions' measured times in the table, what is left between predicted and
+    measured latency is mostly the cost of waking a worker on another PU (on a throttled
+    core: of waiting for its quota). The value on ``HANDOFF_GRID_MS`` with the least RMSPE
+    over this round's plans becomes a ``handoff`` entry of the cost table. None when no plan
+    hands tensors between PUs.
+    """
+    from planner.build import evaluate
+
+    cost = CostModel(profile, graph, table)
+    best: tuple[float, float] | None = None
+    varies = False
+    for h in HANDOFF_GRID_MS:
+        cost.handoff_ms = h
+        pairs = [
+            (evaluate(plan, graph, cost, frames=0).predicted.latency_ms, res.measured["latency_ms"])  # type: ignore[union-attr]
+            for plan, res in runs
+        ]
+        err = rmspe(pairs)
+        if best is not None and abs(err - best[1]) > 1e-9:
+            varies = True
+        if best is None or err < best[1] - 1e-9:
+            best = (h, err)
+    if best is None or not varies:
+        return None
+    cond = Conditions(profile.name, "*", 0, 0, "", ort_version, "all", None)
+    table.add(
+        CostEntry(
+            key=entry_key(graph.model_sha256, "handoff", (), cond),
+            kind="handoff",
+            model_sha256=graph.model_sha256,
+            name="handoff",
+            members=(),
+            conditions=cond,
+            median_ms=best[0],
+            mean_ms=best[0],
+            p10_ms=best[0],
+            p90_ms=best[0],
+            repeats=len(runs),
+            energy_source="none",
+            measured_at=time.time(),
+        )
+    )
+    return best[0]
 
 
 def tune(
@@ -155,5 +222,6 @@ def tune(
             break
         for plan, res in last:
             feed_back(table, plan, res, graph, profile, ort.__version__)
+        history[-1].handoff_ms = fit_handoff(table, last, graph, profile, ort.__version__)
         table.save(costs)
     return history, last

@@ -34,6 +34,12 @@ class Prediction:
     source: str  # measured | calibrated | roofline
 
 
+# Partitions shorter than this stay out of the alpha/beta fit (they are still used as measured
+# values): their times are dominated by dispatch and, on a CFS-throttled core, by whether the
+# run fits in what is left of the quota, and in a relative fit they would outweigh the rest.
+MIN_FIT_MS = 1.0
+
+
 @dataclass(frozen=True)
 class Fit:
     """What calibration learnt for one PU configuration."""
@@ -69,6 +75,10 @@ class CostModel:
         self.fused: dict[tuple[Config, frozenset[str]], CostEntry] = {}
         self.ops: dict[tuple[Config, str], float] = {}
         self.partitions: dict[Config, list[CostEntry]] = {}
+        # Delay of handing a tensor to a worker on another PU of the same host (waking it, and on a
+        # throttled core waiting for its quota): learnt from measured plans by ``parapipe tune``.
+        self.handoff_ms = 0.0
+        handoff_at = -1.0
         entries = table.select(model_sha256=graph.model_sha256, board=profile.name) if table else []
         for e in entries:
             cfg = (e.conditions.pu, e.conditions.cores)
@@ -80,6 +90,8 @@ class CostModel:
                 if e.name not in self.holdout:
                     self.fused[(cfg, frozenset(e.members))] = e
                 self.partitions.setdefault(cfg, []).append(e)
+            elif e.kind == "handoff" and e.measured_at >= handoff_at:
+                self.handoff_ms, handoff_at = e.mean_ms, e.measured_at
         self.blocks = [frozenset(e.members) for (cfg, _), e in self.fused.items() if e.kind == "block"]
         self.fits: dict[Config, Fit] = {}
         for cfg in {c for c, _ in self.ops} | {c for c, _ in self.fused}:
@@ -127,7 +139,7 @@ class CostModel:
         self.fits[cfg] = partial
         xs, ys = [], []
         for e in self.partitions.get(cfg, []):
-            if e.name in self.holdout:
+            if e.name in self.holdout or e.mean_ms < MIN_FIT_MS:
                 continue
             xs.append(self._units_ms(frozenset(e.members), cfg, exclude_self=True))
             ys.append(e.mean_ms)
@@ -203,6 +215,13 @@ class CostModel:
         if isinstance(link, Link):
             ms += link.conversion_us_per_mb.value * nbytes / 1e6 / 1e3
         return ms
+
+    def handoff_delay_ms(self, src_pu: str, dst_pu: str) -> float:
+        """Extra latency (not link occupancy) of a handoff between PUs of one host; 0 until calibrated."""
+        if src_pu == dst_pu or not self.handoff_ms:
+            return 0.0
+        hosts = {self.profile.pu(p).host for part in (src_pu, dst_pu) for p in part.split("+")}
+        return self.handoff_ms if len(hosts) == 1 else 0.0
 
     def transfer_mj(self, nbytes: int, src_pu: str, dst_pu: str) -> float:
         link = self.profile.link(src_pu, dst_pu)

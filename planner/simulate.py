@@ -233,13 +233,14 @@ def _run(
                 if src != key:
                     continue
                 t = model.transfer_ms(nbytes, x, y)
+                delay = model.cost.handoff_delay_ms(x, y)  # latency only: it occupies no link
                 if t == 0:
-                    push(now, "arrive", (f, dst))
+                    push(now + delay, "arrive", (f, dst))
                 else:
                     start = max(now, link_free.get((x, y), 0.0))
                     link_free[(x, y)] = start + t
                     extra_mj += model.cost.transfer_mj(nbytes, x, y)
-                    push(start + t, "arrive", (f, dst))
+                    push(start + t + delay, "arrive", (f, dst))
             done_count[f] += 1
             if done_count[f] == len(segs[f % model.period]):
                 finish[f] = now

@@ -234,7 +234,7 @@ def tune(
             }
         )
         return
-    t = Table("round", "plans", "RMSPE latency %", "RMSPE throughput %", "RMSPE energy %")
+    t = Table("round", "plans", "RMSPE latency %", "RMSPE throughput %", "RMSPE energy %", "handoff learnt ms")
     for h in history:
         t.add_row(
             str(h.index),
@@ -242,6 +242,7 @@ def tune(
             f"{h.rmspe_latency:.1f}",
             f"{h.rmspe_throughput:.1f}",
             f"{h.rmspe_energy:.1f}" if h.rmspe_energy is not None else "n/a (energy modelled)",
+            f"{h.handoff_ms:.2f}" if h.handoff_ms is not None else "-",
         )
     out.print(t)
     f = Table("plan (last round)", "latency ms", "fps", "energy mJ", title="the front as measured")

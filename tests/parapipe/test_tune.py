@@ -28,4 +28,6 @@ def test_tune_feeds_measurements_back(exported, tmp_path, monkeypatch) -> None:
     table = CostTable.load(costs)
     fed = [e for e in table if e.name.startswith("run:")]
     assert fed and all(e.kind == "partition" and e.mean_ms > 0 for e in fed)
+    # every partition's time comes from frames run one at a time
+    assert all(p["alone_frames"] > 0 for _, r in last for p in r.partitions)
     assert last and last[0][1].measured["throughput_fps"] > 0

@@ -153,3 +153,18 @@ def test_unsupported_op_on_npu_is_refused(googlenet) -> None:
         pytest.skip("the NPU supports every op of this model")
     with pytest.raises(PlanError, match="does not support"):
         validate(single_pu(blocks, bst, "npu", 1), graph, bst)
+
+
+def test_a_learnt_handoff_delays_latency_but_occupies_no_link(googlenet) -> None:
+    graph, blocks = googlenet
+    vim3 = load_profile("khadas-vim3")
+    plan = flop_pipeline(blocks, vim3, [("a73", 4), ("a53", 2)])
+    cost = CostModel(vim3, graph)
+    before = analytic(PlanModel(plan, graph, cost))
+    cost.handoff_ms = 5.0
+    after = analytic(PlanModel(plan, graph, cost))
+    hops = sum(1 for f in PlanModel(plan, graph, cost).frame_flows(0).values() if f[1] != f[2])
+    assert hops >= 1
+    assert after.latency_ms == pytest.approx(before.latency_ms + 5.0 * hops, rel=1e-6)
+    assert after.throughput_fps == pytest.approx(before.throughput_fps, rel=1e-9)
+    assert cost.handoff_delay_ms("a73", "a73") == 0.0
