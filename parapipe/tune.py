@@ -39,6 +39,7 @@ class Round:
     rmspe_energy: float | None  # None: energy was modelled, not measured
     rows: list[dict] = field(default_factory=list)
     handoff_ms: float | None = None  # the handoff delay learnt from this round's runs (None: none to learn)
+    power_scale: tuple[float, float] | None = None  # (busy, idle) power scales learnt from measured energy
 
 
 def rmspe(pairs: list[tuple[float, float]]) -> float:
@@ -157,6 +158,67 @@ def fit_handoff(
     return best[0]
 
 
+def fit_power(
+    table: CostTable,
+    runs: list[tuple[Plan, RunResult]],
+    graph: OpGraph,
+    profile: DeviceProfile,
+    ort_version: str,
+) -> tuple[float, float] | None:
+    """Rescale the profile's busy and idle power so predicted energy meets what a sensor measured.
+
+    Predicted energy per frame is busy-power energy plus idle-power energy; the measured
+    energy of this round's plans gives scales ``a``, ``b`` >= 0 with measured ~ a*busy + b*idle
+    (least squares; one plan: one common scale). None when no run measured energy.
+    """
+    import numpy as np
+
+    from planner.build import evaluate
+
+    measured = [(plan, res.measured["energy_mj"]) for plan, res in runs if res.energy_source == "measured"]
+    if not measured:
+        return None
+    cost = CostModel(profile, graph, table)
+    rows = []
+    for plan, _ in measured:
+        cost.power_active_scale, cost.power_idle_scale = 1.0, 0.0
+        busy = evaluate(plan, graph, cost, frames=0).predicted.energy_mj  # type: ignore[union-attr]
+        cost.power_active_scale, cost.power_idle_scale = 0.0, 1.0
+        idle = evaluate(plan, graph, cost, frames=0).predicted.energy_mj  # type: ignore[union-attr]
+        rows.append((busy, idle))
+    a_mat = np.array(rows)
+    y = np.array([m for _, m in measured])
+    if len(rows) >= 2 and np.linalg.matrix_rank(a_mat) == 2:
+        (a, b), *_ = np.linalg.lstsq(a_mat, y, rcond=None)
+        if a < 0 or b < 0:  # keep the one that explains the data on its own
+            only_idle = float(y @ a_mat[:, 1] / (a_mat[:, 1] @ a_mat[:, 1]))
+            only_busy = float(y @ a_mat[:, 0] / (a_mat[:, 0] @ a_mat[:, 0]))
+            a, b = (0.0, only_idle) if a < 0 else (only_busy, 0.0)
+    else:
+        a = b = float(np.median(y / a_mat.sum(axis=1)))
+    cond = Conditions(profile.name, "*", 0, 0, "", ort_version, "all", None)
+    for name, value in (("active-scale", float(a)), ("idle-scale", float(b))):
+        table.add(
+            CostEntry(
+                key=entry_key(graph.model_sha256, "power", (name,), cond),
+                kind="power",
+                model_sha256=graph.model_sha256,
+                name=name,
+                members=(),
+                conditions=cond,
+                median_ms=0.0,
+                mean_ms=0.0,
+                p10_ms=0.0,
+                p90_ms=0.0,
+                repeats=len(measured),
+                energy_source="measured",
+                measured_at=time.time(),
+                value=value,
+            )
+        )
+    return (float(a), float(b))
+
+
 def tune(
     model: Path,
     board: str,
@@ -223,5 +285,6 @@ def tune(
         for plan, res in last:
             feed_back(table, plan, res, graph, profile, ort.__version__)
         history[-1].handoff_ms = fit_handoff(table, last, graph, profile, ort.__version__)
+        history[-1].power_scale = fit_power(table, last, graph, profile, ort.__version__)
         table.save(costs)
     return history, last

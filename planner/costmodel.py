@@ -79,6 +79,9 @@ class CostModel:
         # throttled core waiting for its quota): learnt from measured plans by ``parapipe tune``.
         self.handoff_ms = 0.0
         handoff_at = -1.0
+        # Measured energy (a board with a power sensor) rescales the profile's busy and idle power.
+        self.power_active_scale = self.power_idle_scale = 1.0
+        power_at: dict[str, float] = {}
         entries = table.select(model_sha256=graph.model_sha256, board=profile.name) if table else []
         for e in entries:
             cfg = (e.conditions.pu, e.conditions.cores)
@@ -92,6 +95,12 @@ class CostModel:
                 self.partitions.setdefault(cfg, []).append(e)
             elif e.kind == "handoff" and e.measured_at >= handoff_at:
                 self.handoff_ms, handoff_at = e.mean_ms, e.measured_at
+            elif e.kind == "power" and e.value is not None and e.measured_at >= power_at.get(e.name, -1.0):
+                power_at[e.name] = e.measured_at
+                if e.name == "active-scale":
+                    self.power_active_scale = e.value
+                elif e.name == "idle-scale":
+                    self.power_idle_scale = e.value
         self.blocks = [frozenset(e.members) for (cfg, _), e in self.fused.items() if e.kind == "block"]
         self.fits: dict[Config, Fit] = {}
         for cfg in {c for c, _ in self.ops} | {c for c, _ in self.fused}:

@@ -82,9 +82,12 @@ class PlanModel:
         return self.cost.transfer_ms(nbytes, src, dst)
 
     def idle_w(self) -> float:
-        return sum(p.idle_power_w.value for p in self.cost.profile.pus)
+        return sum(p.idle_power_w.value for p in self.cost.profile.pus) * self.cost.power_idle_scale
 
     def busy_extra_w(self, seg: Segment) -> float:
+        return self._busy_extra_w(seg) * self.cost.power_active_scale
+
+    def _busy_extra_w(self, seg: Segment) -> float:
         if "+" in seg.pu:  # one session spanning clusters: all their cores busy
             parts = [self.cost.profile.pu(p) for p in seg.pu.split("+")]
             return sum(p.active_power_w.value - p.idle_power_w.value for p in parts)

@@ -41,7 +41,7 @@ class Conditions:
 @dataclass(frozen=True)
 class CostEntry:
     key: str
-    kind: str  # op | block | partition
+    kind: str  # op | block | partition, or a calibration: handoff (ms) | power (value)
     model_sha256: str
     name: str  # op or block name, or a partition label
     members: tuple[str, ...]  # ONNX node names
@@ -55,6 +55,7 @@ class CostEntry:
     energy_source: str = "modelled"  # measured | modelled
     flops: int = 0
     measured_at: float = 0.0
+    value: float | None = None  # calibration values that are not times (kind "power": a scale factor)
 
     @property
     def config(self) -> tuple[str, int]:

@@ -5,11 +5,14 @@ Sensors: RAPL (``/sys/class/powercap/*/energy_uj``, wrap-around at
 ``power*_input`` (uW, sampled) and INA219/226/3221 rails (``in*_input`` mV x
 ``curr*_input`` mA, sampled). Without any, energy comes from a power model: busy
 CPU time at the profile's active power plus idle time at idle power, labelled
-``modelled``. The sysfs roots are parameters so tests can point them at fake trees.
+``modelled``. The sysfs roots are parameters, and ``$PARAPIPE_POWERCAP_ROOT`` /
+``$PARAPIPE_HWMON_ROOT`` move them for a whole process (a board whose sensors are
+mounted elsewhere, or a test's fake tree under a real agent).
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -129,12 +132,14 @@ class EnergyMeter:
         self,
         model: PowerModel,
         cores: int,
-        powercap: Path = POWERCAP,
-        hwmon: Path = HWMON,
+        powercap: Path | None = None,
+        hwmon: Path | None = None,
         busy: Callable[[], float] | None = None,
         sample_period_s: float = 0.01,
     ) -> None:
         self.model, self.cores, self.period = model, cores, sample_period_s
+        powercap = powercap or Path(os.environ.get("PARAPIPE_POWERCAP_ROOT") or POWERCAP)
+        hwmon = hwmon or Path(os.environ.get("PARAPIPE_HWMON_ROOT") or HWMON)
         self.rapl, self.hwmon = RaplCounter(powercap), HwmonSensors(hwmon)
         self.busy = busy or _process_cpu_seconds
         self.reading: EnergyReading | None = None

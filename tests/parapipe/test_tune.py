@@ -31,3 +31,24 @@ def test_tune_feeds_measurements_back(exported, tmp_path, monkeypatch) -> None:
     # every partition's time comes from frames run one at a time
     assert all(p["alone_frames"] > 0 for _, r in last for p in r.partitions)
     assert last and last[0][1].measured["throughput_fps"] > 0
+
+
+def test_measured_energy_rescales_the_power_model(exported, tmp_path, monkeypatch) -> None:
+    """A board with a power sensor (a fake hwmon tree read by the real agent): energy enters the loop."""
+    hwmon = tmp_path / "hwmon" / "hwmon0"
+    hwmon.mkdir(parents=True)
+    (hwmon / "name").write_text("fakepower\n")
+    (hwmon / "power1_input").write_text("40000000\n")  # 40 W, far above the profile's estimates
+    monkeypatch.setenv("PARAPIPE_HWMON_ROOT", str(tmp_path / "hwmon"))
+    monkeypatch.setenv("PARAPIPE_HOME", str(tmp_path))
+    costs = tmp_path / "costs.json"
+    history, last = tune(
+        exported("squeezenet1_1").path, "local", costs, "throughput", rounds=2, target_error=0.0, time_limit=1, frames=8
+    )
+    assert all(r.energy_source == "measured" for _, r in last)
+    first, second = history
+    assert first.rmspe_energy is not None and first.rmspe_energy > 30  # the estimates are far off
+    assert first.power_scale is not None and max(first.power_scale) > 1.5
+    assert second.rmspe_energy is not None and second.rmspe_energy < first.rmspe_energy / 2
+    table = CostTable.load(costs)
+    assert {e.name for e in table if e.kind == "power"} == {"active-scale", "idle-scale"}
