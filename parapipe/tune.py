@@ -1,8 +1,8 @@
 """The closed loop: profile -> plan -> run each plan -> feed the measurements back -> re-plan.
 
-Each run on the board reports every partition's busy time per frame (from the frames
-run one at a time, where nothing else competes for its core); those become measured
-``partition`` entries in the cost table (keyed like the profiler's), so the
+Each run on the board reports every partition's busy time per frame (frames back to
+back; for units split into several segments, which overlap on their cores, frames run one
+at a time); those become measured ``partition`` entries in the cost table (keyed like the profiler's), so the
 next round's cost model predicts those partitions from what the board did. Rounds stop
 when predicted and measured latency and throughput agree within the target (RMSPE) or
 the rounds run out; energy enters the error only where a sensor measured it.
@@ -56,13 +56,20 @@ def feed_back(
     segments = {s.name: s for s in lower(plan, graph, profile)}
     flops = {n.name: n.flops for n in graph.nodes}
     added = 0
+    per_unit: dict[tuple[int, int, int], int] = {}
+    for seg in segments.values():
+        per_unit[seg.unit_key] = per_unit.get(seg.unit_key, 0) + 1
     for p in result.partitions:
         seg = segments.get(p["name"])
         if seg is None or "+" in seg.pu:
             continue
-        # Frames run one at a time give the partition's own time, as the profiler measures it;
-        # back to back, segments sharing a core overlap and each one's wall time counts the others.
-        if p.get("alone_frames"):
+        # Back to back, a partition's time includes what running beside the others costs it
+        # (memory, caches, the executor's own threads): what the pipeline's throughput depends
+        # on. But segments of one unit share its cores and overlap, and then each one's wall
+        # time counts the others; for those the frames run one at a time are the honest measure.
+        if per_unit[seg.unit_key] == 1 and p["frames"]:
+            per_frame = p["busy_ms"] / p["frames"]
+        elif p.get("alone_frames"):
             per_frame = p["alone_busy_ms"] / p["alone_frames"]
         elif p["frames"]:
             per_frame = p["busy_ms"] / p["frames"]
