@@ -161,6 +161,7 @@ class Pipeline:
         self.replicas = manifest.replicas
         self.max_inflight = max_inflight or manifest.max_inflight or 1
         self.stopping = False
+        self.broken: str | None = None  # why the pipeline cannot finish frames any more (a peer link broke)
         self.period = 1
         for r in manifest.replicas:
             self.period = self.period * r // int(np.gcd(self.period, r))
@@ -249,6 +250,8 @@ class Pipeline:
         """Queue one frame (blocks while max_inflight frames are in flight); the future gives its outputs."""
         if self.stopping:
             raise PipelineError("the pipeline is stopped")
+        if self.broken:
+            raise PipelineError(f"{self.broken}; start the pipeline again once the peer is back")
         if not self.entry:
             raise PipelineError(
                 f"this agent runs host {self.manifest.host!r}'s part of a plan over {', '.join(self.manifest.hosts)}; "
@@ -304,6 +307,19 @@ class Pipeline:
             del self._frames[frame_id]
         frame.future.set_result(frame.outputs)
         self._slots.release()
+
+    def break_down(self, message: str) -> None:
+        """A peer link broke: fail every frame in flight (their tensors will not come back) and refuse new ones."""
+        self.broken = message
+        if not self.entry:
+            return
+        with self._lock:
+            frames = list(self._frames.values())
+            self._frames.clear()
+        for f in frames:
+            if not f.future.done():
+                f.future.set_exception(PipelineError(message))
+                self._slots.release()
 
     def fail(self, frame_id: int, error: BaseException) -> None:
         if not self.entry:

@@ -60,8 +60,14 @@ def open_channel(address: str, tls_ca: bytes = b"") -> grpc.Channel:
 
 
 class _Link:
-    def __init__(self, peer: Peer, plan_bundle: str, lost: Callable[[int, str], None]) -> None:
-        self.peer, self.plan_bundle, self.lost = peer, plan_bundle, lost
+    def __init__(
+        self,
+        peer: Peer,
+        plan_bundle: str,
+        lost: Callable[[int, str], None],
+        on_broken: Callable[[str], None] | None = None,
+    ) -> None:
+        self.peer, self.plan_bundle, self.lost, self.on_broken = peer, plan_bundle, lost, on_broken
         self.channel = open_channel(peer.address, peer.tls_ca)
         self.metadata = (("authorization", f"Bearer {peer.token}"),) if peer.token else ()
         self.queue: queue.Queue[pb.Handoff | None] = queue.Queue()
@@ -100,6 +106,8 @@ class _Link:
                 f"the link to host {self.peer.host!r} ({self.peer.address}) failed: {code.name}: {exc.details()}"  # type: ignore[attr-defined]
             )
             log.error("%s", self.broken)
+            if self.on_broken is not None:
+                self.on_broken(self.broken)
             self._drain()
 
     def _drain(self) -> None:
@@ -125,11 +133,21 @@ class _Link:
 
 
 class PeerLinks:
-    """One stream per peer host. ``lost(frame, message)`` is called for frames a broken link drops."""
+    """One stream per peer host.
 
-    def __init__(self, peers: dict[str, Peer], plan_bundle: str, lost: Callable[[int, str], None]) -> None:
+    ``lost(frame, message)`` is called for each frame a broken link drops, ``on_broken(message)``
+    once when a link breaks (frames already handed to that peer will not come back either).
+    """
+
+    def __init__(
+        self,
+        peers: dict[str, Peer],
+        plan_bundle: str,
+        lost: Callable[[int, str], None],
+        on_broken: Callable[[str], None] | None = None,
+    ) -> None:
         self.plan_bundle = plan_bundle
-        self._links = {host: _Link(peer, plan_bundle, lost) for host, peer in peers.items()}
+        self._links = {host: _Link(peer, plan_bundle, lost, on_broken) for host, peer in peers.items()}
 
     def start(self) -> None:
         try:

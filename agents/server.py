@@ -183,7 +183,8 @@ class HealthServicer(health_pb2_grpc.HealthServicer):
         if name == "":
             return serving
         if name == AGENT_SERVICE:
-            return serving if self.state.pipeline is not None else not_serving
+            pipeline = self.state.pipeline
+            return serving if pipeline is not None and not pipeline.broken else not_serving
         return health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
 
     def Check(self, request, context):

@@ -125,7 +125,12 @@ def start_pipeline(state: AgentState, sha: str, max_inflight: int = 0, peers: It
                 f"StartPipeline needs the address of the agent of {', '.join(missing)} (peers)"
             )
         if pipeline.peer_hosts:
-            links = PeerLinks({h: given[h] for h in pipeline.peer_hosts}, manifest.plan_bundle, _on_lost(pipeline))
+            links = PeerLinks(
+                {h: given[h] for h in pipeline.peer_hosts},
+                manifest.plan_bundle,
+                _on_lost(pipeline),
+                pipeline.break_down,
+            )
             links.start()  # raises PeerError when a peer does not answer or refuses the token
             pipeline.links = links
         try:

@@ -134,3 +134,25 @@ def test_multihost_errors_name_what_is_missing(exported, edge_cloud, tmp_path) -
         # and the plan still runs end to end
         ref = ort.InferenceSession(loaded.proto.SerializeToString()).run(None, inputs)[0]
         assert np.max(np.abs(next(iter(edge.client.infer(inputs).values())) - ref)) <= 1e-5
+
+
+def test_a_peer_that_dies_fails_frames_with_its_name_instead_of_hanging(exported, edge_cloud, tmp_path) -> None:
+    loaded, graph = model_and_graph(exported, "squeezenet1_1")
+    plan = _plans(loaded, graph, edge_cloud)["edge-then-cloud"]
+    compiled = compile_plan(plan, loaded, graph, edge_cloud)
+    parts = write_bundles(compiled, tmp_path / "b")
+    with ExitStack() as stack:
+        agents = _start(stack, {"edge": parts["edge"], "cloud": parts["cloud"]})
+        edge, cloud = agents["edge"], agents["cloud"]
+        inputs = generate_inputs(compiled.manifest.inputs)
+        assert edge.client.infer(inputs)
+        cloud.process.kill()
+        cloud.process.wait()
+        with pytest.raises(AgentError) as exc:
+            edge.client.infer(inputs)
+        assert exc.value.code == grpc.StatusCode.FAILED_PRECONDITION
+        assert "host 'cloud'" in str(exc.value)
+        assert not edge.client.ready()  # no longer ready, and says why on every new frame
+        with pytest.raises(AgentError, match="start the pipeline again"):
+            edge.client.infer(inputs)
+        assert edge.client.health() == "SERVING"  # the agent itself keeps serving
