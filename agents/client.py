@@ -9,6 +9,7 @@ import grpc
 import numpy as np
 
 from agents.bundle import MANIFEST, parse_manifest
+from agents.memory import keep_large_buffers
 from agents.peers import Peer
 from agents.proto import health_pb2, health_pb2_grpc
 from agents.proto import parapipe_agent_pb2 as pb
@@ -39,6 +40,7 @@ class AgentClient:
         tls: tuple[bytes | None, bytes | None, bytes | None] | None = None,
         timeout: float = 30.0,
     ) -> None:
+        keep_large_buffers()  # frames are large: reuse their buffers instead of faulting in fresh pages
         options = [
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),

@@ -24,6 +24,7 @@ import grpc
 from agents import service
 from agents.bundle import BundleError
 from agents.executor import InputError, PipelineError
+from agents.memory import keep_large_buffers
 from agents.peers import Peer, PeerError
 from agents.proto import health_pb2, health_pb2_grpc
 from agents.proto import parapipe_agent_pb2 as pb
@@ -292,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as exc:
             print(f"error: cannot read a TLS file: {exc}", file=sys.stderr)
             return 2
+    keep_large_buffers()
     state = service.AgentState(args.workdir)
     try:
         server, port = build_server(state, args.host, args.port, token, tls)

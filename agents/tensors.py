@@ -35,7 +35,11 @@ def from_message(t: pb.Tensor) -> np.ndarray:
 
 
 def frame_message(frame_id: int, tensors: Mapping[str, np.ndarray]) -> pb.Frame:
-    return pb.Frame(id=frame_id, tensors=[to_message(k, v) for k, v in tensors.items()])
+    frame = pb.Frame(id=frame_id)
+    for name, value in tensors.items():  # built in place: a Tensor made apart would be copied in again
+        value = np.ascontiguousarray(value)
+        frame.tensors.add(name=name, dtype=str(value.dtype), shape=list(value.shape), data=value.tobytes())
+    return frame
 
 
 def frame_arrays(frame: pb.Frame) -> dict[str, np.ndarray]:

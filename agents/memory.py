@@ -1,0 +1,37 @@
+"""Keep large tensor buffers in the heap instead of fresh ``mmap`` pages (glibc).
+
+Every frame allocates several buffers of the size of its tensors (protobuf copies,
+numpy arrays). Above glibc's mmap threshold (128 KiB to start with) each one is a fresh
+mapping whose pages fault in and are zeroed on first touch, and are unmapped again on
+free: for a 600 KB image that was about half of a gRPC round trip here. Raising the
+threshold and the trim threshold lets freed buffers be reused. The agent calls this at
+start; the host client too. A no-op where libc has no ``mallopt``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+
+M_TRIM_THRESHOLD = -1
+M_MMAP_THRESHOLD = -3
+MMAP_THRESHOLD_BYTES = 32 * 1024 * 1024  # glibc's largest allowed value on 64-bit
+TRIM_THRESHOLD_BYTES = 256 * 1024 * 1024
+
+_done = False
+
+
+def keep_large_buffers() -> bool:
+    """Set the thresholds once per process; True if libc accepted them."""
+    global _done
+    if _done:
+        return True
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    ok = bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)) and bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES))
+    _done = ok
+    return ok
