@@ -26,7 +26,7 @@ from agents.bundle import verify_bundle
 from agents.client import AgentClient
 from agents.executor import generate_inputs
 from agents.peers import Peer
-from device_profiles.loader import load_profile
+from device_profiles.loader import RUNTIME_PROFILES, load_profile
 from models.graph import build_graph
 from models.onnx_io import LoadedModel, load_onnx
 from parapipe.compile import compile_plan, host_bundles, write_bundle, write_bundles
@@ -34,7 +34,7 @@ from parapipe.home import parapipe_home
 from parapipe.local_agent import DeployError, LocalAgent
 from planner.plan import Plan
 
-LOCAL_BOARDS = ("local", "local-biglittle", "local-edge-cloud")
+LOCAL_BOARDS = RUNTIME_PROFILES  # the embedded boards: this machine, with agents as child processes
 
 
 @dataclass(frozen=True)

@@ -9,16 +9,20 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from device_profiles.loader import RUNTIME_PROFILES as LOCAL_BOARDS
 from parapipe.app import JsonFlag, ShapeOpt, app, err, fails_cleanly, out, print_json
-
-LOCAL_BOARDS = ("local", "local-biglittle")
 
 
 @app.command()
 @fails_cleanly
 def profile(
     model: Annotated[Path, typer.Argument(help="The .onnx model to measure.")],
-    board: Annotated[str, typer.Option("--board", help="Board to measure on: local or local-biglittle.")] = "local",
+    board: Annotated[
+        str,
+        typer.Option(
+            "--board", help="Board to measure on: local, local-biglittle, local-edge-cloud or an inventory board."
+        ),
+    ] = "local",
     pu: Annotated[list[str] | None, typer.Option("--pu", help="Only these PUs (repeatable); default all.")] = None,
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Cost table (merged, not overwritten).")] = None,
     granularity: Annotated[str, typer.Option("--granularity", help="Blocks to time: coarse, fine or both.")] = "coarse",
@@ -43,7 +47,7 @@ def profile(
             remote = get_board(board)
         except BoardError:
             raise ProfilingError(
-                f"board {board!r} is neither {' nor '.join(LOCAL_BOARDS)} nor in the inventory; "
+                f"board {board!r} is none of {', '.join(LOCAL_BOARDS)} and not in the inventory; "
                 "add it with `parapipe boards add` to profile it over SSH"
             ) from None
     if granularity not in ("coarse", "fine", "both"):
