@@ -233,11 +233,11 @@ def _run_hosts(
         for h in hosts:
             say(f"loading host {h}'s bundle")
             replies[h] = agents[h][0].load_bundle(folders[h])
-        for h in reversed(hosts):  # the entry host last: its agent checks that its peers answer
-            say(f"starting host {h}'s pipeline")
-            peers = [agents[o][1] for o in hosts if o != h]
-            agents[h][0].start(replies[h].bundle_sha256, peers=peers)
         try:
+            for h in reversed(hosts):  # the entry host last: its agent checks that its peers answer
+                say(f"starting host {h}'s pipeline")
+                peers = [agents[o][1] for o in hosts if o != h]
+                agents[h][0].start(replies[h].bundle_sha256, peers=peers)
             entry = agents[hosts[0]][0]
             result = _measure(
                 plan,
