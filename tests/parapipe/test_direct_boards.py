@@ -136,3 +136,19 @@ def test_run_a_plan_over_two_hosts_from_the_cli(exported, tmp_path) -> None:
     assert result.returncode == 0, result.stderr
     hosts = json.loads(result.stdout)["hosts"]
     assert set(hosts) == {"edge", "cloud"} and all(Path(h["folder"], "manifest.json").exists() for h in hosts.values())
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_profile_the_two_host_board(exported, tmp_path) -> None:
+    home = tmp_path / "home"
+    model = exported("squeezenet1_1").path
+    result = _run(
+        "profile", str(model), "--board", "local-edge-cloud", "--repeats", "3", "--warmup", "0", "--json", home=home
+    )
+    assert result.returncode == 0, result.stderr
+    from profiler.costtable import CostTable
+
+    table = CostTable.load(home / "costs.json")
+    assert {e.conditions.pu for e in table} == {"edge", "cloud"}
+    bad = _run("profile", str(model), "--board", "nowhere", home=home)
+    assert bad.returncode == 2 and "local-edge-cloud" in bad.stderr and "Traceback" not in bad.stderr
