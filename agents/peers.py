@@ -63,11 +63,10 @@ class _Link:
     def __init__(
         self,
         peer: Peer,
-        plan_bundle: str,
         lost: Callable[[int, str], None],
         on_broken: Callable[[str], None] | None = None,
     ) -> None:
-        self.peer, self.plan_bundle, self.lost, self.on_broken = peer, plan_bundle, lost, on_broken
+        self.peer, self.lost, self.on_broken = peer, lost, on_broken
         self.channel = open_channel(peer.address, peer.tls_ca)
         self.metadata = (("authorization", f"Bearer {peer.token}"),) if peer.token else ()
         self.queue: queue.Queue[pb.Handoff | None] = queue.Queue()
@@ -147,7 +146,7 @@ class PeerLinks:
         on_broken: Callable[[str], None] | None = None,
     ) -> None:
         self.plan_bundle = plan_bundle
-        self._links = {host: _Link(peer, plan_bundle, lost, on_broken) for host, peer in peers.items()}
+        self._links = {host: _Link(peer, lost, on_broken) for host, peer in peers.items()}
 
     def start(self) -> None:
         try:

@@ -253,17 +253,7 @@ def _run_hosts(
             )
             partitions = [dict(p, host=hosts[0]) for p in result.partitions]
             for h in hosts[1:]:  # counters since start (warm-up and --verify frames included)
-                for p in agents[h][0].status().partitions:
-                    partitions.append(
-                        {
-                            "name": p.name,
-                            "pu": p.pu,
-                            "busy_ms": p.busy_ms,
-                            "queue_wait_ms": p.queue_wait_ms,
-                            "frames": p.frames,
-                            "host": h,
-                        }
-                    )
+                partitions += [_partition_record(p, host=h) for p in agents[h][0].status().partitions]
             result = RunResult(
                 **{
                     **result.__dict__,
@@ -333,23 +323,26 @@ def _measure(
         errors_pct=errors,
         energy_source=bench.energy_source,
         max_abs_diff=diff,
-        partitions=[
-            {
-                "name": p.name,
-                "pu": p.pu,
-                "busy_ms": p.busy_ms,
-                "queue_wait_ms": p.queue_wait_ms,
-                "frames": p.frames,
-                "alone_busy_ms": p.alone_busy_ms,
-                "alone_frames": p.alone_frames,
-            }
-            for p in bench.partitions
-        ],
+        partitions=[_partition_record(p) for p in bench.partitions],
         uploaded_bytes=reply.bytes_received,
     )
     if record_it:
         record(plan, result)
     return result
+
+
+def _partition_record(p, **extra: str) -> dict[str, Any]:
+    """A partition's counters (``PartitionStats``) as the JSON record ``run`` reports and ``tune`` reads."""
+    return {
+        "name": p.name,
+        "pu": p.pu,
+        "busy_ms": p.busy_ms,
+        "queue_wait_ms": p.queue_wait_ms,
+        "frames": p.frames,
+        "alone_busy_ms": p.alone_busy_ms,
+        "alone_frames": p.alone_frames,
+        **extra,
+    }
 
 
 def record(plan: Plan, result: RunResult) -> Path:

@@ -52,21 +52,26 @@ def model_and_graph(exported, name: str):
     return loaded, build_graph(loaded.proto, loaded.sha256, name)
 
 
-def executor_plans(loaded, graph, profile) -> dict[str, Plan]:
-    """Plans with parallel branches on two units, a two-stage pipeline, and a replicated stage."""
-    blocks = coarsen(graph, "coarse")
-    problem = build_problem(blocks, graph, CostModel(profile, graph), 4)
-    c0 = next(u for u, x in enumerate(problem.units) if x.pu == "c0")
-    c1 = next(u for u, x in enumerate(problem.units) if x.pu == "c1")
+def branch_plan(blocks, graph, profile, main: str, side: str, name: str, max_units: int) -> Plan:
+    """Everything on one core of ``main`` except the first branch of every fork, which runs on ``side``."""
+    problem = build_problem(blocks, graph, CostModel(profile, graph), max_units)
+    home = next(u for u, x in enumerate(problem.units) if x.pu == main)
+    away = next(u for u, x in enumerate(problem.units) if x.pu == side)
     first_branch = {succ[0] for succ in blocks.successors.values() if len(succ) >= 2}
-    branches = to_plan(
+    return to_plan(
         problem,
-        UnitAssignment(tuple(c1 if b in first_branch else c0 for b in problem.blocks)),
+        UnitAssignment(tuple(away if b in first_branch else home for b in problem.blocks)),
         blocks,
         profile,
         Provenance("hand"),
-        "branches",
+        name,
     )
+
+
+def executor_plans(loaded, graph, profile) -> dict[str, Plan]:
+    """Plans with parallel branches on two units, a two-stage pipeline, and a replicated stage."""
+    blocks = coarsen(graph, "coarse")
+    branches = branch_plan(blocks, graph, profile, "c0", "c1", "branches", 4)
     pipeline = flop_pipeline(blocks, profile, [("c0", 1), ("c1", 1)], name="two-stages")
     one = single_pu(blocks, profile, "c0", 1)
     names = one.stages[0].groups[0][0].blocks
@@ -85,4 +90,4 @@ def executor_plans(loaded, graph, profile) -> dict[str, Plan]:
     return {"branches": branches, "two-stages": pipeline, "replicated": replicated}
 
 
-__all__ = ["executor_plans", "load_profile", "model_and_graph"]
+__all__ = ["branch_plan", "executor_plans", "load_profile", "model_and_graph"]

@@ -26,12 +26,7 @@ from models.coarsen import coarsen
 from parapipe.compile import compile_plan, host_bundles, write_bundles
 from parapipe.local_agent import LocalAgent
 from planner.baselines import flop_pipeline
-from planner.build import to_plan
-from planner.costmodel import CostModel
-from planner.ilp import Assignment as UnitAssignment
-from planner.plan import Provenance
-from planner.problem import build_problem
-from tests.agents.conftest import model_and_graph
+from tests.agents.conftest import branch_plan, model_and_graph
 
 pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
 
@@ -43,18 +38,7 @@ def edge_cloud():
 
 def _plans(loaded, graph, profile):
     blocks = coarsen(graph, "coarse")
-    problem = build_problem(blocks, graph, CostModel(profile, graph), 2)
-    edge = next(u for u, x in enumerate(problem.units) if x.pu == "edge")
-    cloud = next(u for u, x in enumerate(problem.units) if x.pu == "cloud")
-    first_branch = {succ[0] for succ in blocks.successors.values() if len(succ) >= 2}
-    branches = to_plan(
-        problem,
-        UnitAssignment(tuple(cloud if b in first_branch else edge for b in problem.blocks)),
-        blocks,
-        profile,
-        Provenance("hand"),
-        "branches-to-cloud",
-    )
+    branches = branch_plan(blocks, graph, profile, "edge", "cloud", "branches-to-cloud", 2)
     return {
         "branches-to-cloud": branches,  # edge -> cloud -> edge inside one stage, several times
         "edge-then-cloud": flop_pipeline(blocks, profile, [("edge", 1), ("cloud", 1)], name="edge-then-cloud"),
