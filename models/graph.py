@@ -186,6 +186,68 @@ def _tensor_infos(model: onnx.ModelProto) -> dict[str, TensorInfo]:
     return infos
 
 
+CONTROL_FLOW = frozenset({"If", "Loop", "Scan"})
+
+
+def subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    """The graphs a node carries in its attributes (the branches of an If, the body of a Loop or Scan)."""
+    out: list[onnx.GraphProto] = []
+    for a in node.attribute:
+        if a.type == onnx.AttributeProto.GRAPH:
+            out.append(a.g)
+        elif a.type == onnx.AttributeProto.GRAPHS:
+            out.extend(a.graphs)
+    return out
+
+
+def outer_reads(node: onnx.NodeProto) -> list[str]:
+    """Tensors of the enclosing graph that a node's subgraphs read implicitly (not through ``node.input``)."""
+    reads: list[str] = []
+
+    def walk(g: onnx.GraphProto, bound: set[str]) -> None:
+        local = set(bound) | {i.name for i in g.input} | {t.name for t in g.initializer}
+        local |= {t.values.name for t in g.sparse_initializer}
+        for n in g.node:
+            for t in n.input:
+                if t and t not in local and t not in reads:
+                    reads.append(t)
+            for sub in subgraphs(n):
+                walk(sub, local)
+            local |= {o for o in n.output if o}
+
+    for g in subgraphs(node):
+        walk(g, set())
+    return reads
+
+
+def all_reads(node: onnx.NodeProto) -> list[str]:
+    """Every tensor a node reads: its inputs, then what its subgraphs read from outside."""
+    return list(dict.fromkeys([*(t for t in node.input if t), *outer_reads(node)]))
+
+
+def _subgraph_weights(node: onnx.NodeProto, shapes: Mapping[str, tuple[int, ...]]) -> tuple[int, int]:
+    """(bytes of weights, FLOPs as far as shapes are known) inside a node's subgraphs."""
+    params = flops = 0
+    for g in subgraphs(node):
+        inner = dict(shapes)
+        for vi in [*g.input, *g.value_info, *g.output]:
+            tt = vi.type.tensor_type
+            if tt.HasField("shape") and all(d.HasField("dim_value") for d in tt.shape.dim):
+                inner[vi.name] = tuple(d.dim_value for d in tt.shape.dim)
+        for t in g.initializer:
+            params += math.prod(t.dims) * _DTYPE_BYTES.get(t.data_type, 4)
+            inner[t.name] = tuple(t.dims)
+        for n in g.node:
+            if n.op_type == "Constant":
+                for a in n.attribute:
+                    if a.type == onnx.AttributeProto.TENSOR:
+                        params += len(a.t.raw_data) or math.prod(a.t.dims) * _DTYPE_BYTES.get(a.t.data_type, 4)
+            flops += node_flops(n, inner)
+            p, f = _subgraph_weights(n, inner)
+            params, flops = params + p, flops + f
+    return params, flops
+
+
 def _topological(model: onnx.ModelProto, available: set[str]) -> list[onnx.NodeProto]:
     """Kahn's algorithm, stable in file order; refuses graphs whose nodes read unknown tensors."""
     nodes = list(model.graph.node)
@@ -193,8 +255,9 @@ def _topological(model: onnx.ModelProto, available: set[str]) -> list[onnx.NodeP
     waiting = [0] * len(nodes)
     readers: dict[int, list[int]] = {}
     for i, n in enumerate(nodes):
-        deps = {produced[t] for t in n.input if t and t not in available and t in produced}
-        missing = [t for t in n.input if t and t not in available and t not in produced]
+        reads = all_reads(n)
+        deps = {produced[t] for t in reads if t not in available and t in produced}
+        missing = [t for t in reads if t not in available and t not in produced]
         if missing:
             raise ModelError(f"node {n.name!r} reads {missing[0]!r}, which no node, input or initializer provides")
         waiting[i] = len(deps)
@@ -226,14 +289,15 @@ def build_graph(model: onnx.ModelProto, sha256: str = "", name: str = "") -> OpG
     ordered = _topological(model, init_names | set(graph_inputs))
     # Weights: each initializer counts once, for the first node reading it; Constants count their value.
     owner: dict[str, str] = {}
+    reads = {node.name: all_reads(node) for node in ordered}
     for node in ordered:
-        for t in node.input:
+        for t in reads[node.name]:
             if t in init_names and t not in owner:
                 owner[t] = node.name
     consumers: dict[str, list[str]] = {}
     for node in ordered:
-        for t in node.input:
-            if t and t not in init_names:
+        for t in reads[node.name]:
+            if t not in init_names:
                 consumers.setdefault(t, []).append(node.name)
     graph_outputs = {o.name for o in g.output}
 
@@ -241,15 +305,18 @@ def build_graph(model: onnx.ModelProto, sha256: str = "", name: str = "") -> OpG
     edges: list[Edge] = []
     producer: dict[str, str] = {}
     for node in ordered:
-        params = sum(infos[t].nbytes for t in node.input if owner.get(t) == node.name and t in infos)
+        params = sum(infos[t].nbytes for t in reads[node.name] if owner.get(t) == node.name and t in infos)
         if node.op_type == "Constant":
             for a in node.attribute:
                 if a.type == onnx.AttributeProto.TENSOR:
                     params += len(a.t.raw_data) or math.prod(a.t.dims) * _DTYPE_BYTES.get(a.t.data_type, 4)
         flops = node_flops(node, shapes)
+        if node.op_type in CONTROL_FLOW or subgraphs(node):
+            inner_params, inner_flops = _subgraph_weights(node, shapes)
+            params, flops = params + inner_params, flops + inner_flops
         cls = op_class(node, shapes)
         outputs = tuple(o for o in node.output if o and (o in consumers or o in graph_outputs))
-        dyn_inputs = tuple(dict.fromkeys(t for t in node.input if t and t not in init_names))
+        dyn_inputs = tuple(t for t in reads[node.name] if t not in init_names)
         nodes.append(
             OpNode(
                 name=node.name,

@@ -13,29 +13,53 @@ import functools
 import hashlib
 import os
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
 from onnx import TensorProto, helper
 
 from models.errors import ModelError
+from models.inputs import InputSpec, check_input_data, input_specs, load_input_data, make_feeds, tensor_values
 
 _MAX_PROTO_BYTES = 2**31 - 1
 
 
 @dataclass(frozen=True)
 class LoadedModel:
-    """A validated model with static shapes, and the content hash of the file(s) it came from."""
+    """A validated model with static shapes, and what identifies it.
+
+    ``sha256`` identifies the model *as planned*: the hash of the file(s) when the file's
+    inputs are static, else the hash of the file(s) and the input shapes fixed for it (a
+    dynamic detector planned at 640x640 is another model from the same file at 320x320).
+    ``file_sha256`` is the files' hash alone. ``inputs`` says how frames are made for each
+    input, ``shape_sources`` where each tensor's shape came from (``onnx`` shape inference
+    or one ``onnxruntime`` run).
+    """
 
     path: Path
     proto: onnx.ModelProto
     sha256: str
+    file_sha256: str = ""
+    inputs: tuple[InputSpec, ...] = ()
+    shape_sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
+    input_data: Mapping[str, np.ndarray] | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def input_shapes(self) -> dict[str, tuple[int, ...]]:
+        return {s.name: s.shape for s in self.inputs}
+
+    def feeds(self, seed: int = 0) -> dict[str, np.ndarray]:
+        """One frame: the user's sample data where given, generated values elsewhere."""
+        return make_feeds(self.inputs, self.input_data, seed)
 
 
-def parse_shape(text: str) -> tuple[int, ...]:
-    """``"1,3,224,224"`` -> ``(1, 3, 224, 224)``; every dimension a positive integer."""
+def parse_shape(text: str, allow_scalar: bool = False) -> tuple[int, ...]:
+    """``"1,3,224,224"`` -> ``(1, 3, 224, 224)``; every dimension a positive integer (``""`` a scalar if allowed)."""
+    if allow_scalar and not text.strip():
+        return ()
     try:
         dims = tuple(int(d) for d in text.replace("x", ",").split(",") if d.strip())
     except ValueError:
@@ -46,13 +70,15 @@ def parse_shape(text: str) -> tuple[int, ...]:
 
 
 def parse_input_shapes(values: list[str] | None) -> dict[str, tuple[int, ...]] | None:
-    """CLI form ``[name=]1,3,224,224`` (repeatable) -> {name or "": shape}."""
+    """CLI form ``[name=]1,3,224,224`` (repeatable; ``name=`` alone is a scalar) -> {name or "": shape}."""
     if not values:
         return None
     shapes: dict[str, tuple[int, ...]] = {}
     for value in values:
         name, sep, dims = value.rpartition("=")
-        shapes[name if sep else ""] = parse_shape(dims)
+        if sep and not name:
+            raise ModelError(f"bad --input-shape {value!r}: give NAME=DIMS, e.g. x=1,3,224,224 (or sr= for a scalar)")
+        shapes[name if sep else ""] = parse_shape(dims, allow_scalar=bool(sep))
     return shapes
 
 
@@ -132,7 +158,12 @@ def _file_hash(paths: list[Path]) -> str:
     return digest.hexdigest()
 
 
-def _fix_input_shapes(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]] | None) -> None:
+def _fix_input_shapes(
+    model: onnx.ModelProto,
+    shapes: Mapping[str, tuple[int, ...]] | None,
+    data: Mapping[str, np.ndarray] | None = None,
+) -> bool:
+    """Make every graph input static (from ``--input-shape``, else the sample data); True if the file's were not."""
     init_names = {t.name for t in model.graph.initializer}
     real_inputs = [i for i in model.graph.input if i.name not in init_names]
     shapes = dict(shapes or {})
@@ -149,21 +180,42 @@ def _fix_input_shapes(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ..
             f"--input-shape names {', '.join(sorted(unknown))}, which the model does not have; "
             f"its inputs are {', '.join(i.name for i in real_inputs)}"
         )
+    if data:
+        ranks = {
+            i.name: (
+                onnx.helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type).name
+                if i.type.tensor_type.elem_type
+                else "float32",
+                len(i.type.tensor_type.shape.dim) if i.type.tensor_type.HasField("shape") else -1,
+            )
+            for i in real_inputs
+        }
+        check_input_data(data, ranks)
+        for name, arr in data.items():
+            given = shapes.setdefault(name, tuple(arr.shape))
+            if tuple(given) != tuple(arr.shape):
+                raise ModelError(f"--input-data {name!r} has shape {list(arr.shape)}; --input-shape says {list(given)}")
+    was_dynamic = False
     for inp in real_inputs:
         if not inp.type.HasField("tensor_type"):
             raise ModelError(f"input {inp.name!r} is not a tensor; only tensor inputs are supported")
+        has_shape = inp.type.tensor_type.HasField("shape")
         dims = inp.type.tensor_type.shape.dim
         given = shapes.get(inp.name)
         current = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in dims]
+        static = has_shape and all(isinstance(d, int) and d > 0 for d in current)
+        was_dynamic = was_dynamic or not static
         if given is None:
-            if not inp.type.tensor_type.HasField("shape") or any(not isinstance(d, int) or d <= 0 for d in current):
+            if not static:
+                example = ",".join(str(d) if isinstance(d, int) and d > 0 else "1" for d in current)
                 raise ModelError(
-                    f"input {inp.name!r} has dynamic dimensions {current}; give a static shape, "
-                    f"e.g. --input-shape {inp.name}="
-                    + ",".join(str(d) if isinstance(d, int) and d > 0 else "1" for d in current)
+                    f"input {inp.name!r} has dynamic dimensions {current if has_shape else '(no shape)'}; "
+                    f"give a static shape, e.g. --input-shape {inp.name}={example}"
+                    + (" (nothing after '=' for a scalar)" if not current else "")
+                    + ", or sample inputs with --input-data FILE.npz"
                 )
             continue
-        if inp.type.tensor_type.HasField("shape") and len(dims) != len(given):
+        if has_shape and len(dims) != len(given):
             raise ModelError(
                 f"input {inp.name!r} has rank {len(dims)} ({current}); the given shape {list(given)} has rank {len(given)}"
             )
@@ -173,8 +225,10 @@ def _fix_input_shapes(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ..
                     f"input {inp.name!r} has fixed shape {current}; the given shape {list(given)} contradicts it"
                 )
         inp.type.tensor_type.ClearField("shape")
+        inp.type.tensor_type.shape.SetInParent()  # a scalar has a shape with no dims
         for d in given:
             inp.type.tensor_type.shape.dim.add().dim_value = d
+    return was_dynamic
 
 
 def _name_nodes(graph: onnx.GraphProto) -> None:
@@ -188,8 +242,17 @@ def _name_nodes(graph: onnx.GraphProto) -> None:
         seen.add(name)
 
 
-def load_onnx(path: str | Path, input_shapes: Mapping[str, tuple[int, ...]] | None = None) -> LoadedModel:
-    """Load and validate a user's ONNX file; see the module docstring for what is refused."""
+def load_onnx(
+    path: str | Path,
+    input_shapes: Mapping[str, tuple[int, ...]] | None = None,
+    input_data: str | Path | Mapping[str, np.ndarray] | None = None,
+) -> LoadedModel:
+    """Load and validate a user's ONNX file; see the module docstring for what is refused.
+
+    ``input_data`` (an .npz path or arrays by input name) fixes the shapes of the inputs it
+    holds and is what frames are made of; shapes onnx cannot infer come from one
+    onnxruntime run with those inputs (generated ones where no data is given).
+    """
     path = Path(path)
     if not path.exists():
         raise ModelError(f"no such file: {path}")
@@ -228,19 +291,92 @@ def load_onnx(path: str | Path, input_shapes: Mapping[str, tuple[int, ...]] | No
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelError(f"{path} fails the ONNX checker: {first}") from None
 
-    _fix_input_shapes(model, input_shapes)
+    data = load_input_data(input_data) if isinstance(input_data, str | Path) else input_data
+    was_dynamic = _fix_input_shapes(model, input_shapes, data)
     _name_nodes(model.graph)
+    sources = _infer_shapes(model, path)
+    file_sha = _file_hash([path, *data_files])
+    tensors = _input_types(model)
+    specs = input_specs(model, tensors, data)
+    missing = [t for t, src in sources.items() if src == "missing"]
+    if missing:
+        values = tensor_values(model, make_feeds(specs, data))
+        _record_shapes(model, values, missing)
+        for t in missing:
+            sources[t] = "onnxruntime"
+    identity = file_sha
+    if was_dynamic:
+        fixed = ";".join(f"{s.name}:{s.dtype}:{','.join(map(str, s.shape))}" for s in specs)
+        identity = hashlib.sha256(f"{file_sha}|{fixed}".encode()).hexdigest()
+    return LoadedModel(
+        path=path,
+        proto=model,
+        sha256=identity,
+        file_sha256=file_sha,
+        inputs=specs,
+        shape_sources=sources,
+        input_data=data,
+    )
+
+
+def _input_types(model: onnx.ModelProto) -> dict[str, tuple[str, tuple[int, ...]]]:
+    init_names = {t.name for t in model.graph.initializer}
+    out = {}
+    for i in model.graph.input:
+        if i.name in init_names:
+            continue
+        tt = i.type.tensor_type
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type).name if tt.elem_type else "float32"
+        out[i.name] = (dtype, tuple(d.dim_value for d in tt.shape.dim))
+    return out
+
+
+def _static(vi: onnx.ValueInfoProto) -> bool:
+    tt = vi.type.tensor_type
+    return (
+        vi.type.HasField("tensor_type")
+        and tt.elem_type != 0
+        and tt.HasField("shape")
+        and all(d.HasField("dim_value") and d.dim_value >= 0 for d in tt.shape.dim)
+    )
+
+
+def _infer_shapes(model: onnx.ModelProto, path: Path) -> dict[str, str]:
+    """Shapes from ``onnx.shape_inference`` into the model; returns every used tensor -> "onnx" | "missing"."""
     skeleton = _skeleton(model)
     try:
         inferred = onnx.shape_inference.infer_shapes(skeleton, strict_mode=True, data_prop=True)
-    except Exception as exc:  # onnx raises several types (InferenceError, RuntimeError) here
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ModelError(f"shape inference failed on {path}: {first}") from None
+    except Exception:  # onnx raises several types (InferenceError, RuntimeError); retry leniently
+        try:
+            inferred = onnx.shape_inference.infer_shapes(skeleton, strict_mode=False, data_prop=True)
+        except Exception:
+            inferred = skeleton
+    known = {vi.name: vi for vi in [*inferred.graph.value_info, *inferred.graph.output] if _static(vi)}
     del model.graph.value_info[:]
-    model.graph.value_info.extend(inferred.graph.value_info)
+    model.graph.value_info.extend(vi for vi in inferred.graph.value_info if vi.name in known)
+    outputs = [known.get(o.name, o) for o in model.graph.output]
     del model.graph.output[:]
-    model.graph.output.extend(inferred.graph.output)
-    return LoadedModel(path=path, proto=model, sha256=_file_hash([path, *data_files]))
+    model.graph.output.extend(outputs)
+    used = {t for n in model.graph.node for t in n.input if t} | {o.name for o in model.graph.output}
+    produced = [t for n in model.graph.node for t in n.output if t and t in used]
+    return {t: ("onnx" if t in known else "missing") for t in produced}
+
+
+def _record_shapes(model: onnx.ModelProto, values: Mapping[str, np.ndarray], names: list[str]) -> None:
+    """Shapes and dtypes observed in one onnxruntime run, written as value_info / output types."""
+    outputs = {o.name for o in model.graph.output}
+    keep = [vi for vi in model.graph.value_info if vi.name not in set(names)]
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(keep)
+    for t in names:
+        arr = values[t]
+        vi = helper.make_tensor_value_info(t, helper.np_dtype_to_tensor_dtype(arr.dtype), list(arr.shape))
+        if t in outputs:
+            for o in model.graph.output:
+                if o.name == t:
+                    o.CopyFrom(vi)
+        else:
+            model.graph.value_info.append(vi)
 
 
 def _skeleton(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -2,9 +2,11 @@
 
 A grouping maps partition names to ONNX node names. It is valid when every node is in
 exactly one partition and the partitions depend on each other without a cycle;
-partitions with no path between them run in parallel. Each partition is extracted
-with ``onnx.utils.Extractor`` (built once per model), and ``verify_partitions`` runs
-them chained with onnxruntime against the full model.
+partitions with no path between them run in parallel. Each partition is extracted by
+``GroupExtractor`` (control-flow nodes stay whole, with what their subgraphs read),
+and ``verify_partitions`` runs them chained with onnxruntime against the full model.
+Partition names may be anything a model file holds; file names are made from them
+with ``models.names.safe_name``.
 """
 
 from __future__ import annotations
@@ -19,10 +21,11 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnx.utils
 
 from models.errors import PartitionError
-from models.graph import OpGraph
+from models.graph import OpGraph, all_reads
+from models.inputs import input_specs, make_feeds
+from models.names import safe_name
 from models.onnx_io import write_model_atomic
 
 MANIFEST_VERSION = 1
@@ -98,7 +101,7 @@ class PartitionSet:
             "partitions": [
                 {
                     "name": p.name,
-                    "file": f"{p.name}.onnx",
+                    "file": f"{safe_name(p.name)}.onnx",
                     "sha256": p.sha256(),
                     "nodes": list(p.nodes),
                     "inputs": list(p.inputs),
@@ -123,7 +126,7 @@ class PartitionSet:
         """Write one .onnx per partition and manifest.json (each file written atomically)."""
         folder.mkdir(parents=True, exist_ok=True)
         for p in self.partitions:
-            write_model_atomic(p.model, folder / f"{p.name}.onnx")
+            write_model_atomic(p.model, folder / f"{safe_name(p.name)}.onnx")
         path = folder / "manifest.json"
         tmp = path.with_name(f".manifest.json.tmp-{os.getpid()}")
         tmp.write_text(json.dumps(self.manifest(), indent=2) + "\n")
@@ -138,8 +141,8 @@ def _validate(graph: OpGraph, groups: Mapping[str, Sequence[str]]) -> dict[str, 
     known = {n.name for n in graph.nodes}
     part_of: dict[str, str] = {}
     for part, nodes in groups.items():
-        if not part or "/" in part or part.startswith("."):
-            raise PartitionError(f"partition name {part!r} is not usable as a file name")
+        if not part:
+            raise PartitionError("a partition has an empty name")
         if not nodes:
             raise PartitionError(f"partition {part!r} holds no nodes")
         for node in nodes:
@@ -246,11 +249,22 @@ def cut_partitions(model: onnx.ModelProto, graph: OpGraph, groups: Mapping[str, 
 
 
 class GroupExtractor:
-    """Cuts groups of nodes out of one model; ``onnx.utils.Extractor`` is built once and reused."""
+    """Cuts groups of nodes out of one model.
+
+    Written here rather than with ``onnx.utils.Extractor``, which follows only
+    ``node.input`` and so loses what the subgraphs of ``If``/``Loop``/``Scan`` read from
+    the enclosing graph; a control-flow node with its subgraphs is one opaque node here.
+    """
 
     def __init__(self, model: onnx.ModelProto, graph: OpGraph) -> None:
-        self.extractor = onnx.utils.Extractor(model)
+        self.model = model
         self.graph = graph
+        self.nodes = {n.name: n for n in model.graph.node}
+        self.order = {n.name: i for i, n in enumerate(graph.nodes)}
+        self.inits = {t.name: t for t in model.graph.initializer}
+        self.infos: dict[str, onnx.ValueInfoProto] = {}
+        for vi in [*model.graph.input, *model.graph.value_info, *model.graph.output]:
+            self.infos.setdefault(vi.name, vi)
 
     def boundary(self, members: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """(tensors the group reads from outside, tensors it produces that outside or the caller reads)."""
@@ -267,6 +281,34 @@ class GroupExtractor:
                     outputs.append(t)
         return inputs, tuple(outputs)
 
+    def _check_convex(self, name: str, members: Sequence[str]) -> None:
+        """No path leaves the group and comes back (the partition could not run as one piece)."""
+        inside = set(members)
+        frontier = [s for m in members for s in self.graph.successors[m] if s not in inside]
+        seen: set[str] = set()
+        while frontier:
+            n = frontier.pop()
+            if n in seen:
+                continue
+            seen.add(n)
+            for s in self.graph.successors[n]:
+                if s in inside:
+                    raise PartitionError(
+                        f"partition {name!r} does not cut cleanly: {n!r}, outside it, reads from it and feeds "
+                        f"{s!r} inside it (the group must be convex)"
+                    )
+                frontier.append(s)
+
+    def _value_info(self, tensor: str) -> onnx.ValueInfoProto:
+        if tensor in self.infos:
+            return self.infos[tensor]
+        info = self.graph.tensors.get(tensor)
+        if info is None:
+            raise PartitionError(f"tensor {tensor!r} has no known type and shape; cannot cut the model there")
+        return onnx.helper.make_tensor_value_info(
+            tensor, onnx.helper.np_dtype_to_tensor_dtype(np.dtype(info.dtype)), list(info.shape)
+        )
+
     def extract(
         self,
         name: str,
@@ -278,17 +320,29 @@ class GroupExtractor:
             inputs, outputs = self.boundary(members)
         if not outputs:
             raise PartitionError(f"partition {name!r} produces nothing another partition or the caller reads")
-        sub = self.extractor.extract_model(list(inputs), list(outputs))
-        got = {n.name for n in sub.graph.node}
-        if got != set(members):
-            extra = sorted(got - set(members))[:5]
-            lost = sorted(set(members) - got)[:5]
-            raise PartitionError(
-                f"partition {name!r} does not cut cleanly: by its boundary it would also hold {extra} and "
-                f"lose {lost} (is the group convex, and is every node's output read?)"
-            )
-        sub.graph.name = name
-        return Partition(name, tuple(members), tuple(inputs), tuple(outputs), sub)
+        unknown = [m for m in members if m not in self.nodes]
+        if unknown:
+            raise PartitionError(f"partition {name!r} names node {unknown[0]!r}, which the model does not have")
+        self._check_convex(name, members)
+        ordered = sorted(dict.fromkeys(members), key=lambda m: self.order[m])
+        nodes = [self.nodes[m] for m in ordered]
+        read = {t for n in nodes for t in all_reads(n)}
+        produced = {o for n in nodes for o in n.output if o}
+        initializers = [t for t in self.model.graph.initializer if t.name in read]
+        inner = [self._value_info(t) for t in produced if t in self.infos and t not in set(outputs)]
+        sub = onnx.helper.make_graph(
+            nodes,
+            name,
+            [self._value_info(t) for t in inputs],
+            [self._value_info(t) for t in outputs],
+            initializer=initializers,
+            value_info=inner,
+        )
+        model = onnx.helper.make_model(sub, opset_imports=list(self.model.opset_import))
+        model.ir_version = self.model.ir_version
+        model.functions.extend(self.model.functions)
+        model.producer_name = self.model.producer_name
+        return Partition(name, tuple(ordered), tuple(inputs), tuple(outputs), model)
 
 
 def run_partitions(parts: PartitionSet, feeds: Mapping[str, np.ndarray], threads: int = 0) -> dict[str, np.ndarray]:
@@ -325,29 +379,10 @@ def verify_partitions(
     return worst
 
 
-def index_bounds(model: onnx.ModelProto) -> dict[str, int]:
-    """Integer inputs that index a table (Gather on an initializer) -> the table's size."""
-    inits = {t.name: t for t in model.graph.initializer}
-    return {
-        n.input[1]: int(inits[n.input[0]].dims[0])
-        for n in model.graph.node
-        if n.op_type == "Gather" and len(n.input) > 1 and n.input[0] in inits
-    }
-
-
 def random_feeds(graph: OpGraph, model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
-    """Inputs for checks: normal floats; integer ids kept below the table they index (Gather)."""
-    rng = np.random.default_rng(seed)
-    bounds = index_bounds(model)
-    feeds = {}
-    for t in graph.inputs:
-        if t.dtype.startswith(("int", "uint")):
-            feeds[t.name] = rng.integers(0, bounds.get(t.name, 2), size=t.shape).astype(t.dtype)
-        elif t.dtype == "bool":
-            feeds[t.name] = rng.integers(0, 2, size=t.shape).astype(bool)
-        else:
-            feeds[t.name] = rng.standard_normal(t.shape).astype(t.dtype)
-    return feeds
+    """Inputs for checks, made by the rules the graph shows (``models.inputs``): ids below their table, etc."""
+    specs = input_specs(model, {t.name: (t.dtype, t.shape) for t in graph.inputs})
+    return make_feeds(specs, seed=seed)
 
 
 def example_grouping(blocks: OpGraph, parts: int = 4) -> dict[str, list[str]]:
