@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,8 @@ class TensorSpec:
     dtype: str
     shape: tuple[int, ...]
     high: int | None = None  # integer inputs: exclusive upper bound for generated data
+    low: int | None = None  # integer inputs: inclusive lower bound for generated data (default 0)
+    values: tuple[float, ...] = ()  # fixed values (flattened) for every generated frame, e.g. a sample rate
 
     @property
     def nbytes(self) -> int:
@@ -98,6 +101,10 @@ class Manifest:
     def local_partitions(self) -> tuple[PartitionSpec, ...]:
         return tuple(p for p in self.partitions if self.is_local(p))
 
+    def replica_period(self) -> int:
+        """Frames after which the replica groups repeat (the LCM of the stages' replica counts)."""
+        return math.lcm(*self.replicas) if self.replicas else 1
+
     def active(self, frame: int) -> list[PartitionSpec]:
         """The partitions frame ``frame`` runs on (replicated stages take frames round-robin)."""
         return [p for p in self.partitions if p.group == frame % self.replicas[p.stage]]
@@ -153,6 +160,10 @@ def _tensor_json(t: TensorSpec) -> dict[str, Any]:
     out: dict[str, Any] = {"name": t.name, "dtype": t.dtype, "shape": list(t.shape)}
     if t.high is not None:
         out["high"] = t.high
+    if t.low is not None:
+        out["low"] = t.low
+    if t.values:
+        out["values"] = list(t.values)
     return out
 
 
@@ -163,7 +174,14 @@ def parse_manifest(text: str) -> Manifest:
             raise BundleError(f"manifest version {data.get('version')!r}; this agent reads {MANIFEST_VERSION}")
 
         def tensor(t: dict) -> TensorSpec:
-            return TensorSpec(str(t["name"]), str(t["dtype"]), tuple(int(d) for d in t["shape"]), t.get("high"))
+            return TensorSpec(
+                str(t["name"]),
+                str(t["dtype"]),
+                tuple(int(d) for d in t["shape"]),
+                None if t.get("high") is None else int(t["high"]),
+                None if t.get("low") is None else int(t["low"]),
+                tuple(float(v) for v in t.get("values", ())),
+            )
 
         parts = []
         this_host = str(data.get("host", ""))

@@ -341,12 +341,16 @@ class Pipeline:
 
 
 def generate_inputs(specs: tuple[TensorSpec, ...], seed: int = 0) -> dict[str, np.ndarray]:
-    """Random frames made on the board: normal floats, integer ids below their table size."""
+    """Frames made on the board by each input's spec: fixed values where given (a sample rate), integer
+    ids in [low, high), random 0/1 booleans, normal floats (the host's ``models.inputs.generate`` alike)."""
     rng = np.random.default_rng(seed)
     out = {}
     for t in specs:
-        if t.dtype.startswith(("int", "uint")):
-            out[t.name] = rng.integers(0, t.high or 2, size=t.shape).astype(t.dtype)
+        if t.values:
+            out[t.name] = np.array(t.values, dtype=np.float64).astype(t.dtype).reshape(t.shape)
+        elif t.dtype.startswith(("int", "uint")):
+            lo = t.low or 0
+            out[t.name] = rng.integers(lo, max(t.high or 2, lo + 1), size=t.shape).astype(t.dtype)
         elif t.dtype == "bool":
             out[t.name] = rng.integers(0, 2, size=t.shape).astype(bool)
         else:

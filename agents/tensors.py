@@ -15,8 +15,14 @@ class TensorError(ValueError):
     """A tensor message is not a valid array."""
 
 
+def _contiguous(value: np.ndarray) -> np.ndarray:
+    """C-contiguous, keeping 0-d arrays 0-d (``np.ascontiguousarray`` turns a scalar into shape [1])."""
+    value = np.asarray(value)
+    return value if value.flags.c_contiguous else value.copy(order="C")
+
+
 def to_message(name: str, value: np.ndarray) -> pb.Tensor:
-    value = np.ascontiguousarray(value)
+    value = _contiguous(value)
     return pb.Tensor(name=name, dtype=str(value.dtype), shape=list(value.shape), data=value.tobytes())
 
 
@@ -37,7 +43,7 @@ def from_message(t: pb.Tensor) -> np.ndarray:
 def frame_message(frame_id: int, tensors: Mapping[str, np.ndarray]) -> pb.Frame:
     frame = pb.Frame(id=frame_id)
     for name, value in tensors.items():  # built in place: a Tensor made apart would be copied in again
-        value = np.ascontiguousarray(value)
+        value = _contiguous(value)
         frame.tensors.add(name=name, dtype=str(value.dtype), shape=list(value.shape), data=value.tobytes())
     return frame
 

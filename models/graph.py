@@ -279,8 +279,12 @@ def _topological(model: onnx.ModelProto, available: set[str]) -> list[onnx.NodeP
     return [nodes[i] for i in order]
 
 
-def build_graph(model: onnx.ModelProto, sha256: str = "", name: str = "") -> OpGraph:
-    """The operator-level OpGraph of a model returned by ``load_onnx`` (static shapes, named nodes)."""
+def build_graph(model: onnx.ModelProto, sha256: str = "", name: str = "", partial: bool = False) -> OpGraph:
+    """The operator-level OpGraph of a model returned by ``load_onnx`` (static shapes, named nodes).
+
+    ``partial`` (for ``inspect`` only) accepts graph outputs whose shape is unknown: they get shape ``()``
+    and 0 bytes instead of an error.
+    """
     g = model.graph
     infos = _tensor_infos(model)
     shapes = {k: v.shape for k, v in infos.items()}
@@ -338,6 +342,8 @@ def build_graph(model: onnx.ModelProto, sha256: str = "", name: str = "") -> OpG
                 producer[o] = node.name
 
     def info(name: str) -> TensorInfo:
+        if name not in infos and partial:
+            return TensorInfo(name, (), "unknown", 0)
         if name not in infos:
             raise ModelError(f"shape inference left tensor {name!r} without a static shape; give static input shapes")
         return infos[name]

@@ -22,6 +22,7 @@ from google.protobuf.message import DecodeError
 from onnx import TensorProto, helper
 
 from models.errors import ModelError
+from models.graph import subgraphs
 from models.inputs import InputSpec, check_input_data, input_specs, load_input_data, make_feeds, tensor_values
 
 _MAX_PROTO_BYTES = 2**31 - 1
@@ -46,6 +47,15 @@ class LoadedModel:
     inputs: tuple[InputSpec, ...] = ()
     shape_sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
     input_data: Mapping[str, np.ndarray] | None = field(default=None, compare=False, repr=False)
+    notes: tuple[str, ...] = ()  # what intake assumed or let pass, for the user to read
+    runnable: onnx.ModelProto | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def ort_proto(self) -> onnx.ModelProto:
+        """The model to hand to onnxruntime: ``proto``, except that a model with control flow keeps the input
+        declarations of its file (ORT type-checks ``If`` branches against concrete shapes that the branch
+        not taken cannot meet) and no intermediate shapes."""
+        return self.runnable if self.runnable is not None else self.proto
 
     @property
     def input_shapes(self) -> dict[str, tuple[int, ...]]:
@@ -246,12 +256,14 @@ def load_onnx(
     path: str | Path,
     input_shapes: Mapping[str, tuple[int, ...]] | None = None,
     input_data: str | Path | Mapping[str, np.ndarray] | None = None,
+    assume_dynamic: bool = False,
 ) -> LoadedModel:
     """Load and validate a user's ONNX file; see the module docstring for what is refused.
 
     ``input_data`` (an .npz path or arrays by input name) fixes the shapes of the inputs it
     holds and is what frames are made of; shapes onnx cannot infer come from one
     onnxruntime run with those inputs (generated ones where no data is given).
+    ``assume_dynamic`` (for ``inspect``) sets dynamic dimensions nobody gave to 1 and says so in ``notes``.
     """
     path = Path(path)
     if not path.exists():
@@ -284,26 +296,43 @@ def load_onnx(
             f"{path} uses opset {opset}; the installed onnxruntime {ort.__version__} runs opsets up to {supported}. "
             f"Re-export with --opset {supported} or upgrade onnxruntime."
         )
+    notes: list[str] = []
     skeleton = _skeleton(model)
     try:
         onnx.checker.check_model(skeleton)
     except (onnx.checker.ValidationError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ModelError(f"{path} fails the ONNX checker: {first}") from None
+        reason = ort_refusal(model)
+        if reason:
+            raise ModelError(
+                f"{path} fails the ONNX checker ({first}) and onnxruntime cannot load it: {reason}"
+            ) from None
+        notes.append(f"the ONNX checker objects ({first}), but onnxruntime loads the model; going on")
 
     data = load_input_data(input_data) if isinstance(input_data, str | Path) else input_data
+    declared = [onnx.ValueInfoProto.FromString(i.SerializeToString()) for i in model.graph.input]
+    declared_out = [onnx.ValueInfoProto.FromString(o.SerializeToString()) for o in model.graph.output]
+    if assume_dynamic:
+        input_shapes = {**_assumed_shapes(model, input_shapes, data, notes), **(input_shapes or {})}
     was_dynamic = _fix_input_shapes(model, input_shapes, data)
     _name_nodes(model.graph)
     sources = _infer_shapes(model, path)
     file_sha = _file_hash([path, *data_files])
     tensors = _input_types(model)
     specs = input_specs(model, tensors, data)
+    runnable = _runnable(model, declared, declared_out) if has_control_flow(model) else None
     missing = [t for t, src in sources.items() if src == "missing"]
     if missing:
-        values = tensor_values(model, make_feeds(specs, data))
-        _record_shapes(model, values, missing)
-        for t in missing:
-            sources[t] = "onnxruntime"
+        try:
+            values = tensor_values(runnable or model, make_feeds(specs, data))
+        except ModelError as exc:
+            if not assume_dynamic:
+                raise
+            notes.append(f"{len(missing)} tensor shape(s) unknown: {exc}")
+        else:
+            _record_shapes(model, values, missing)
+            for t in missing:
+                sources[t] = "onnxruntime"
     identity = file_sha
     if was_dynamic:
         fixed = ";".join(f"{s.name}:{s.dtype}:{','.join(map(str, s.shape))}" for s in specs)
@@ -316,7 +345,70 @@ def load_onnx(
         inputs=specs,
         shape_sources=sources,
         input_data=data,
+        notes=tuple(notes),
+        runnable=runnable,
     )
+
+
+def has_control_flow(model: onnx.ModelProto) -> bool:
+    return any(subgraphs(n) for n in model.graph.node)
+
+
+def _runnable(
+    model: onnx.ModelProto, inputs: list[onnx.ValueInfoProto], outputs: list[onnx.ValueInfoProto]
+) -> onnx.ModelProto:
+    """A copy with the file's own input and output declarations and no intermediate value_info (``ort_proto``)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    del out.graph.input[:]
+    out.graph.input.extend(inputs)
+    del out.graph.output[:]
+    out.graph.output.extend(outputs)
+    del out.graph.value_info[:]
+    return out
+
+
+def ort_refusal(model: onnx.ModelProto) -> str:
+    """Why onnxruntime cannot load ``model`` (its first line), or "" if it can."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 4
+    try:
+        ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # onnxruntime raises its own exception types
+        text = str(exc).strip()
+        return text.splitlines()[0] if text else type(exc).__name__
+    return ""
+
+
+def _assumed_shapes(
+    model: onnx.ModelProto,
+    given: Mapping[str, tuple[int, ...]] | None,
+    data: Mapping[str, np.ndarray] | None,
+    notes: list[str],
+) -> dict[str, tuple[int, ...]]:
+    """For ``inspect``: every dynamic dimension not given set to 1, with a note saying so."""
+    init_names = {t.name for t in model.graph.initializer}
+    named = set(given or {}) | set(data or {})
+    if "" in (given or {}):
+        return {}
+    out: dict[str, tuple[int, ...]] = {}
+    for inp in model.graph.input:
+        if inp.name in init_names or inp.name in named or not inp.type.HasField("tensor_type"):
+            continue
+        tt = inp.type.tensor_type
+        if not tt.HasField("shape"):
+            continue
+        dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else 0 for d in tt.shape.dim]
+        if all(dims):
+            continue
+        out[inp.name] = tuple(d or 1 for d in dims)
+        notes.append(
+            f"input {inp.name!r} has dynamic dimensions; assumed {list(out[inp.name])} "
+            f"(give --input-shape {inp.name}=... for the real figures)"
+        )
+    return out
 
 
 def _input_types(model: onnx.ModelProto) -> dict[str, tuple[str, tuple[int, ...]]]:

@@ -6,6 +6,7 @@ import functools
 import json
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
@@ -33,7 +34,17 @@ F = TypeVar("F", bound=Callable[..., Any])
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
 ShapeOpt = Annotated[
     list[str] | None,
-    typer.Option("--input-shape", help="Static input shape, [NAME=]1,3,224,224; repeat for several inputs."),
+    typer.Option(
+        "--input-shape",
+        help="Static input shape, [NAME=]1,3,224,224 (NAME= alone is a scalar); repeat for several inputs.",
+    ),
+]
+DataOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--input-data",
+        help="Sample inputs, an .npz with one array per model input (numpy.savez); fixes their shapes and values.",
+    ),
 ]
 
 

@@ -20,17 +20,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from agents.bundle import verify_bundle
 from agents.client import AgentClient
-from agents.executor import generate_inputs
 from agents.peers import Peer
 from device_profiles.loader import RUNTIME_PROFILES, load_profile
 from models.graph import build_graph
-from models.onnx_io import LoadedModel, load_onnx
+from models.onnx_io import LoadedModel
+from models.partition import compare_outputs
 from parapipe.compile import compile_plan, host_bundles, write_bundle, write_bundles
 from parapipe.home import parapipe_home
+from parapipe.intake import open_model
 from parapipe.local_agent import DeployError, LocalAgent
 from planner.plan import Plan
 
@@ -50,18 +49,21 @@ class RunResult:
     partitions: list[dict[str, Any]]
     uploaded_bytes: int
     hosts: dict[str, str] = field(default_factory=dict)  # plan host -> board (plans over several hosts)
+    output_scale: float | None = None  # --verify: the largest output magnitude of the full model
+    verified: bool | None = None  # --verify: within the allowed difference (relative to the output scale)
 
     def to_json(self) -> dict[str, Any]:
         return self.__dict__.copy()
 
 
-def resolve_model(plan: Plan, model: Path | None) -> LoadedModel:
+def resolve_model(plan: Plan, model: Path | None, input_data: Path | None = None) -> LoadedModel:
+    """The plan's model, opened with the input shapes it was planned for (and ``--input-data`` if given)."""
     path = model or (Path(plan.model_path) if plan.model_path else None)
     if path is None or not path.exists():
         raise DeployError(
             f"the plan names no model file that exists here ({plan.model_path or 'none'}); pass --model MODEL.onnx"
         )
-    loaded = load_onnx(path)
+    loaded = open_model(path, input_data=input_data, plan=plan)
     if loaded.sha256 != plan.model_sha256:
         raise DeployError(
             f"{path} is not the model this plan was made for (sha256 {loaded.sha256[:12]}… vs {plan.model_sha256[:12]}…); "
@@ -111,6 +113,7 @@ def run_plan(
     frames: int = 50,
     verify: bool = False,
     progress=None,
+    input_data: Path | None = None,
 ) -> RunResult:
     """Run a plan on its board(s) and compare measured with predicted.
 
@@ -123,7 +126,7 @@ def run_plan(
     board_name = ",".join(f"{h}={b}" for h, b in per_host.items()) if per_host else str(board)
     for name in per_host.values() or [str(board)]:
         _check_device(plan, name)
-    loaded = resolve_model(plan, model)
+    loaded = resolve_model(plan, model, input_data)
     say("compiling and checking the bundle")
     folders, _ = build_bundles(plan, loaded)
     hosts = [h for h in folders if h]
@@ -284,16 +287,15 @@ def _measure(
     progress,
     record_it: bool = True,
 ) -> RunResult:
-    diff = None
+    check = None
     if verify:
         import onnxruntime as ort
 
-        manifest = verify_bundle(folder)
-        inputs = generate_inputs(manifest.inputs, seed=7)
+        inputs = loaded.feeds(seed=7)
         got = client.infer(inputs)
-        full = ort.InferenceSession(loaded.proto.SerializeToString(), providers=["CPUExecutionProvider"])
+        full = ort.InferenceSession(loaded.ort_proto.SerializeToString(), providers=["CPUExecutionProvider"])
         expected = dict(zip([o.name for o in full.get_outputs()], full.run(None, inputs), strict=True))
-        diff = max(float(np.max(np.abs(got[k].astype(np.float64) - v))) for k, v in expected.items())
+        check = compare_outputs(expected, got)
     if progress:
         progress(f"benchmarking {frames} frames on the board")
     bench = client.benchmark(frames, warmup=max(3, frames // 10))
@@ -322,9 +324,11 @@ def _measure(
         predicted=predicted,
         errors_pct=errors,
         energy_source=bench.energy_source,
-        max_abs_diff=diff,
+        max_abs_diff=check.max_abs_diff if check else None,
         partitions=[_partition_record(p) for p in bench.partitions],
         uploaded_bytes=reply.bytes_received,
+        output_scale=check.scale if check else None,
+        verified=check.ok if check else None,
     )
     if record_it:
         record(plan, result)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from models.coarsen import coarsen
-from models.graph import OpGraph
+from models.graph import CONTROL_FLOW, OpGraph
 from models.onnx_io import LoadedModel
 
 
@@ -17,7 +17,7 @@ def model_summary(loaded: LoadedModel, graph: OpGraph) -> dict[str, object]:
         "sha256": loaded.sha256,
         "ir_version": graph.ir_version,
         "opset": graph.opset,
-        "inputs": [{"name": t.name, "shape": list(t.shape), "dtype": t.dtype} for t in graph.inputs],
+        "inputs": [{**s.to_json(), "made": s.describe()} for s in loaded.inputs],
         "outputs": [{"name": t.name, "shape": list(t.shape), "dtype": t.dtype} for t in graph.outputs],
         "nodes": len(graph.nodes),
         "ops_by_type": dict(Counter(n.op_type for n in graph.nodes).most_common()),
@@ -28,6 +28,9 @@ def model_summary(loaded: LoadedModel, graph: OpGraph) -> dict[str, object]:
         "max_branches_at_fork": max(forks.values(), default=1),
         "parallel_branches": coarse.max_parallel_width(),
         "blocks": {"fine": len(fine.nodes), "coarse": len(coarse.nodes)},
+        "control_flow": [n.name for n in graph.nodes if n.op_type in CONTROL_FLOW],
+        "shapes_from": dict(Counter(loaded.shape_sources.values()).most_common()),
+        "notes": list(loaded.notes),
     }
 
 

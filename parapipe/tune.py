@@ -10,6 +10,7 @@ the rounds run out; energy enters the error only where a sensor measured it.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable
@@ -20,7 +21,8 @@ from device_profiles.loader import load_profile
 from device_profiles.schema import DeviceProfile
 from models.coarsen import coarsen
 from models.graph import OpGraph, build_graph
-from models.onnx_io import LoadedModel, load_onnx
+from models.onnx_io import LoadedModel
+from parapipe.intake import open_model
 from parapipe.run import LOCAL_BOARDS, RunResult, run_plan
 from planner.costmodel import CostModel
 from planner.plan import Plan
@@ -236,11 +238,13 @@ def tune(
     time_limit: float = 2.0,
     frames: int = 30,
     progress: Callable[[str], None] | None = None,
+    input_shape: list[str] | None = None,
+    input_data: Path | None = None,
 ) -> tuple[list[Round], list[tuple[Plan, RunResult]]]:
     import onnxruntime as ort
 
     say = progress or (lambda _msg: None)
-    loaded: LoadedModel = load_onnx(model)
+    loaded: LoadedModel = open_model(model, input_shape, input_data)
     graph = build_graph(loaded.proto, loaded.sha256, model.stem)
     if board in LOCAL_BOARDS:
         profile = load_profile(board)
@@ -265,8 +269,8 @@ def tune(
         last = []
         for i, plan in enumerate(plans):
             say(f"round {r + 1}: running plan {i + 1}/{len(plans)} on {board}")
-            plan = plan.__class__(**{**plan.__dict__, "model_path": str(model.resolve())})
-            last.append((plan, run_plan(plan, board, None, frames)))
+            plan = dataclasses.replace(plan, model_path=str(model.resolve()), inputs=loaded.inputs)
+            last.append((plan, run_plan(plan, board, None, frames, input_data=input_data)))
         lat = [(res.predicted["latency_ms"], res.measured["latency_ms"]) for _, res in last]
         thr = [(res.predicted["throughput_fps"], res.measured["throughput_fps"]) for _, res in last]
         energy = [

@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from device_profiles.schema import DeviceProfile
-from models.errors import ParapipeError
+from models.errors import ModelError, ParapipeError
 from models.graph import OpGraph
+from models.inputs import InputSpec
 
 PLAN_VERSION = 1
 
@@ -92,6 +93,7 @@ class Plan:
     model_path: str = ""  # where the model was when planned (a hint; the hash is what binds)
     version: int = PLAN_VERSION
     notes: tuple[str, ...] = field(default=())
+    inputs: tuple[InputSpec, ...] = ()  # the input shapes/dtypes (and how frames are made) it was planned for
 
     def assignments(self) -> list[tuple[int, int, Assignment]]:
         """(stage index, replica group, assignment) for every assignment."""
@@ -100,6 +102,7 @@ class Plan:
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["blocks"] = {k: list(v) for k, v in self.blocks.items()}
+        data["inputs"] = [s.to_json() for s in self.inputs]
         return data
 
     def save(self, path: Path) -> Path:
@@ -207,7 +210,17 @@ def plan_from_json(data: Any, origin: str = "plan") -> Plan:
         model_path=str(data.get("model_path", "")),
         version=version,
         notes=tuple(data.get("notes", ())),
+        inputs=_inputs(data.get("inputs", [])),
     )
+
+
+def _inputs(raw: Any) -> tuple[InputSpec, ...]:
+    if not isinstance(raw, list) or not all(isinstance(r, Mapping) for r in raw):
+        raise PlanError("inputs: expected a list of {name, dtype, shape} objects")
+    try:
+        return tuple(InputSpec.from_json(r, f"inputs[{i}]: ") for i, r in enumerate(raw))
+    except ModelError as exc:
+        raise PlanError(str(exc)) from None
 
 
 def load_plan(path: Path) -> Plan:

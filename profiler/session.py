@@ -23,8 +23,9 @@ from device_profiles.schema import DeviceProfile, ProcessingUnit
 from models.coarsen import coarsen
 from models.errors import ParapipeError
 from models.graph import OpGraph
+from models.inputs import tensor_values
 from models.onnx_io import LoadedModel
-from models.partition import GroupExtractor, cut_partitions, random_feeds
+from models.partition import GroupExtractor
 from profiler.costtable import Conditions, CostEntry, CostTable, entry_key
 from profiler.energy import EnergyMeter, PowerModel
 from profiler.measure import PuConfig, Timing, profile_ops, time_model
@@ -101,18 +102,6 @@ def calibration_partitions(coarse: OpGraph, max_parts: int = 4) -> list[tuple[st
     return [(label, m) for label, m in out if not (m in seen or seen.add(m))]
 
 
-def _boundary_values(model: LoadedModel, graph: OpGraph, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Every tensor crossing between operators, by running the model cut at every operator."""
-    cut = cut_partitions(model.proto, graph, {n.name: [n.name] for n in graph.nodes})
-    values = dict(feeds)
-    import onnxruntime as ort
-
-    for p in cut.partitions:
-        session = ort.InferenceSession(p.model.SerializeToString(), providers=["CPUExecutionProvider"])
-        values.update(zip(p.outputs, session.run(list(p.outputs), {t: values[t] for t in p.inputs}), strict=True))
-    return values
-
-
 def run_profile(
     model: LoadedModel,
     graph: OpGraph,
@@ -131,7 +120,7 @@ def run_profile(
 
     ort_version = ort_version or ort.__version__
     start = time.perf_counter()
-    feeds = random_feeds(graph, model.proto)
+    feeds = model.feeds()
     granularities = ["fine", "coarse"] if granularity == "both" else [granularity]
     block_sets = [coarsen(graph, g) for g in granularities]
     coarse = block_sets[-1] if granularity != "fine" else coarsen(graph, "coarse")
@@ -180,13 +169,13 @@ def run_profile(
     def submodel(members: tuple[str, ...]) -> tuple[bytes, dict[str, np.ndarray]]:
         nonlocal values, extractor
         if values is None or extractor is None:
-            values = _boundary_values(model, graph, feeds)
+            values = tensor_values(model.ort_proto, feeds)
             extractor = GroupExtractor(model.proto, graph)
         part = extractor.extract("measured", members)
         return part.model.SerializeToString(), {t: values[t] for t in part.inputs}
 
     try:
-        full_bytes = model.proto.SerializeToString()
+        full_bytes = model.ort_proto.SerializeToString()
         for cfg in configs:
             pu = by_pu[cfg.pu]
             c_ops = cond(cfg, "disable")

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from parapipe.app import JsonFlag, app, err, fails_cleanly, out, print_info, print_json
+from parapipe.app import DataOpt, JsonFlag, ShapeOpt, app, err, fails_cleanly, out, print_info, print_json
 
 agent_app = typer.Typer(help="The board agent: serve it here, or ask one for its status.", no_args_is_help=True)
 app.add_typer(agent_app, name="agent")
@@ -20,9 +20,13 @@ def compile_cmd(
     plan: Annotated[Path, typer.Argument(help="A plan JSON.")],
     model: Annotated[Path, typer.Argument(help="The .onnx model the plan is for.")],
     output: Annotated[Path, typer.Option("-o", "--output", help="Bundle folder to write.")],
+    input_data: DataOpt = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Cut the model per the plan into partitions, check them chained against the full model, write the bundle."""
+    """Cut the model per the plan into partitions, check them chained against the full model, write the bundle.
+
+    The model is opened with the input shapes the plan was made for; the check runs on --input-data if given.
+    """
     from device_profiles.loader import load_profile
     from models.graph import build_graph
     from parapipe.compile import compile_plan, host_bundles, write_bundles
@@ -30,7 +34,7 @@ def compile_cmd(
     from planner.plan import load_plan
 
     the_plan = load_plan(plan)
-    loaded = resolve_model(the_plan, model)
+    loaded = resolve_model(the_plan, model, input_data)
     compiled = compile_plan(the_plan, loaded, build_graph(loaded.proto, loaded.sha256), load_profile(the_plan.device))
     folders = write_bundles(compiled, output)
     m = compiled.manifest
@@ -155,10 +159,22 @@ def run(
         Path | None, typer.Option("--model", help="The .onnx model (default: where it was planned).")
     ] = None,
     frames: Annotated[int, typer.Option("--frames", min=1, help="Frames to benchmark.")] = 50,
-    verify: Annotated[bool, typer.Option("--verify", help="Also compare the outputs with the full model.")] = False,
+    verify: Annotated[
+        bool,
+        typer.Option(
+            "--verify",
+            help="Also compare one frame's outputs with the full model's (fails above 1e-4 of the output scale).",
+        ),
+    ] = False,
+    input_data: DataOpt = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Deploy a plan to a board's agent, benchmark it there, and print predicted vs measured."""
+    """Deploy a plan to a board's agent, benchmark it there, and print predicted vs measured.
+
+    The model is opened with the input shapes the plan was made for. Frames are made as the plan's
+    inputs say (sample values it recorded, index ranges, or random); --input-data gives real ones
+    for --verify.
+    """
     from parapipe.local_agent import DeployError
     from parapipe.run import run_plan
     from planner.plan import load_plan
@@ -178,9 +194,11 @@ def run(
     the_plan = load_plan(plan)
     shown = boards[0] if isinstance(target, str) else ", ".join(boards)
     with err.status(f"running {the_plan.name or plan.stem} on {shown}") as status:
-        result = run_plan(the_plan, target, model, frames, verify, progress=status.update)
+        result = run_plan(the_plan, target, model, frames, verify, progress=status.update, input_data=input_data)
     if as_json:
         print_json(result.to_json())
+        if result.verified is False:
+            raise typer.Exit(1)
         return
     t = Table("figure", "predicted", "measured", "error")
     for k, v in result.measured.items():
@@ -196,7 +214,14 @@ def run(
             highlight=False,
         )
     if result.max_abs_diff is not None:
-        out.print(f"outputs vs the full model: max abs diff {result.max_abs_diff:.2e}", highlight=False)
+        verdict = "ok" if result.verified else "FAILED"
+        out.print(
+            f"outputs vs the full model: max abs diff {result.max_abs_diff:.2e}, output scale "
+            f"{result.output_scale or 0:.3g}: {verdict}",
+            highlight=False,
+        )
+        if not result.verified:
+            raise typer.Exit(1)
 
 
 @app.command()
@@ -212,6 +237,8 @@ def tune(
     costs: Annotated[
         Path | None, typer.Option("--costs", help="Cost table (default $PARAPIPE_HOME/costs.json).")
     ] = None,
+    input_shape: ShapeOpt = None,
+    input_data: DataOpt = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Profile, plan, run every plan, feed the measurements back and re-plan, until predictions match."""
@@ -223,7 +250,17 @@ def tune(
         raise PlanError(f"--objective must be pareto, latency, throughput or energy, not {objective!r}")
     with err.status(f"tuning {model.name} on {board}") as status:
         history, last = run_tune(
-            model, board, costs or default_costs(), objective, rounds, target_error, time_limit, frames, status.update
+            model,
+            board,
+            costs or default_costs(),
+            objective,
+            rounds,
+            target_error,
+            time_limit,
+            frames,
+            status.update,
+            input_shape=input_shape,
+            input_data=input_data,
         )
     if as_json:
         print_json(

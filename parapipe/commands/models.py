@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from parapipe.app import JsonFlag, ShapeOpt, app, err, fails_cleanly, out, print_json
+from parapipe.app import DataOpt, JsonFlag, ShapeOpt, app, err, fails_cleanly, out, print_json
 
 
 @app.command()
@@ -64,15 +64,23 @@ def zoo(as_json: JsonFlag = False) -> None:
 def inspect(
     file: Annotated[Path, typer.Argument(help="An .onnx model.")],
     input_shape: ShapeOpt = None,
+    input_data: DataOpt = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Ops by type, FLOPs, weights, activations, parallel branches, opset."""
+    """Ops by type, FLOPs, weights, activations, parallel branches, opset, where shapes came from.
+
+    Dynamic dimensions nobody gave are taken as 1 (and said so); give --input-shape for real figures.
+    """
+    from models.errors import ModelError
     from models.graph import build_graph
-    from models.onnx_io import load_onnx, parse_input_shapes
+    from models.onnx_io import load_onnx, ort_refusal, parse_input_shapes
     from parapipe.summary import human_bytes, model_summary
 
-    loaded = load_onnx(file, parse_input_shapes(input_shape))
-    summary = model_summary(loaded, build_graph(loaded.proto, loaded.sha256, file.stem))
+    loaded = load_onnx(file, parse_input_shapes(input_shape), input_data, assume_dynamic=True)
+    refusal = ort_refusal(loaded.ort_proto)
+    if refusal:
+        raise ModelError(f"onnxruntime cannot load {file}: {refusal}")
+    summary = model_summary(loaded, build_graph(loaded.proto, loaded.sha256, file.stem, partial=True))
     if as_json:
         print_json(summary)
         return
@@ -80,9 +88,17 @@ def inspect(
         f"[bold]{file}[/]  IR {summary['ir_version']}, opset {summary['opset']}, sha256 {loaded.sha256[:12]}",
         highlight=False,
     )
-    for kind in ("inputs", "outputs"):
-        for t in summary[kind]:  # type: ignore[attr-defined]
-            out.print(f"  {kind[:-1]:6} {t['name']}: {t['dtype']}[{'x'.join(map(str, t['shape']))}]", highlight=False)
+    for spec in loaded.inputs:
+        out.print(f"  input  {spec.describe()}", highlight=False)
+    for t in summary["outputs"]:  # type: ignore[attr-defined]
+        out.print(f"  output {t['name']}: {t['dtype']}[{'x'.join(map(str, t['shape']))}]", highlight=False)
+    sources = summary["shapes_from"]
+    out.print(
+        "  shapes: " + ", ".join(f"{n} from {src}" for src, n in sources.items()),  # type: ignore[attr-defined]
+        highlight=False,
+    )
+    for note in loaded.notes:
+        out.print(f"  note: {note}", highlight=False)
     table = Table("figure", "value")
     table.add_row("operators", str(summary["nodes"]))
     table.add_row("FLOPs", f"{summary['flops'] / 1e9:.3f} G")
@@ -92,6 +108,8 @@ def inspect(
     table.add_row("parallel branches", f"{summary['parallel_branches']} blocks can run at once")
     blocks = summary["blocks"]
     table.add_row("blocks", f"{blocks['fine']} fine, {blocks['coarse']} coarse")  # type: ignore[index]
+    if summary["control_flow"]:
+        table.add_row("control flow", f"{len(summary['control_flow'])} node(s), each one opaque block")  # type: ignore[arg-type]
     out.print(table)
     ops = Table("op type", "count")
     for op, count in summary["ops_by_type"].items():  # type: ignore[attr-defined]
@@ -109,6 +127,7 @@ def partition(
         Path | None, typer.Option("--groups", help='JSON file {"partition": ["onnx node", ...], ...}.')
     ] = None,
     input_shape: ShapeOpt = None,
+    input_data: DataOpt = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Cut a model into partitions by boundary tensors and check they reproduce it."""
@@ -116,16 +135,16 @@ def partition(
     from models.errors import PartitionError
     from models.graph import build_graph
     from models.onnx_io import load_onnx, parse_input_shapes
-    from models.partition import cut_partitions, example_grouping, random_feeds, verify_partitions
+    from models.partition import cut_partitions, example_grouping, verify_partitions
 
-    loaded = load_onnx(file, parse_input_shapes(input_shape))
+    loaded = load_onnx(file, parse_input_shapes(input_shape), input_data)
     graph = build_graph(loaded.proto, loaded.sha256, file.stem)
     if groups is not None:
         grouping = _read_groups(groups, PartitionError)
     else:
         grouping = example_grouping(coarsen(graph, "coarse"), parts)
     cut = cut_partitions(loaded.proto, graph, grouping)
-    diff = verify_partitions(loaded.proto, cut, random_feeds(graph, loaded.proto))
+    diff = verify_partitions(loaded.ort_proto, cut, loaded.feeds())
     manifest = cut.save(output)
     result = {
         "manifest": str(manifest),

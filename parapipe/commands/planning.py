@@ -12,17 +12,25 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from parapipe.app import JsonFlag, ShapeOpt, app, err, fails_cleanly, out, print_json
+from models.names import safe_name
+from parapipe.app import DataOpt, JsonFlag, ShapeOpt, app, err, fails_cleanly, out, print_json
 
 INDEX = "plans.json"
 
 
-def _load_inputs(model: Path, device: str, costs: Path | None, granularity: str, input_shape: list[str] | None):
+def _load_inputs(
+    model: Path,
+    device: str,
+    costs: Path | None,
+    granularity: str,
+    input_shape: list[str] | None,
+    input_data: Path | None = None,
+):
     from device_profiles.loader import load_profile
     from models.coarsen import coarsen
     from models.graph import build_graph
-    from models.onnx_io import load_onnx, parse_input_shapes
     from parapipe.home import default_costs
+    from parapipe.intake import open_model
     from planner.costmodel import CostModel
     from planner.plan import PlanError
     from profiler.costtable import CostTable
@@ -30,7 +38,7 @@ def _load_inputs(model: Path, device: str, costs: Path | None, granularity: str,
     if granularity not in ("coarse", "fine", "auto"):
         raise PlanError(f"--granularity must be coarse, fine or auto, not {granularity!r}")
     profile = load_profile(device)
-    loaded = load_onnx(model, parse_input_shapes(input_shape))
+    loaded = open_model(model, input_shape, input_data)
     graph = build_graph(loaded.proto, loaded.sha256, model.stem)
     if costs is not None and not costs.exists():
         raise PlanError(f"no cost table at {costs}; run `parapipe profile` first or leave out --costs")
@@ -41,7 +49,7 @@ def _load_inputs(model: Path, device: str, costs: Path | None, granularity: str,
         # Para-Pipe: coarse blocks for branchy CNNs, fine operators for irregular graphs (if small enough)
         granularity = "coarse" if coarse.max_parallel_width() >= 2 or len(fine.nodes) > 120 else "fine"
     blocks = coarsen(graph, granularity)
-    return profile, graph, blocks, CostModel(profile, graph, table)
+    return profile, graph, blocks, CostModel(profile, graph, table), loaded
 
 
 def plan_row(plan: Any) -> dict[str, Any]:
@@ -114,17 +122,21 @@ def plan(
     solver: Annotated[str, typer.Option("--solver", help="highs (default) or cbc.")] = "highs",
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Folder for the plan files.")] = None,
     input_shape: ShapeOpt = None,
+    input_data: DataOpt = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Plan MODEL on a device: the ILP's plans (one objective or the Pareto set) and every baseline."""
+    """Plan MODEL on a device: the ILP's plans (one objective or the Pareto set) and every baseline.
+
+    Each plan records the input shapes and dtypes it was made for; compile, run, deploy and tune use them.
+    """
     from planner.plan import PlanError
     from planner.problem import build_problem
     from planner.search import baselines, best_plan, pareto_set
 
     if objective not in ("latency", "throughput", "energy", "pareto"):
         raise PlanError(f"--objective must be latency, throughput, energy or pareto, not {objective!r}")
-    profile, graph, blocks, cost = _load_inputs(model, device, costs, granularity, input_shape)
-    folder = output or Path("plans") / f"{model.stem}-{profile.name}"
+    profile, graph, blocks, cost, loaded = _load_inputs(model, device, costs, granularity, input_shape, input_data)
+    folder = output or Path("plans") / safe_name(f"{model.stem}-{profile.name}")
     with err.status(f"planning {model.name} on {profile.name} ({blocks.granularity} blocks)") as status:
 
         def progress(msg: str) -> None:
@@ -151,8 +163,9 @@ def plan(
             ]
     import dataclasses
 
-    plans = [dataclasses.replace(p, model_path=str(model.resolve())) for p in plans]
-    base = {k: dataclasses.replace(p, model_path=str(model.resolve())) for k, p in base.items()}
+    where = {"model_path": str(model.resolve()), "inputs": loaded.inputs}
+    plans = [dataclasses.replace(p, **where) for p in plans]
+    base = {k: dataclasses.replace(p, **where) for k, p in base.items()}
     written = _write(folder, plans, base)
     rows = [plan_row(p) for p in plans]
     base_rows = [plan_row(p) for p in base.values()]
@@ -385,9 +398,9 @@ def show(
     if model is not None:
         from device_profiles.loader import load_profile
         from models.graph import build_graph
-        from models.onnx_io import load_onnx
+        from parapipe.intake import open_model
 
-        loaded = load_onnx(model)
+        loaded = open_model(model, plan=the_plan)
         validate(the_plan, build_graph(loaded.proto, loaded.sha256), load_profile(device or the_plan.device))
     if as_json:
         print_json(the_plan.to_json())
@@ -437,13 +450,14 @@ def compare(
     max_stages: Annotated[int, typer.Option("--max-stages", min=1)] = 4,
     time_limit: Annotated[float, typer.Option("--time-limit", min=0.1)] = 10.0,
     input_shape: ShapeOpt = None,
+    input_data: DataOpt = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Our best plan per objective against every baseline, with ratios (>1 means ours is better)."""
     from planner.problem import build_problem
     from planner.search import baselines, best_plan
 
-    profile, graph, blocks, cost = _load_inputs(model, device, costs, granularity, input_shape)
+    profile, graph, blocks, cost, _ = _load_inputs(model, device, costs, granularity, input_shape, input_data)
     with err.status("planning"):
         problem = build_problem(blocks, graph, cost, max_stages)
         base = baselines(blocks, graph, cost, max_stages, problem)

@@ -10,7 +10,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from device_profiles.loader import RUNTIME_PROFILES as LOCAL_BOARDS
-from parapipe.app import JsonFlag, ShapeOpt, app, err, fails_cleanly, out, print_json
+from parapipe.app import DataOpt, JsonFlag, ShapeOpt, app, err, fails_cleanly, out, print_json
 
 
 @app.command()
@@ -29,13 +29,14 @@ def profile(
     repeats: Annotated[int, typer.Option("--repeats", min=3, help="Timed runs per measurement.")] = 10,
     warmup: Annotated[int, typer.Option("--warmup", min=0, help="Untimed runs first.")] = 3,
     input_shape: ShapeOpt = None,
+    input_data: DataOpt = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Measure every operator, block and a few whole partitions of MODEL on each PU configuration."""
     from device_profiles.loader import load_profile
     from models.graph import build_graph
-    from models.onnx_io import load_onnx, parse_input_shapes
     from parapipe.home import default_costs
+    from parapipe.intake import generated_note, open_model
     from profiler.costtable import CostTable
     from profiler.session import ProfilingError, pu_configs, run_profile
 
@@ -53,9 +54,11 @@ def profile(
     if granularity not in ("coarse", "fine", "both"):
         raise ProfilingError(f"--granularity must be coarse, fine or both, not {granularity!r}")
     profile_ = load_profile(remote.device if remote else board)
-    loaded = load_onnx(model, parse_input_shapes(input_shape))
+    loaded = open_model(model, input_shape, input_data)
     graph = build_graph(loaded.proto, loaded.sha256, model.stem)
     configs = pu_configs(profile_, pu)
+    if generated_note(loaded) and not as_json:
+        err.print(generated_note(loaded), highlight=False)
     path = output or default_costs()
     table = CostTable.load(path)
     before = len(table)
@@ -189,13 +192,14 @@ def simulate(
         Path | None, typer.Option("--costs", help="Cost table (default: $PARAPIPE_HOME/costs.json).")
     ] = None,
     frames: Annotated[int, typer.Option("--frames", min=1, help="Frames to simulate.")] = 200,
+    input_shape: ShapeOpt = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Run a plan through the cost model: analytic figures and a discrete-event simulation side by side."""
     from device_profiles.loader import load_profile
     from models.graph import build_graph
-    from models.onnx_io import load_onnx
     from parapipe.home import default_costs
+    from parapipe.intake import open_model
     from planner.costmodel import CostModel
     from planner.plan import load_plan, validate
     from planner.simulate import PlanModel, analytic
@@ -204,7 +208,7 @@ def simulate(
 
     the_plan = load_plan(plan)
     prof = load_profile(device)
-    loaded = load_onnx(model)
+    loaded = open_model(model, input_shape, plan=the_plan)
     graph = build_graph(loaded.proto, loaded.sha256, model.stem)
     validate(the_plan, graph, prof)
     cost = CostModel(prof, graph, CostTable.load(costs or default_costs()))
