@@ -22,7 +22,7 @@ from google.protobuf.message import DecodeError
 from onnx import TensorProto, helper
 
 from models.errors import ModelError
-from models.graph import subgraphs
+from models.graph import all_reads, subgraphs
 from models.inputs import InputSpec, check_input_data, input_specs, load_input_data, make_feeds, tensor_values
 
 _MAX_PROTO_BYTES = 2**31 - 1
@@ -449,7 +449,7 @@ def _infer_shapes(model: onnx.ModelProto, path: Path) -> dict[str, str]:
     outputs = [known.get(o.name, o) for o in model.graph.output]
     del model.graph.output[:]
     model.graph.output.extend(outputs)
-    used = {t for n in model.graph.node for t in n.input if t} | {o.name for o in model.graph.output}
+    used = {t for n in model.graph.node for t in all_reads(n)} | {o.name for o in model.graph.output}
     produced = [t for n in model.graph.node for t in n.output if t and t in used]
     return {t: ("onnx" if t in known else "missing") for t in produced}
 

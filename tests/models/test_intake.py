@@ -138,7 +138,12 @@ def test_opset_newer_than_onnxruntime_is_refused(tmp_path: Path) -> None:
 def test_dynamic_dims_need_a_shape(tmp_path: Path) -> None:
     path = tmp_path / "dynamic.onnx"
     onnx.save(_tiny_model(dims=["batch", 4]), path)
-    _refused(path, "dynamic dimensions")
+    refused = runner.invoke(app, ["partition", str(path), "-o", str(tmp_path / "parts")])
+    assert refused.exit_code == 2 and "dynamic dimensions" in refused.output and "--input-shape x=1,4" in refused.output
+    # inspect looks at any model onnxruntime loads: unknown dims are taken as 1, and it says so
+    assumed = _inspect(path, "--json")
+    assert assumed.exit_code == 0, assumed.output
+    assert "assumed [1, 4]" in assumed.output
     ok = _inspect(path, "--input-shape", "x=3,4", "--json")
     assert ok.exit_code == 0, ok.output
     assert '"shape": [\n        3,\n        4\n      ]' in ok.output
