@@ -49,6 +49,7 @@ class RunResult:
     partitions: list[dict[str, Any]]
     uploaded_bytes: int
     hosts: dict[str, str] = field(default_factory=dict)  # plan host -> board (plans over several hosts)
+    inputs: list[str] = field(default_factory=list)  # how each input's frames were made (data, graph rule, random)
     output_scale: float | None = None  # --verify: the largest output magnitude of the full model
     verified: bool | None = None  # --verify: within the allowed difference (relative to the output scale)
 
@@ -327,6 +328,7 @@ def _measure(
         max_abs_diff=check.max_abs_diff if check else None,
         partitions=[_partition_record(p) for p in bench.partitions],
         uploaded_bytes=reply.bytes_received,
+        inputs=[s.describe() for s in loaded.inputs],
         output_scale=check.scale if check else None,
         verified=check.ok if check else None,
     )

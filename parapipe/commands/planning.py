@@ -129,6 +129,7 @@ def plan(
 
     Each plan records the input shapes and dtypes it was made for; compile, run, deploy and tune use them.
     """
+    from parapipe.intake import generated_note
     from planner.plan import PlanError
     from planner.problem import build_problem
     from planner.search import baselines, best_plan, pareto_set
@@ -170,11 +171,23 @@ def plan(
     rows = [plan_row(p) for p in plans]
     base_rows = [plan_row(p) for p in base.values()]
     if as_json:
-        print_json({"folder": str(folder), "plans": rows, "baselines": base_rows, "files": written})
+        print_json(
+            {
+                "folder": str(folder),
+                "plans": rows,
+                "baselines": base_rows,
+                "files": written,
+                "inputs": [{**s.to_json(), "made": s.describe()} for s in loaded.inputs],
+            }
+        )
         return
     out.print(_table(rows, f"{objective} plans for {model.name} on {profile.name}"))
     out.print(_table(base_rows, "baselines"))
     out.print(f"wrote {len(written)} plan files and {INDEX} to {folder}; energy is modelled", highlight=False)
+    shapes = ", ".join(f"{s.name}={'x'.join(map(str, s.shape)) or 'scalar'}" for s in loaded.inputs)
+    out.print(f"planned for inputs {shapes} (recorded in each plan; run, compile and deploy use them)", highlight=False)
+    if generated_note(loaded):
+        out.print(generated_note(loaded), highlight=False)
 
 
 def _write(folder: Path, plans: list, base: dict) -> list[str]:

@@ -165,3 +165,20 @@ def test_load_onnx_names_unnamed_nodes(tmp_path: Path) -> None:
 def test_errors_are_model_errors(tmp_path: Path) -> None:
     with pytest.raises(ModelError):
         load_onnx(tmp_path / "missing.onnx")
+
+
+def test_inspect_explains_in_one_line_why_onnxruntime_cannot_load_a_model(tmp_path: Path) -> None:
+    # an op no runtime implements, in a domain the checker cannot check: onnx accepts it, onnxruntime does not
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
+    graph = helper.make_graph([helper.make_node("Frobnicate", ["x"], ["y"], domain="example.custom")], "g", [x], [y])
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("example.custom", 1)], ir_version=8
+    )
+    path = tmp_path / "custom.onnx"
+    onnx.save(model, path)
+    result = _inspect(path)
+    assert result.exit_code == 2, result.output
+    assert "onnxruntime" in result.output and "Frobnicate" in result.output
+    assert "Traceback" not in result.output
+    assert len(result.output.strip().splitlines()) <= 3  # one message (wrapped at most by the console)
