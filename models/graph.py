@@ -9,6 +9,8 @@ of the ONNX file.
 from __future__ import annotations
 
 import functools
+import graphlib
+import heapq
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -141,24 +143,21 @@ class OpGraph:
             for s in self.successors[name]:
                 bits |= (1 << pos[s]) | reach[pos[s]]
             reach[pos[name]] = bits
-        match_of: dict[int, int] = {}
+        import networkx as nx
+        from networkx.algorithms import bipartite
 
-        def augment(u: int, seen: set[int]) -> bool:
+        pairs = nx.Graph()
+        left = [("out", u) for u in range(len(names))]
+        pairs.add_nodes_from(left)
+        pairs.add_nodes_from(("in", v) for v in range(len(names)))
+        for u in range(len(names)):
             bits = reach[u]
             while bits:
                 low = bits & -bits
-                v = low.bit_length() - 1
+                pairs.add_edge(("out", u), ("in", low.bit_length() - 1))
                 bits ^= low
-                if v in seen:
-                    continue
-                seen.add(v)
-                if v not in match_of or augment(match_of[v], seen):
-                    match_of[v] = u
-                    return True
-            return False
-
-        matching = sum(1 for u in range(len(names)) if augment(u, set()))
-        return len(names) - matching
+        matching = bipartite.hopcroft_karp_matching(pairs, top_nodes=left)
+        return len(names) - len(matching) // 2
 
 
 def _tensor_infos(model: onnx.ModelProto) -> dict[str, TensorInfo]:
@@ -252,30 +251,25 @@ def _topological(model: onnx.ModelProto, available: set[str]) -> list[onnx.NodeP
     """Kahn's algorithm, stable in file order; refuses graphs whose nodes read unknown tensors."""
     nodes = list(model.graph.node)
     produced = {o: i for i, n in enumerate(nodes) for o in n.output if o}
-    waiting = [0] * len(nodes)
-    readers: dict[int, list[int]] = {}
+    sorter: graphlib.TopologicalSorter[int] = graphlib.TopologicalSorter()
     for i, n in enumerate(nodes):
         reads = all_reads(n)
-        deps = {produced[t] for t in reads if t not in available and t in produced}
         missing = [t for t in reads if t not in available and t not in produced]
         if missing:
             raise ModelError(f"node {n.name!r} reads {missing[0]!r}, which no node, input or initializer provides")
-        waiting[i] = len(deps)
-        for d in deps:
-            readers.setdefault(d, []).append(i)
-    ready = [i for i in range(len(nodes)) if waiting[i] == 0]
+        sorter.add(i, *{produced[t] for t in reads if t not in available and t in produced and produced[t] != i})
+    try:
+        sorter.prepare()
+    except graphlib.CycleError as exc:
+        raise ModelError(f"the graph has a cycle through nodes {[nodes[i].name for i in exc.args[1]][:6]}") from None
     order: list[int] = []
-    while ready:
-        ready.sort(reverse=True)
-        i = ready.pop()
+    ready: list[int] = []
+    while sorter.is_active():  # among the ready nodes, always the first in file order: stable and deterministic
+        for i in sorter.get_ready():
+            heapq.heappush(ready, i)
+        i = heapq.heappop(ready)
         order.append(i)
-        for r in readers.get(i, []):
-            waiting[r] -= 1
-            if waiting[r] == 0:
-                ready.append(r)
-    if len(order) != len(nodes):
-        stuck = [nodes[i].name for i in range(len(nodes)) if i not in set(order)][:5]
-        raise ModelError(f"the graph has a cycle through nodes {stuck}")
+        sorter.done(i)
     return [nodes[i] for i in order]
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +21,7 @@ from google.protobuf.message import DecodeError
 from onnx import TensorProto, helper
 
 from models.errors import ModelError
+from models.files import atomic_write
 from models.graph import all_reads, subgraphs
 from models.inputs import InputSpec, check_input_data, input_specs, load_input_data, make_feeds, tensor_values
 
@@ -501,10 +501,4 @@ def _skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
 
 def write_model_atomic(model: onnx.ModelProto, path: Path) -> None:
     """Write an ONNX model in one file through a temporary name and rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_bytes(model.SerializeToString())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    atomic_write(path, model.SerializeToString())

@@ -11,10 +11,11 @@ with ``models.names.safe_name``.
 
 from __future__ import annotations
 
+import graphlib
 import hashlib
+import heapq
 import itertools
 import json
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ import numpy as np
 import onnx
 
 from models.errors import PartitionError
+from models.files import atomic_write
 from models.graph import OpGraph, all_reads, subgraphs
 from models.inputs import input_specs, make_feeds
 from models.names import safe_name
@@ -171,11 +173,7 @@ class PartitionSet:
         folder.mkdir(parents=True, exist_ok=True)
         for p in self.partitions:
             write_model_atomic(p.model, folder / f"{safe_name(p.name)}.onnx")
-        path = folder / "manifest.json"
-        tmp = path.with_name(f".manifest.json.tmp-{os.getpid()}")
-        tmp.write_text(json.dumps(self.manifest(), indent=2) + "\n")
-        os.replace(tmp, path)
-        return path
+        return atomic_write(folder / "manifest.json", json.dumps(self.manifest(), indent=2) + "\n")
 
 
 def _validate(graph: OpGraph, groups: Mapping[str, Sequence[str]]) -> dict[str, str]:
@@ -203,53 +201,40 @@ def _validate(graph: OpGraph, groups: Mapping[str, Sequence[str]]) -> dict[str, 
 
 
 def _partition_order(graph: OpGraph, part_of: dict[str, str], names: list[str]) -> list[str]:
-    """Topological order of partitions; a cycle is reported with the edges that close it."""
+    """Topological order of partitions, keeping the caller's order where dependencies allow;
+    a cycle is reported with the operator edges that close it."""
     succ: dict[str, dict[str, tuple[str, str]]] = {p: {} for p in names}
     for e in graph.edges:
         a, b = part_of[e.src], part_of[e.dst]
         if a != b:
             succ[a].setdefault(b, (e.src, e.dst))
-    state: dict[str, int] = {}
-    stack: list[str] = []
-
-    def visit(p: str) -> None:
-        state[p] = 1
-        stack.append(p)
-        for q in succ[p]:
-            if state.get(q) == 1:
-                cycle = [*stack[stack.index(q) :], q]
-                hops = [f"{succ[x][y][0]} ({x}) -> {succ[x][y][1]} ({y})" for x, y in itertools.pairwise(cycle)]
-                raise PartitionError(
-                    "partitions form a cycle "
-                    + " -> ".join(cycle)
-                    + ": "
-                    + "; ".join(hops)
-                    + ". Move these nodes so data flows one way between partitions."
-                )
-            if q not in state:
-                visit(q)
-        stack.pop()
-        state[p] = 2
-
+    sorter: graphlib.TopologicalSorter[int] = graphlib.TopologicalSorter()
+    index = {p: i for i, p in enumerate(names)}
     for p in names:
-        if p not in state:
-            visit(p)
-    # No cycle: Kahn's algorithm, keeping the caller's order where dependencies allow.
-    waiting = {p: 0 for p in names}
-    for p in names:
+        sorter.add(index[p])
         for q in succ[p]:
-            waiting[q] += 1
-    ready = [p for p in names if waiting[p] == 0]
-    result: list[str] = []
-    while ready:
-        p = min(ready, key=names.index)
-        ready.remove(p)
-        result.append(p)
-        for q in succ[p]:
-            waiting[q] -= 1
-            if waiting[q] == 0:
-                ready.append(q)
-    return result
+            sorter.add(index[q], index[p])
+    try:
+        sorter.prepare()
+    except graphlib.CycleError as exc:
+        cycle = [names[i] for i in exc.args[1]]  # in the direction data flows
+        hops = [f"{succ[x][y][0]} ({x}) -> {succ[x][y][1]} ({y})" for x, y in itertools.pairwise(cycle)]
+        raise PartitionError(
+            "partitions form a cycle "
+            + " -> ".join(cycle)
+            + ": "
+            + "; ".join(hops)
+            + ". Move these nodes so data flows one way between partitions."
+        ) from None
+    order: list[int] = []
+    ready: list[int] = []
+    while sorter.is_active():
+        for i in sorter.get_ready():
+            heapq.heappush(ready, i)
+        i = heapq.heappop(ready)
+        order.append(i)
+        sorter.done(i)
+    return [names[i] for i in order]
 
 
 def cut_partitions(model: onnx.ModelProto, graph: OpGraph, groups: Mapping[str, Sequence[str]]) -> PartitionSet:

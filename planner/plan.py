@@ -10,7 +10,6 @@ the field that is wrong.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 
 from device_profiles.schema import DeviceProfile
 from models.errors import ModelError, ParapipeError
+from models.files import atomic_write
 from models.graph import OpGraph
 from models.inputs import InputSpec
 
@@ -106,14 +106,7 @@ class Plan:
         return data
 
     def save(self, path: Path) -> Path:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        try:
-            tmp.write_text(json.dumps(self.to_json(), indent=2) + "\n")
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
-        return path
+        return atomic_write(path, json.dumps(self.to_json(), indent=2) + "\n")
 
 
 def _need(data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:

