@@ -26,7 +26,7 @@ from models.onnx_io import load_onnx
 from models.zoo import ZOO
 from planner.costmodel import CostModel
 from profiler.costtable import CostTable
-from profiler.session import pu_configs, run_profile
+from profiler.session import held_out, pu_configs, run_profile
 
 
 def main() -> None:
@@ -55,8 +55,7 @@ def main() -> None:
             t0 = time.perf_counter()
             run_profile(loaded, graph, profile, table, costs, pu_configs(profile), repeats=args.repeats)
             seconds = time.perf_counter() - t0
-            labels = sorted({e.name for e in table.select(model_sha256=loaded.sha256, kind="partition", board=board)})
-            holdout = labels[1::2]
+            holdout = held_out(table, loaded.sha256, board)
             calibrated = CostModel(profile, graph, table, holdout=holdout).evaluate()
             roof = CostModel(profile, graph, None)
             roof_errs = [

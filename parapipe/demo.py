@@ -28,7 +28,7 @@ from planner.costmodel import CostModel
 from planner.problem import build_problem
 from planner.search import baselines, pareto_set
 from profiler.costtable import CostTable
-from profiler.session import pu_configs, run_profile
+from profiler.session import held_out, pu_configs, run_profile
 
 
 def run_demo(model: str, workdir: Path, console: Console) -> None:
@@ -86,8 +86,7 @@ def run_demo(model: str, workdir: Path, console: Console) -> None:
         f"{summary.measured} measurements taken, {summary.reused} reused from {costs}; energy is {summary.energy_source}",
         highlight=False,
     )
-    labels = sorted({e.name for e in table.select(model_sha256=loaded.sha256, kind="partition", board="local")})
-    evaluation = CostModel(profile, graph, table, holdout=labels[1::2]).evaluate()
+    evaluation = CostModel(profile, graph, table, holdout=held_out(table, loaded.sha256, "local")).evaluate()
     console.print(
         f"cost model on {evaluation.count} partitions it was not fitted on: median error "
         f"{evaluation.median_abs_pct:.1f}%, RMSPE {evaluation.rmspe_pct:.1f}%",

@@ -84,6 +84,13 @@ def pu_configs(profile: DeviceProfile, pu_names: Iterable[str] | None = None) ->
     return configs
 
 
+def held_out(table: CostTable, model_sha256: str, board: str) -> list[str]:
+    """The calibration partitions kept out of the cost model's fit (every other one, by name), so its
+    error is measured on partitions it never saw. The one hold-out rule of profile, demo and bench."""
+    labels = sorted({e.name for e in table.select(model_sha256=model_sha256, kind="partition", board=board)})
+    return labels[1::2]
+
+
 def calibration_partitions(coarse: OpGraph, max_parts: int = 4) -> list[tuple[str, tuple[str, ...]]]:
     """Runs of consecutive coarse blocks: the model cut into 1..max_parts equal-FLOP pieces."""
     out: list[tuple[str, tuple[str, ...]]] = []

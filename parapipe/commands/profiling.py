@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 from typing import Annotated
 
@@ -145,11 +146,11 @@ def _summarise(table, sha: str, board: str, configs, graph) -> dict:
     """Per PU config: counts, whole-model time, sum of blocks, and the cost model's held-out error."""
     from device_profiles.loader import load_profile
     from planner.costmodel import CostModel
+    from profiler.session import held_out
 
     rows = []
     entries = table.select(model_sha256=sha, board=board)
-    partition_labels = sorted({e.name for e in entries if e.kind == "partition"})
-    holdout = partition_labels[1::2]
+    holdout = held_out(table, sha, board)
     cost = CostModel(load_profile(board), graph, table, holdout=holdout)
     evaluation = cost.evaluate()
     for cfg in configs:
@@ -167,7 +168,7 @@ def _summarise(table, sha: str, board: str, configs, graph) -> dict:
                 "blocks_sum_ms": sum(e.mean_ms for e in blocks if len(e.members) < len(graph.nodes)),
                 "energy_mj": whole[0].energy_mj if whole else None,
                 "energy_source": whole[0].energy_source if whole else "",
-                "holdout_median_pct": sorted(errs)[len(errs) // 2] if errs else None,
+                "holdout_median_pct": statistics.median(errs) if errs else None,
             }
         )
     return {
