@@ -160,16 +160,16 @@ def run_demo(model: str, workdir: Path, console: Console) -> None:
         out.add_row(
             f"{label}: {plan.name}",
             " ".join(f"{a.pu}x{a.cores}" for _, _, a in plan.assignments()),
-            f"{r.predicted['latency_ms']:.1f} / {r.measured['latency_ms']:.1f}",
-            f"{r.predicted['throughput_fps']:.1f} / {r.measured['throughput_fps']:.1f}",
-            f"{r.predicted['energy_mj']:.0f} / {r.measured['energy_mj']:.0f}",
+            f"{r.predicted.latency_ms:.1f} / {r.measured.latency_ms:.1f}",
+            f"{r.predicted.throughput_fps:.1f} / {r.measured.throughput_fps:.1f}",
+            f"{r.predicted.energy_mj:.0f} / {r.measured.energy_mj:.0f}",
             f"{r.max_abs_diff:.1e}",
         )
     console.print(out)
     ort_r = rows[-1][2]
     console.print(
-        f"measured vs plain onnxruntime: throughput {rows[0][2].measured['throughput_fps'] / ort_r.measured['throughput_fps']:.2f}x, "
-        f"latency {rows[1][2].measured['latency_ms'] / ort_r.measured['latency_ms']:.2f}x (lower is better)",
+        f"measured vs plain onnxruntime: throughput {rows[0][2].measured.throughput_fps / ort_r.measured.throughput_fps:.2f}x, "
+        f"latency {rows[1][2].measured.latency_ms / ort_r.measured.latency_ms:.2f}x (lower is better)",
         highlight=False,
     )
     console.rule(f"done in {time.perf_counter() - t0:.1f}s")

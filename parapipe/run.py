@@ -16,7 +16,7 @@ import os
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from parapipe.compile import compile_plan, host_bundles, write_bundle, write_bun
 from parapipe.home import parapipe_home
 from parapipe.intake import open_model
 from parapipe.local_agent import DeployError, LocalAgent
+from parapipe.records import Figures, PartitionMeasurement
 from planner.plan import Plan
 
 LOCAL_BOARDS = RUNTIME_PROFILES  # the embedded boards: this machine, with agents as child processes
@@ -41,12 +42,12 @@ class RunResult:
     plan: str
     board: str
     bundle_sha256: str
-    measured: dict[str, float]
-    predicted: dict[str, float]
+    measured: Figures
+    predicted: Figures | None
     errors_pct: dict[str, float]
     energy_source: str
     max_abs_diff: float | None
-    partitions: list[dict[str, Any]]
+    partitions: tuple[PartitionMeasurement, ...]
     uploaded_bytes: int
     hosts: dict[str, str] = field(default_factory=dict)  # plan host -> board (plans over several hosts)
     inputs: list[str] = field(default_factory=list)  # how each input's frames were made (data, graph rule, random)
@@ -54,7 +55,11 @@ class RunResult:
     verified: bool | None = None  # --verify: within the allowed difference (relative to the output scale)
 
     def to_json(self) -> dict[str, Any]:
-        return self.__dict__.copy()
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data["measured"] = self.measured.to_json()
+        data["predicted"] = self.predicted.to_json() if self.predicted else {}
+        data["partitions"] = [p.to_json() for p in self.partitions]
+        return data
 
 
 def resolve_model(plan: Plan, model: Path | None, input_data: Path | None = None) -> LoadedModel:
@@ -255,16 +260,14 @@ def _run_hosts(
                 say,
                 record_it=False,
             )
-            partitions = [dict(p, host=hosts[0]) for p in result.partitions]
+            partitions = [replace(p, host=hosts[0]) for p in result.partitions]
             for h in hosts[1:]:  # counters since start (warm-up and --verify frames included)
-                partitions += [_partition_record(p, host=h) for p in agents[h][0].status().partitions]
-            result = RunResult(
-                **{
-                    **result.__dict__,
-                    "partitions": partitions,
-                    "hosts": dict(per_host),
-                    "uploaded_bytes": sum(r.bytes_received for r in replies.values()),
-                }
+                partitions += [PartitionMeasurement.from_stats(p, host=h) for p in agents[h][0].status().partitions]
+            result = replace(
+                result,
+                partitions=tuple(partitions),
+                hosts=dict(per_host),
+                uploaded_bytes=sum(r.bytes_received for r in replies.values()),
             )
         finally:
             for h in hosts:
@@ -300,23 +303,22 @@ def _measure(
     if progress:
         progress(f"benchmarking {frames} frames on the board")
     bench = client.benchmark(frames, warmup=max(3, frames // 10))
-    measured = {
-        "latency_ms": bench.latency_alone_ms,
-        "latency_p50_at_rate_ms": bench.latency_p50_ms,
-        "latency_p99_at_rate_ms": bench.latency_p99_ms,
-        "throughput_fps": bench.throughput_fps,
-        "energy_mj": bench.energy_mj,
-    }
-    predicted: dict[str, float] = {}
+    measured = Figures(
+        latency_ms=bench.latency_alone_ms,
+        throughput_fps=bench.throughput_fps,
+        energy_mj=bench.energy_mj,
+        latency_p50_at_rate_ms=bench.latency_p50_ms,
+        latency_p99_at_rate_ms=bench.latency_p99_ms,
+    )
+    predicted = None
     if plan.predicted:
-        predicted = {
-            "latency_ms": plan.predicted.latency_ms,
-            "throughput_fps": plan.predicted.throughput_fps,
-            "energy_mj": plan.predicted.energy_mj,
-        }
-    if plan.simulated:
-        predicted["latency_p50_at_rate_ms"] = plan.simulated.latency_ms
-    errors = {k: (predicted[k] - measured[k]) / measured[k] * 100 for k in predicted if measured.get(k)}
+        predicted = Figures(
+            latency_ms=plan.predicted.latency_ms,
+            throughput_fps=plan.predicted.throughput_fps,
+            energy_mj=plan.predicted.energy_mj,
+            latency_p50_at_rate_ms=plan.simulated.latency_ms if plan.simulated else None,
+        )
+    errors = predicted.errors_pct(measured) if predicted else {}
     result = RunResult(
         plan=plan.name,
         board=board,
@@ -326,7 +328,7 @@ def _measure(
         errors_pct=errors,
         energy_source=bench.energy_source,
         max_abs_diff=check.max_abs_diff if check else None,
-        partitions=[_partition_record(p) for p in bench.partitions],
+        partitions=tuple(PartitionMeasurement.from_stats(p) for p in bench.partitions),
         uploaded_bytes=reply.bytes_received,
         inputs=[s.describe() for s in loaded.inputs],
         output_scale=check.scale if check else None,
@@ -335,20 +337,6 @@ def _measure(
     if record_it:
         record(plan, result)
     return result
-
-
-def _partition_record(p, **extra: str) -> dict[str, Any]:
-    """A partition's counters (``PartitionStats``) as the JSON record ``run`` reports and ``tune`` reads."""
-    return {
-        "name": p.name,
-        "pu": p.pu,
-        "busy_ms": p.busy_ms,
-        "queue_wait_ms": p.queue_wait_ms,
-        "frames": p.frames,
-        "alone_busy_ms": p.alone_busy_ms,
-        "alone_frames": p.alone_frames,
-        **extra,
-    }
 
 
 def record(plan: Plan, result: RunResult) -> Path:

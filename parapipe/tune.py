@@ -62,20 +62,18 @@ def feed_back(
     for seg in segments.values():
         per_unit[seg.unit_key] = per_unit.get(seg.unit_key, 0) + 1
     for p in result.partitions:
-        seg = segments.get(p["name"])
+        seg = segments.get(p.name)
         if seg is None or "+" in seg.pu:
             continue
         # Back to back, a partition's time includes what running beside the others costs it
         # (memory, caches, the executor's own threads): what the pipeline's throughput depends
         # on. But segments of one unit share its cores and overlap, and then each one's wall
         # time counts the others; for those the frames run one at a time are the honest measure.
-        if per_unit[seg.unit_key] == 1 and p["frames"]:
-            per_frame = p["busy_ms"] / p["frames"]
-        elif p.get("alone_frames"):
-            per_frame = p["alone_busy_ms"] / p["alone_frames"]
-        elif p["frames"]:
-            per_frame = p["busy_ms"] / p["frames"]
+        if per_unit[seg.unit_key] == 1 and p.busy_per_frame_ms is not None:
+            per_frame = p.busy_per_frame_ms
         else:
+            per_frame = p.alone_per_frame_ms or p.busy_per_frame_ms
+        if per_frame is None:
             continue
         pu = profile.pu(seg.pu)
         cond = Conditions(
@@ -100,7 +98,7 @@ def feed_back(
                 mean_ms=per_frame,
                 p10_ms=per_frame,
                 p90_ms=per_frame,
-                repeats=int(p["frames"]),
+                repeats=p.frames,
                 energy_mj=None,
                 energy_source="none",
                 flops=sum(flops[m] for m in seg.members),
@@ -136,7 +134,7 @@ def fit_handoff(
     for h in HANDOFF_GRID_MS:
         cost.handoff_ms = h
         pairs = [
-            (evaluate(plan, graph, cost, frames=0).predicted.latency_ms, res.measured["latency_ms"])  # type: ignore[union-attr]
+            (evaluate(plan, graph, cost, frames=0).predicted.latency_ms, res.measured.latency_ms)  # type: ignore[union-attr]
             for plan, res in runs
         ]
         err = rmspe(pairs)
@@ -184,7 +182,7 @@ def fit_power(
 
     from planner.build import evaluate
 
-    measured = [(plan, res.measured["energy_mj"]) for plan, res in runs if res.energy_source == "measured"]
+    measured = [(plan, res.measured.energy_mj) for plan, res in runs if res.energy_source == "measured"]
     if not measured:
         return None
     cost = CostModel(profile, graph, table)
@@ -271,12 +269,13 @@ def tune(
             say(f"round {r + 1}: running plan {i + 1}/{len(plans)} on {board}")
             plan = dataclasses.replace(plan, model_path=str(model.resolve()), inputs=loaded.inputs)
             last.append((plan, run_plan(plan, board, None, frames, input_data=input_data)))
-        lat = [(res.predicted["latency_ms"], res.measured["latency_ms"]) for _, res in last]
-        thr = [(res.predicted["throughput_fps"], res.measured["throughput_fps"]) for _, res in last]
+        known = [(res.predicted, res.measured) for _, res in last if res.predicted is not None]
+        lat = [(p.latency_ms, m.latency_ms) for p, m in known]
+        thr = [(p.throughput_fps, m.throughput_fps) for p, m in known]
         energy = [
-            (res.predicted["energy_mj"], res.measured["energy_mj"])
+            (res.predicted.energy_mj, res.measured.energy_mj)
             for _, res in last
-            if res.energy_source == "measured"
+            if res.energy_source == "measured" and res.predicted is not None
         ]
         history.append(
             Round(
@@ -286,7 +285,12 @@ def tune(
                 rmspe(thr),
                 rmspe(energy) if energy else None,
                 [
-                    {"plan": p.name, "predicted": res.predicted, "measured": res.measured, "errors_pct": res.errors_pct}
+                    {
+                        "plan": p.name,
+                        "predicted": res.predicted.to_json() if res.predicted else {},
+                        "measured": res.measured.to_json(),
+                        "errors_pct": res.errors_pct,
+                    }
                     for p, res in last
                 ],
             )

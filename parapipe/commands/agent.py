@@ -201,8 +201,9 @@ def run(
             raise typer.Exit(1)
         return
     t = Table("figure", "predicted", "measured", "error")
-    for k, v in result.measured.items():
-        p = result.predicted.get(k)
+    predicted = result.predicted.to_json() if result.predicted else {}
+    for k, v in result.measured.to_json().items():
+        p = predicted.get(k)
         e = result.errors_pct.get(k)
         t.add_row(k, f"{p:.2f}" if p is not None else "-", f"{v:.2f}", f"{e:+.1f}%" if e is not None else "-")
     out.print(t)
@@ -267,7 +268,7 @@ def tune(
         print_json(
             {
                 "rounds": [h.__dict__ for h in history],
-                "front_measured": [{"plan": p.name, "measured": r.measured} for p, r in last],
+                "front_measured": [{"plan": p.name, "measured": r.measured.to_json()} for p, r in last],
                 "target_error_pct": target_error,
             }
         )
@@ -287,9 +288,9 @@ def tune(
     for p, r in last:
         f.add_row(
             p.name,
-            f"{r.measured['latency_ms']:.2f}",
-            f"{r.measured['throughput_fps']:.2f}",
-            f"{r.measured['energy_mj']:.1f}",
+            f"{r.measured.latency_ms:.2f}",
+            f"{r.measured.throughput_fps:.2f}",
+            f"{r.measured.energy_mj:.1f}",
         )
     out.print(f)
     final = history[-1]

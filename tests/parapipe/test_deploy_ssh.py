@@ -224,7 +224,7 @@ def test_run_a_plan_on_an_ssh_board_then_undeploy(board, sshd, tmp_path, monkeyp
     plan = evaluate(single_pu(coarsen(graph, "coarse"), profile, "cpu", 1), graph, CostModel(profile, graph), frames=20)
     result = run_plan(dataclasses.replace(plan, model_path=str(path)), "ssh-board", None, frames=5, verify=True)
     assert result.max_abs_diff is not None and result.max_abs_diff <= 1e-5
-    assert result.measured["throughput_fps"] > 0 and "throughput_fps" in result.errors_pct
+    assert result.measured.throughput_fps > 0 and "throughput_fps" in result.errors_pct
     gone = CliRunner().invoke(app, ["undeploy", "--board", "ssh-board"])
     assert gone.exit_code == 0, gone.output
     assert not (Path(board.workdir) / "venv").exists()

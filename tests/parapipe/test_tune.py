@@ -29,8 +29,8 @@ def test_tune_feeds_measurements_back(exported, tmp_path, monkeypatch) -> None:
     fed = [e for e in table if e.name.startswith("run:")]
     assert fed and all(e.kind == "partition" and e.mean_ms > 0 for e in fed)
     # every partition's time comes from frames run one at a time
-    assert all(p["alone_frames"] > 0 for _, r in last for p in r.partitions)
-    assert last and last[0][1].measured["throughput_fps"] > 0
+    assert all(p.alone_frames > 0 for _, r in last for p in r.partitions)
+    assert last and last[0][1].measured.throughput_fps > 0
 
 
 def test_measured_energy_rescales_the_power_model(exported, tmp_path, monkeypatch) -> None:
@@ -65,4 +65,4 @@ def test_measured_energy_rescales_the_power_model(exported, tmp_path, monkeypatc
     cost = CostModel(load_profile("local"), graph, table)
     plan, result = last[0]
     predicted = evaluate(plan, graph, cost, frames=0).predicted.energy_mj
-    assert predicted == pytest.approx(result.measured["energy_mj"], rel=0.01)
+    assert predicted == pytest.approx(result.measured.energy_mj, rel=0.01)

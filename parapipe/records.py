@@ -1,0 +1,84 @@
+"""Typed measurement records, from the agent's reply to the reports and the tune loop.
+
+One frame-level figure set (``Figures``) is what a plan predicts and what a board
+measures, so the two compare field by field; one ``PartitionMeasurement`` carries a
+partition's counters as the agent's ``PartitionStats`` reports them. Both turn into the
+JSON that ``run --json`` prints and ``measurements.jsonl`` keeps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+FIGURES = ("latency_ms", "latency_p50_at_rate_ms", "latency_p99_at_rate_ms", "throughput_fps", "energy_mj")
+
+
+@dataclass(frozen=True)
+class Figures:
+    """Latency of one frame alone, throughput back to back, energy per frame; latency at that rate if known."""
+
+    latency_ms: float
+    throughput_fps: float
+    energy_mj: float
+    latency_p50_at_rate_ms: float | None = None
+    latency_p99_at_rate_ms: float | None = None
+
+    def to_json(self) -> dict[str, float]:
+        return {k: getattr(self, k) for k in FIGURES if getattr(self, k) is not None}
+
+    def errors_pct(self, measured: Figures) -> dict[str, float]:
+        """(predicted - measured) / measured in %, for every figure both have (and measured is non-zero)."""
+        out = {}
+        for k in FIGURES:
+            p, m = getattr(self, k), getattr(measured, k)
+            if p is not None and m:
+                out[k] = (p - m) / m * 100
+        return out
+
+
+@dataclass(frozen=True)
+class PartitionMeasurement:
+    """One partition's counters on the board: busy time over all frames and over frames run one at a time."""
+
+    name: str
+    pu: str
+    busy_ms: float
+    queue_wait_ms: float
+    frames: int
+    alone_busy_ms: float = 0.0
+    alone_frames: int = 0
+    host: str = ""
+
+    @classmethod
+    def from_stats(cls, stats: Any, host: str = "") -> PartitionMeasurement:
+        """From the agent's ``PartitionStats`` message."""
+        return cls(
+            name=stats.name,
+            pu=stats.pu,
+            busy_ms=stats.busy_ms,
+            queue_wait_ms=stats.queue_wait_ms,
+            frames=stats.frames,
+            alone_busy_ms=stats.alone_busy_ms,
+            alone_frames=stats.alone_frames,
+            host=host,
+        )
+
+    @property
+    def busy_per_frame_ms(self) -> float | None:
+        return self.busy_ms / self.frames if self.frames else None
+
+    @property
+    def alone_per_frame_ms(self) -> float | None:
+        return self.alone_busy_ms / self.alone_frames if self.alone_frames else None
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        if not self.host:
+            del data["host"]
+        return data
+
+
+def figures_from_json(data: dict[str, Any]) -> Figures:
+    names = {f.name for f in fields(Figures)}
+    return Figures(**{k: v for k, v in data.items() if k in names})
