@@ -18,9 +18,9 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
-# The pure tests only: no agent processes, sshd, network namespaces or downloaded models.
+# The pure tests only: no agent processes, sshd, network namespaces, downloaded or exported models.
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not agent and not ssh and not netns and not corpus"
+	$(BIN)/python -m pytest -q -m "not agent and not ssh and not netns and not corpus and not zoo"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

