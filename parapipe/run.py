@@ -14,27 +14,25 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import ExitStack, contextmanager
+from collections.abc import Mapping
+from contextlib import ExitStack
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from agents.bundle import verify_bundle
 from agents.client import AgentClient
-from agents.peers import Peer
-from device_profiles.loader import RUNTIME_PROFILES, load_profile
+from device_profiles.loader import load_profile
 from models.graph import build_graph
 from models.onnx_io import LoadedModel
 from models.partition import compare_outputs
 from parapipe.compile import compile_plan, host_bundles, write_bundle, write_bundles
 from parapipe.home import parapipe_home
 from parapipe.intake import open_model
-from parapipe.local_agent import DeployError, LocalAgent
+from parapipe.local_agent import DeployError
+from parapipe.reach import LOCAL_BOARDS, BoardSession, Started, board_device, open_board
 from parapipe.records import Figures, PartitionMeasurement
 from planner.plan import Plan
-
-LOCAL_BOARDS = RUNTIME_PROFILES  # the embedded boards: this machine, with agents as child processes
 
 
 @dataclass(frozen=True)
@@ -139,7 +137,7 @@ def run_plan(
     if not hosts:
         if per_host:
             raise DeployError(f"the plan runs on one host; give one board: --board {next(iter(per_host.values()))}")
-        return _run_single(plan, str(board), folders[""], loaded, frames, verify, say)
+        return _run_single(Measurement(plan, str(board), loaded, frames, verify), folders[""], say)
     if not per_host:
         if board not in LOCAL_BOARDS:
             raise DeployError(
@@ -154,145 +152,87 @@ def run_plan(
             f"the plan's hosts are {', '.join(hosts)}; "
             + (f"no board given for {', '.join(missing)}" if missing else f"it has no host {', '.join(unknown)}")
         )
-    return _run_hosts(plan, board_name, per_host, folders, loaded, frames, verify, say)
+    return _run_hosts(Measurement(plan, board_name, loaded, frames, verify), per_host, folders, say)
 
 
 def _check_device(plan: Plan, board: str) -> None:
-    if board in LOCAL_BOARDS:
-        device = board
-    else:
-        from parapipe.boards import get_board
-
-        device = get_board(board).device
+    device = board_device(board)
     if plan.device != device:
         raise DeployError(
             f"the plan is for {plan.device!r}; board {board!r} runs plans made with --device {device}. Re-plan for this board."
         )
 
 
-def _run_single(plan: Plan, board: str, folder: Path, loaded: LoadedModel, frames: int, verify: bool, say) -> RunResult:
-    if board in LOCAL_BOARDS:
-        with LocalAgent() as agent:
-            assert agent.client is not None
-            say("loading the bundle on the agent")
-            reply = agent.client.load_bundle(folder)
-            agent.client.start(reply.bundle_sha256)
-            return _measure(plan, board, agent.client, folder, loaded, reply, frames, verify, say)
-    from parapipe.boards import direct_client, get_board
+@dataclass(frozen=True)
+class Measurement:
+    """What one measurement on a board needs besides the client: the plan, its model and how to run it."""
 
-    remote = get_board(board)
-    if remote.agent_address:
-        with direct_client(remote) as client:
-            say(f"loading the bundle on {board} ({remote.agent_address})")
-            reply = client.load_bundle(folder)
-            client.start(reply.bundle_sha256)
-            return _measure(plan, board, client, folder, loaded, reply, frames, verify, say)
-    from parapipe.deploy import agent_client, deploy
-    from parapipe.ssh import BoardConnection
-
-    result = deploy(remote, folder)
-    with BoardConnection(remote) as conn, agent_client(conn) as client:
-        from agents.proto import parapipe_agent_pb2 as pb
-
-        reply = pb.LoadBundleReply(bundle_sha256=result.bundle_sha256, bytes_received=result.bundle_uploaded_bytes)
-        return _measure(plan, board, client, folder, loaded, reply, frames, verify, say)
+    plan: Plan
+    board: str
+    loaded: LoadedModel
+    frames: int
+    verify: bool
 
 
-@contextmanager
-def _host_agent(board: str) -> Iterator[tuple[AgentClient, Peer]]:
-    """An agent for one host of a multi-host plan, and how the other agents reach it."""
-    if board in LOCAL_BOARDS:
-        with LocalAgent() as agent:
-            assert agent.client is not None
-            yield agent.client, Peer("", f"127.0.0.1:{agent.port}")
-        return
-    from parapipe.boards import direct_client, get_board, read_secret
-
-    remote = get_board(board)
-    if not remote.agent_address:
-        raise DeployError(
-            f"board {board} is reached through an SSH tunnel, which other boards cannot use; for agent-to-agent "
-            f"streaming give its agent's address: parapipe boards add {board} --agent-address HOST:PORT "
-            "--token-file F --tls-ca F ..."
-        )
-    token = read_secret(remote.token_file).decode() if remote.token_file else ""
-    ca = read_secret(remote.tls_ca) if remote.tls_ca else b""
-    with direct_client(remote) as client:
-        yield client, Peer("", remote.agent_address, token, ca)
+def _run_single(job: Measurement, folder: Path, say) -> RunResult:
+    with open_board(job.board) as session:
+        say(f"loading the bundle on {job.board} ({session.kind})")
+        started = session.start(folder)
+        result = _measure(job, session.client, started, say)
+    record(job.plan, result)
+    return result
 
 
-def _run_hosts(
-    plan: Plan,
-    board_name: str,
-    per_host: dict[str, str],
-    folders: dict[str, Path],
-    loaded: LoadedModel,
-    frames: int,
-    verify: bool,
-    say,
-) -> RunResult:
+def _run_hosts(job: Measurement, per_host: dict[str, str], folders: dict[str, Path], say) -> RunResult:
     hosts = list(folders)  # the entry host first
     with ExitStack() as stack:
-        agents: dict[str, tuple[AgentClient, Peer]] = {}
+        sessions: dict[str, BoardSession] = {}
         for h in hosts:
             say(f"starting the agent of host {h} ({per_host[h]})")
-            client, peer = stack.enter_context(_host_agent(per_host[h]))
-            agents[h] = (client, Peer(h, peer.address, peer.token, peer.tls_ca))
-        replies = {}
+            session = stack.enter_context(open_board(per_host[h]))
+            if session.peer is None:
+                raise DeployError(
+                    f"board {per_host[h]} is reached through an SSH tunnel, which other boards cannot use; for "
+                    f"agent-to-agent streaming give its agent's address: parapipe boards add {per_host[h]} "
+                    "--agent-address HOST:PORT --token-file F --tls-ca F ..."
+                )
+            sessions[h] = session
+        peers = {h: replace(s.peer, host=h) for h, s in sessions.items() if s.peer is not None}
+        loaded_bundles = {}
         for h in hosts:
             say(f"loading host {h}'s bundle")
-            replies[h] = agents[h][0].load_bundle(folders[h])
+            loaded_bundles[h] = sessions[h].load(folders[h])
         try:
             for h in reversed(hosts):  # the entry host last: its agent checks that its peers answer
                 say(f"starting host {h}'s pipeline")
-                peers = [agents[o][1] for o in hosts if o != h]
-                agents[h][0].start(replies[h].bundle_sha256, peers=peers)
-            entry = agents[hosts[0]][0]
-            result = _measure(
-                plan,
-                board_name,
-                entry,
-                folders[hosts[0]],
-                loaded,
-                replies[hosts[0]],
-                frames,
-                verify,
-                say,
-                record_it=False,
-            )
+                sessions[h].client.start(loaded_bundles[h].bundle_sha256, peers=[peers[o] for o in hosts if o != h])
+            result = _measure(job, sessions[hosts[0]].client, loaded_bundles[hosts[0]], say)
             partitions = [replace(p, host=hosts[0]) for p in result.partitions]
             for h in hosts[1:]:  # counters since start (warm-up and --verify frames included)
-                partitions += [PartitionMeasurement.from_stats(p, host=h) for p in agents[h][0].status().partitions]
+                partitions += [
+                    PartitionMeasurement.from_stats(p, host=h) for p in sessions[h].client.status().partitions
+                ]
             result = replace(
                 result,
                 partitions=tuple(partitions),
                 hosts=dict(per_host),
-                uploaded_bytes=sum(r.bytes_received for r in replies.values()),
+                uploaded_bytes=sum(r.bytes_received for r in loaded_bundles.values()),
             )
         finally:
             for h in hosts:
                 try:
-                    agents[h][0].stop()
+                    sessions[h].client.stop()
                 except Exception:  # the agent may be gone already; the run's own error matters more
                     pass
-    record(plan, result)
+    record(job.plan, result)
     return result
 
 
-def _measure(
-    plan: Plan,
-    board: str,
-    client,
-    folder: Path,
-    loaded: LoadedModel,
-    reply,
-    frames: int,
-    verify: bool,
-    progress,
-    record_it: bool = True,
-) -> RunResult:
+def _measure(job: Measurement, client: AgentClient, started: Started, progress) -> RunResult:
+    """Verify one frame if asked, benchmark on the board, compare with the plan's prediction."""
+    plan, loaded = job.plan, job.loaded
     check = None
-    if verify:
+    if job.verify:
         import onnxruntime as ort
 
         inputs = loaded.feeds(seed=7)
@@ -300,9 +240,8 @@ def _measure(
         full = ort.InferenceSession(loaded.ort_proto.SerializeToString(), providers=["CPUExecutionProvider"])
         expected = dict(zip([o.name for o in full.get_outputs()], full.run(None, inputs), strict=True))
         check = compare_outputs(expected, got)
-    if progress:
-        progress(f"benchmarking {frames} frames on the board")
-    bench = client.benchmark(frames, warmup=max(3, frames // 10))
+    progress(f"benchmarking {job.frames} frames on the board")
+    bench = client.benchmark(job.frames, warmup=max(3, job.frames // 10))
     measured = Figures(
         latency_ms=bench.latency_alone_ms,
         throughput_fps=bench.throughput_fps,
@@ -318,25 +257,21 @@ def _measure(
             energy_mj=plan.predicted.energy_mj,
             latency_p50_at_rate_ms=plan.simulated.latency_ms if plan.simulated else None,
         )
-    errors = predicted.errors_pct(measured) if predicted else {}
-    result = RunResult(
+    return RunResult(
         plan=plan.name,
-        board=board,
-        bundle_sha256=reply.bundle_sha256,
+        board=job.board,
+        bundle_sha256=started.bundle_sha256,
         measured=measured,
         predicted=predicted,
-        errors_pct=errors,
+        errors_pct=predicted.errors_pct(measured) if predicted else {},
         energy_source=bench.energy_source,
         max_abs_diff=check.max_abs_diff if check else None,
         partitions=tuple(PartitionMeasurement.from_stats(p) for p in bench.partitions),
-        uploaded_bytes=reply.bytes_received,
+        uploaded_bytes=started.bytes_received,
         inputs=[s.describe() for s in loaded.inputs],
         output_scale=check.scale if check else None,
         verified=check.ok if check else None,
     )
-    if record_it:
-        record(plan, result)
-    return result
 
 
 def record(plan: Plan, result: RunResult) -> Path:

@@ -23,13 +23,14 @@ from models.coarsen import coarsen
 from models.graph import OpGraph, build_graph
 from models.onnx_io import LoadedModel
 from parapipe.intake import open_model
-from parapipe.run import LOCAL_BOARDS, RunResult, run_plan
+from parapipe.profiling import profile_on_board
+from parapipe.reach import board_device
+from parapipe.run import RunResult, run_plan
 from planner.costmodel import CostModel
 from planner.plan import Plan
 from planner.search import best_plan, pareto_set
 from planner.segments import lower
 from profiler.costtable import Conditions, CostEntry, CostTable, entry_key
-from profiler.session import pu_configs, run_profile
 
 
 @dataclass
@@ -244,16 +245,11 @@ def tune(
     say = progress or (lambda _msg: None)
     loaded: LoadedModel = open_model(model, input_shape, input_data)
     graph = build_graph(loaded.proto, loaded.sha256, model.stem)
-    if board in LOCAL_BOARDS:
-        profile = load_profile(board)
-    else:
-        from parapipe.boards import get_board
-
-        profile = load_profile(get_board(board).device)
+    profile = load_profile(board_device(board))
     table = CostTable.load(costs)
-    if board in LOCAL_BOARDS and not table.select(model_sha256=loaded.sha256, board=profile.name):
-        say("profiling")
-        run_profile(loaded, graph, profile, table, costs, pu_configs(profile))
+    if not table.select(model_sha256=loaded.sha256, board=profile.name):
+        say(f"profiling on {board}")
+        profile_on_board(loaded, graph, board, table, costs)
     blocks = coarsen(graph, "coarse")
     history: list[Round] = []
     last: list[tuple[Plan, RunResult]] = []

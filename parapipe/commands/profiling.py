@@ -10,7 +10,6 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from device_profiles.loader import RUNTIME_PROFILES as LOCAL_BOARDS
 from parapipe.app import DataOpt, JsonFlag, ShapeOpt, app, err, fails_cleanly, out, print_json
 
 
@@ -34,30 +33,14 @@ def profile(
     as_json: JsonFlag = False,
 ) -> None:
     """Measure every operator, block and a few whole partitions of MODEL on each PU configuration."""
-    from device_profiles.loader import load_profile
     from models.graph import build_graph
     from parapipe.home import default_costs
     from parapipe.intake import generated_note, open_model
+    from parapipe.profiling import profile_on_board
     from profiler.costtable import CostTable
-    from profiler.session import ProfilingError, pu_configs, run_profile
 
-    remote = None
-    if board not in LOCAL_BOARDS:
-        from parapipe.boards import BoardError, get_board
-
-        try:
-            remote = get_board(board)
-        except BoardError:
-            raise ProfilingError(
-                f"board {board!r} is none of {', '.join(LOCAL_BOARDS)} and not in the inventory; "
-                "add it with `parapipe boards add` to profile it over SSH"
-            ) from None
-    if granularity not in ("coarse", "fine", "both"):
-        raise ProfilingError(f"--granularity must be coarse, fine or both, not {granularity!r}")
-    profile_ = load_profile(remote.device if remote else board)
     loaded = open_model(model, input_shape, input_data)
     graph = build_graph(loaded.proto, loaded.sha256, model.stem)
-    configs = pu_configs(profile_, pu)
     if generated_note(loaded) and not as_json:
         err.print(generated_note(loaded), highlight=False)
     path = output or default_costs()
@@ -75,33 +58,10 @@ def profile(
         task = bar.add_task(f"profiling {model.name} on {board}", total=None)
 
         def progress(what: str, done: int, total: int) -> None:
-            bar.update(task, completed=done, total=total, description=f"{board}: {what}"[:60])
+            bar.update(task, completed=done, total=total or None, description=f"{board}: {what}"[:60])
 
-        if remote is None:
-            summary = run_profile(loaded, graph, profile_, table, path, configs, granularity, repeats, warmup, progress)
-        else:
-            from parapipe.deploy import agent_client, ensure_agent
-            from parapipe.remote_profile import RemoteTimer
-            from parapipe.ssh import BoardConnection
-
-            bar.update(task, description=f"{board}: starting the agent")
-            ensure_agent(remote)
-            with BoardConnection(remote) as conn, agent_client(conn) as client:
-                ort_version = client.status().ort_version
-                summary = run_profile(
-                    loaded,
-                    graph,
-                    profile_,
-                    table,
-                    path,
-                    configs,
-                    granularity,
-                    repeats,
-                    warmup,
-                    progress,
-                    ort_version=ort_version,
-                    timer=RemoteTimer(client),
-                )
+        done = profile_on_board(loaded, graph, board, table, path, pu, granularity, repeats, warmup, progress)
+    summary, profile_, configs = done.summary, done.profile, done.configs
     result = _summarise(table, loaded.sha256, profile_.name, configs, graph)
     result.update(
         {

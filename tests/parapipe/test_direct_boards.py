@@ -95,6 +95,12 @@ def test_direct_board_add_check_and_run(tls_agent, certs, exported, tmp_path) ->
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
     assert out["max_abs_diff"] <= 1e-5 and out["measured"]["throughput_fps"] > 0
+    # profiling reaches the board the same way (no SSH): the blocks are timed by its agent
+    profiled = _run("profile", str(model), "--board", "tlsbox", "--repeats", "3", "--warmup", "0", "--json", home=home)
+    assert profiled.returncode == 0, profiled.stderr
+    assert json.loads(profiled.stdout)["measured"] > 0
+    served = tls_agent.client.status()
+    assert served.agent_version  # the same agent answered throughout
     # a wrong token in the inventory: a clear error, exit code 2
     wrong = _token_file(tmp_path, "wrong")
     _run(

@@ -1,0 +1,78 @@
+"""Profiling on any board: here for the embedded boards, through the board's agent for inventory boards.
+
+Used by ``parapipe profile`` and by ``tune`` (which profiles a model the cost table does
+not know yet). The board is reached with ``parapipe.reach.open_board``, so a board reached
+directly over TLS is profiled exactly like one behind an SSH tunnel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from device_profiles.loader import load_profile
+from device_profiles.schema import DeviceProfile
+from models.graph import OpGraph
+from models.onnx_io import LoadedModel
+from parapipe.reach import LOCAL_BOARDS, board_device, open_board
+from profiler.costtable import CostTable
+from profiler.measure import PuConfig
+from profiler.session import ProfileSummary, ProfilingError, Progress, pu_configs, run_profile
+
+
+@dataclass(frozen=True)
+class BoardProfile:
+    summary: ProfileSummary
+    profile: DeviceProfile
+    configs: list[PuConfig]
+
+
+def profile_on_board(
+    loaded: LoadedModel,
+    graph: OpGraph,
+    board: str,
+    table: CostTable,
+    path: Path | None,
+    pus: list[str] | None = None,
+    granularity: str = "coarse",
+    repeats: int = 10,
+    warmup: int = 3,
+    progress: Progress | None = None,
+) -> BoardProfile:
+    """Measure ``loaded`` on ``board`` into ``table`` (saved to ``path`` as it goes)."""
+    from parapipe.boards import BoardError
+
+    if granularity not in ("coarse", "fine", "both"):
+        raise ProfilingError(f"--granularity must be coarse, fine or both, not {granularity!r}")
+    try:
+        device = board_device(board)
+    except BoardError:
+        raise ProfilingError(
+            f"board {board!r} is none of {', '.join(LOCAL_BOARDS)} and not in the inventory; "
+            "add it with `parapipe boards add` to profile it over SSH or directly over TLS"
+        ) from None
+    profile = load_profile(device)
+    configs = pu_configs(profile, pus)
+    if board in LOCAL_BOARDS:
+        summary = run_profile(loaded, graph, profile, table, path, configs, granularity, repeats, warmup, progress)
+        return BoardProfile(summary, profile, configs)
+    from parapipe.remote_profile import RemoteTimer
+
+    if progress:
+        progress("starting the agent", 0, 0)
+    with open_board(board) as session:
+        summary = run_profile(
+            loaded,
+            graph,
+            profile,
+            table,
+            path,
+            configs,
+            granularity,
+            repeats,
+            warmup,
+            progress,
+            ort_version=session.client.status().ort_version,
+            timer=RemoteTimer(session.client),
+        )
+    return BoardProfile(summary, profile, configs)
