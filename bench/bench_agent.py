@@ -29,11 +29,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import onnxruntime as ort
 
 from agents.executor import generate_inputs
+from compiler import compile_plan, write_bundle
 from device_profiles.loader import load_profile
 from models.coarsen import coarsen
 from models.graph import build_graph
 from models.onnx_io import load_onnx
-from parapipe.compile import compile_plan, write_bundle
 from parapipe.local_agent import LocalAgent
 from planner.costmodel import CostModel
 from planner.search import best_plan

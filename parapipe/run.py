@@ -22,11 +22,11 @@ from typing import Any
 
 from agents.bundle import verify_bundle
 from agents.client import AgentClient
+from compiler import compile_plan, host_bundles, write_bundle, write_bundles
 from device_profiles.loader import load_profile
 from models.graph import build_graph
 from models.onnx_io import LoadedModel
 from models.partition import compare_outputs
-from parapipe.compile import compile_plan, host_bundles, write_bundle, write_bundles
 from parapipe.home import parapipe_home
 from parapipe.intake import open_model
 from parapipe.local_agent import DeployError

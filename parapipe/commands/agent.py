@@ -27,9 +27,9 @@ def compile_cmd(
 
     The model is opened with the input shapes the plan was made for; the check runs on --input-data if given.
     """
+    from compiler import compile_plan, host_bundles, write_bundles
     from device_profiles.loader import load_profile
     from models.graph import build_graph
-    from parapipe.compile import compile_plan, host_bundles, write_bundles
     from parapipe.run import resolve_model
     from planner.plan import load_plan
 

@@ -10,7 +10,7 @@ import numpy as np
 import onnxruntime as ort
 
 from agents.executor import generate_inputs
-from parapipe.compile import compile_plan, write_bundle
+from compiler import compile_plan, write_bundle
 from parapipe.local_agent import LocalAgent
 from tests.agents.conftest import executor_plans, model_and_graph
 

@@ -8,8 +8,8 @@ import onnxruntime as ort
 import pytest
 
 from agents.executor import InputError, Pipeline, generate_inputs
+from compiler import compile_plan, write_bundle
 from models.zoo import ZOO
-from parapipe.compile import compile_plan, write_bundle
 from tests.agents.conftest import executor_plans, model_and_graph
 
 

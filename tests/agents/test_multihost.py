@@ -21,9 +21,9 @@ from agents.executor import generate_inputs
 from agents.peers import Peer
 from agents.proto import parapipe_agent_pb2 as pb
 from agents.proto import parapipe_agent_pb2_grpc as rpc
+from compiler import compile_plan, host_bundles, write_bundles
 from device_profiles.loader import load_profile
 from models.coarsen import coarsen
-from parapipe.compile import compile_plan, host_bundles, write_bundles
 from parapipe.local_agent import LocalAgent
 from planner.baselines import flop_pipeline
 from tests.agents.conftest import branch_plan, model_and_graph

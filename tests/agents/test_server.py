@@ -16,7 +16,7 @@ from agents.client import AgentClient, AgentError
 from agents.executor import generate_inputs
 from agents.proto import parapipe_agent_pb2 as pb
 from agents.server import MAX_MESSAGE_BYTES
-from parapipe.compile import compile_plan, write_bundle
+from compiler import compile_plan, write_bundle
 from parapipe.local_agent import LocalAgent
 from tests.agents.conftest import executor_plans, model_and_graph
 

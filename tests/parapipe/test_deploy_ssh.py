@@ -52,11 +52,11 @@ def board(sshd, tmp_path):
 
 @pytest.fixture(scope="module")
 def bundle(exported, tmp_path_factory):
+    from compiler import compile_plan, write_bundle
     from device_profiles.loader import load_profile
     from models.coarsen import coarsen
     from models.graph import build_graph
     from models.onnx_io import load_onnx
-    from parapipe.compile import compile_plan, write_bundle
     from planner.baselines import flop_pipeline
 
     loaded = load_onnx(exported("squeezenet1_1").path)

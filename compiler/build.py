@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from agents.bundle import MANIFEST, Manifest, PartitionSpec, TensorSpec
+from compiler.targets import board_power, unit_target
 from device_profiles.schema import DeviceProfile
 from models.errors import PartitionError
 from models.graph import OpGraph
@@ -62,8 +63,7 @@ def compile_plan(
             files[name] = data
             cache[seg.members] = (name, sha, part.inputs, part.outputs)
         name, sha, inputs, outputs = cache[seg.members]
-        throttled, percent = _throttle(seg.pu, seg.core_ids, profile)
-        provider, options = _provider(seg.pu, profile)
+        target = unit_target(seg.pu, seg.core_ids, profile)
         parts.append(
             PartitionSpec(
                 name=seg.name,
@@ -73,17 +73,17 @@ def compile_plan(
                 cores=seg.cores,
                 core_ids=seg.core_ids,
                 threads=seg.cores,
-                throttle_percent=percent,
-                throttled_cores=throttled,
-                provider=provider,
-                provider_options=options,
+                throttle_percent=target.throttle_percent,
+                throttled_cores=target.throttled_cores,
+                provider=target.provider,
+                provider_options=dict(target.provider_options),
                 stage=seg.stage,
                 group=seg.group,
                 unit=seg.unit,
                 segment=seg.index,
                 inputs=inputs,
                 outputs=outputs,
-                host=profile.pu(seg.pu.split("+")[0]).host,
+                host=target.host,
             )
         )
     manifest = Manifest(
@@ -98,7 +98,7 @@ def compile_plan(
         inputs=tuple(_tensor_spec(s) for s in loaded.inputs),
         outputs=tuple(TensorSpec(t.name, t.dtype, t.shape) for t in graph.outputs),
         partitions=tuple(parts),
-        power=_power(profile),
+        power=board_power(profile),
         hosts=_hosts(parts, {t.name for t in graph.inputs}),
     )
     diff = verify_compiled(manifest, files, loaded, graph) if verify else float("nan")
@@ -164,31 +164,6 @@ def _swap(tmp: Path, folder: Path) -> None:
         shutil.rmtree(old)
     else:
         os.replace(tmp, folder)
-
-
-def _throttle(pu: str, core_ids: tuple[int, ...], profile: DeviceProfile) -> tuple[tuple[int, ...], float | None]:
-    throttled: list[int] = []
-    percent = None
-    for part in pu.split("+"):
-        p = profile.pu(part)
-        if p.throttle is not None:
-            throttled += [c for c in core_ids if c in p.cores]
-            percent = p.throttle.quota_percent
-    return tuple(throttled), percent
-
-
-def _power(profile: DeviceProfile) -> tuple[float, float, int]:
-    """Average per-core power of the board's CPU PUs, for the agent's modelled energy."""
-    cpus = [p for p in profile.pus if p.kind == "cpu" and p.cores]
-    cores = sum(len(p.cores) for p in cpus) or 1
-    active = sum(p.active_power_w.value for p in cpus) / cores
-    idle = sum(p.idle_power_w.value for p in cpus) / cores
-    return (active, idle, cores)
-
-
-def _provider(pu: str, profile: DeviceProfile) -> tuple[str, dict[str, str]]:
-    p = profile.pu(pu.split("+")[0])
-    return p.execution_provider, dict(p.ep_options)
 
 
 def run_chained(
