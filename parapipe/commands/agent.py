@@ -246,10 +246,9 @@ def tune(
     """Profile, plan, run every plan, feed the measurements back and re-plan, until predictions match."""
     from parapipe.home import default_costs
     from parapipe.tune import tune as run_tune
-    from planner.plan import PlanError
+    from planner.objective import parse_objective
 
-    if objective not in ("pareto", "latency", "throughput", "energy"):
-        raise PlanError(f"--objective must be pareto, latency, throughput or energy, not {objective!r}")
+    parse_objective(objective, allow_pareto=True)
     with err.status(f"tuning {model.name} on {board}") as status:
         history, last = run_tune(
             model,

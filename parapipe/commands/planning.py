@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -12,11 +11,8 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from models.files import atomic_write
 from models.names import safe_name
 from parapipe.app import DataOpt, JsonFlag, ShapeOpt, app, err, fails_cleanly, out, print_json
-
-INDEX = "plans.json"
 
 
 def _load_inputs(
@@ -33,22 +29,17 @@ def _load_inputs(
     from parapipe.home import default_costs
     from parapipe.intake import open_model
     from planner.costmodel import CostModel
+    from planner.granularity import choose_granularity
     from planner.plan import PlanError
     from profiler.costtable import CostTable
 
-    if granularity not in ("coarse", "fine", "auto"):
-        raise PlanError(f"--granularity must be coarse, fine or auto, not {granularity!r}")
     profile = load_profile(device)
     loaded = open_model(model, input_shape, input_data)
     graph = build_graph(loaded.proto, loaded.sha256, model.stem)
     if costs is not None and not costs.exists():
         raise PlanError(f"no cost table at {costs}; run `parapipe profile` first or leave out --costs")
     table = CostTable.load(costs or default_costs())
-    if granularity == "auto":
-        coarse = coarsen(graph, "coarse")
-        fine = coarsen(graph, "fine")
-        # Para-Pipe: coarse blocks for branchy CNNs, fine operators for irregular graphs (if small enough)
-        granularity = "coarse" if coarse.max_parallel_width() >= 2 or len(fine.nodes) > 120 else "fine"
+    granularity = choose_granularity(graph, granularity)
     blocks = coarsen(graph, granularity)
     return profile, graph, blocks, CostModel(profile, graph, table), loaded
 
@@ -131,12 +122,11 @@ def plan(
     Each plan records the input shapes and dtypes it was made for; compile, run, deploy and tune use them.
     """
     from parapipe.intake import generated_note
-    from planner.plan import PlanError
+    from planner.objective import parse_objective
     from planner.problem import build_problem
     from planner.search import baselines, best_plan, pareto_set
 
-    if objective not in ("latency", "throughput", "energy", "pareto"):
-        raise PlanError(f"--objective must be latency, throughput, energy or pareto, not {objective!r}")
+    parse_objective(objective, allow_pareto=True)
     profile, graph, blocks, cost, loaded = _load_inputs(model, device, costs, granularity, input_shape, input_data)
     folder = output or Path("plans") / safe_name(f"{model.stem}-{profile.name}")
     with err.status(f"planning {model.name} on {profile.name} ({blocks.granularity} blocks)") as status:
@@ -168,7 +158,9 @@ def plan(
     where = {"model_path": str(model.resolve()), "inputs": loaded.inputs}
     plans = [dataclasses.replace(p, **where) for p in plans]
     base = {k: dataclasses.replace(p, **where) for k, p in base.items()}
-    written = _write(folder, plans, base)
+    from planner.catalog import write_folder
+
+    written = write_folder(folder, plans, base)
     rows = [plan_row(p) for p in plans]
     base_rows = [plan_row(p) for p in base.values()]
     if as_json:
@@ -184,54 +176,11 @@ def plan(
         return
     out.print(_table(rows, f"{objective} plans for {model.name} on {profile.name}"))
     out.print(_table(base_rows, "baselines"))
-    out.print(f"wrote {len(written)} plan files and {INDEX} to {folder}; energy is modelled", highlight=False)
+    out.print(f"wrote {len(written)} plan files and plans.json to {folder}; energy is modelled", highlight=False)
     shapes = ", ".join(f"{s.name}={'x'.join(map(str, s.shape)) or 'scalar'}" for s in loaded.inputs)
     out.print(f"planned for inputs {shapes} (recorded in each plan; run, compile and deploy use them)", highlight=False)
     if generated_note(loaded):
         out.print(generated_note(loaded), highlight=False)
-
-
-def _write(folder: Path, plans: list, base: dict) -> list[str]:
-
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "baselines").mkdir(exist_ok=True)
-    written = []
-    for p in plans:
-        written.append(str(p.save(folder / f"{p.name}.json").relative_to(folder)))
-    for name, p in base.items():
-        written.append(str(p.save(folder / "baselines" / f"{name}.json").relative_to(folder)))
-    index = {
-        "version": 1,
-        "plans": [f"{p.name}.json" for p in plans],
-        "baselines": [f"baselines/{n}.json" for n in base],
-    }
-    atomic_write(folder / INDEX, json.dumps(index, indent=2) + "\n")
-    return written
-
-
-def _read_dir(folder: Path) -> tuple[list, list]:
-    from planner.plan import PlanError, load_plan
-
-    index = folder / INDEX
-    if not folder.is_dir():
-        raise PlanError(f"{folder} is not a folder of plans; run `parapipe plan ... -o {folder}` first")
-    if index.exists():
-        try:
-            data = json.loads(index.read_text())
-            names, base = data["plans"], data.get("baselines", [])
-        except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise PlanError(f"{index} is damaged ({exc}); re-run `parapipe plan`") from None
-    else:
-        names = sorted(p.name for p in folder.glob("*.json"))
-        base = sorted(f"baselines/{p.name}" for p in (folder / "baselines").glob("*.json"))
-    plans = [load_plan(folder / n) for n in names]
-    baselines = [load_plan(folder / n) for n in base]
-    missing = [p.name for p in plans if p.predicted is None]
-    if missing:
-        raise PlanError(f"plan(s) {missing} carry no predicted figures; evaluate them with `parapipe simulate`")
-    if not plans:
-        raise PlanError(f"{folder} holds no plans")
-    return plans, baselines
 
 
 @app.command()
@@ -247,7 +196,9 @@ def pareto(
 
     if fmt not in ("table", "json", "csv"):
         raise PlanError(f"--format must be table, json or csv, not {fmt!r}")
-    plans, base = _read_dir(folder)
+    from planner.catalog import read_folder
+
+    plans, base = read_folder(folder)
     front = pareto_front(plans)
     rows = [plan_row(p) for p in front]
     if plot is not None:
@@ -348,48 +299,21 @@ def select(
     as_json: JsonFlag = False,
 ) -> None:
     """The best plan of a folder under constraints, or which constraint to relax."""
-    from planner.plan import PlanError
-    from planner.search import key
+    from planner.objective import parse_objective
+    from planner.select import Constraints, select_plan
 
-    if objective not in ("latency", "throughput", "energy"):
-        raise PlanError(f"--objective must be latency, throughput or energy, not {objective!r}")
-    plans, _ = _read_dir(folder)
-    checks = {
-        "--max-latency-ms": (max_latency_ms, lambda p: p.predicted.latency_ms <= max_latency_ms),
-        "--min-fps": (min_fps, lambda p: p.predicted.throughput_fps >= min_fps),
-        "--max-mj": (max_mj, lambda p: p.predicted.energy_mj <= max_mj),
-    }
-    active = {k: f for k, (v, f) in checks.items() if v is not None}
-    ok = [p for p in plans if all(f(p) for f in active.values())]
-    if not ok:
-        raise PlanError(_relax_message(plans, active, checks))
-    best = min(ok, key=lambda p: key(p, objective))
+    goal = parse_objective(objective)
+    from planner.catalog import read_folder
+
+    plans, _ = read_folder(folder)
+    best = select_plan(plans, goal, Constraints(max_latency_ms, min_fps, max_mj))
     row = plan_row(best)
-    row["file"] = str(folder / f"{best.name}.json")
+    row["file"] = str(folder / f"{safe_name(best.name)}.json")
     if as_json:
         print_json(row)
         return
-    out.print(_table([row], f"best for {objective}"))
+    out.print(_table([row], f"best for {goal}"))
     out.print(f"plan file: {row['file']}", highlight=False)
-
-
-def _relax_message(plans: list, active: dict, checks: dict) -> str:
-    hints = []
-    for name in active:
-        others = [f for k, f in active.items() if k != name]
-        feasible = [p for p in plans if all(f(p) for f in others)]
-        if feasible:
-            figure = {
-                "--max-latency-ms": min(p.predicted.latency_ms for p in feasible),
-                "--min-fps": max(p.predicted.throughput_fps for p in feasible),
-                "--max-mj": min(p.predicted.energy_mj for p in feasible),
-            }[name]
-            hints.append(f"relax {name} (the best plan meeting the others reaches {figure:.2f})")
-    if not hints:
-        return (
-            "no plan meets these constraints, nor any two of them; relax several, or re-plan with a longer --time-limit"
-        )
-    return "no plan meets " + ", ".join(f"{k} {checks[k][0]:g}" for k in active) + ": " + "; or ".join(hints)
 
 
 @app.command()
@@ -465,35 +389,34 @@ def compare(
     as_json: JsonFlag = False,
 ) -> None:
     """Our best plan per objective against every baseline, with ratios (>1 means ours is better)."""
+    from planner.objective import Objective
     from planner.problem import build_problem
     from planner.search import baselines, best_plan
+    from planner.select import ratios
 
     profile, graph, blocks, cost, _ = _load_inputs(model, device, costs, granularity, input_shape, input_data)
     with err.status("planning"):
         problem = build_problem(blocks, graph, cost, max_stages)
         base = baselines(blocks, graph, cost, max_stages, problem)
-        ours = {
-            o: best_plan(blocks, graph, cost, o, time_limit, max_stages, problem=problem)
-            for o in ("latency", "throughput", "energy")
-        }
+        ours = {o: best_plan(blocks, graph, cost, o, time_limit, max_stages, problem=problem) for o in Objective}
     rows = []
     for name, b in base.items():
-        bp = b.predicted
+        r = ratios(ours, b)
         rows.append(
             {
                 "baseline": name,
-                "latency_ms": bp.latency_ms,
-                "throughput_fps": bp.throughput_fps,
-                "energy_mj": bp.energy_mj,
-                "latency_ratio": bp.latency_ms / ours["latency"].predicted.latency_ms,
-                "throughput_ratio": ours["throughput"].predicted.throughput_fps / bp.throughput_fps,
-                "energy_ratio": bp.energy_mj / ours["energy"].predicted.energy_mj,
+                "latency_ms": b.predicted.latency_ms,
+                "throughput_fps": b.predicted.throughput_fps,
+                "energy_mj": b.predicted.energy_mj,
+                "latency_ratio": r.latency,
+                "throughput_ratio": r.throughput,
+                "energy_ratio": r.energy,
             }
         )
     result = {
         "model": model.name,
         "device": profile.name,
-        "ours": {o: plan_row(p) for o, p in ours.items()},
+        "ours": {str(o): plan_row(p) for o, p in ours.items()},
         "baselines": rows,
         "note": "ratios > 1 mean our plan is better; figures are predicted (energy modelled)",
     }
