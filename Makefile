@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint format bench clean
+.PHONY: demo test test-fast lint format bench bench-report clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,6 +26,14 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
+
+# Every benchmark (an hour or more on 2 cores, machine otherwise idle), then docs/benchmarks.md from their output.
+bench: $(STAMP)
+	$(BIN)/python bench/report.py --run graph costmodel planner agent tune
+
+# docs/benchmarks.md again from the results already in bench/ (minutes).
+bench-report: $(STAMP)
+	$(BIN)/python bench/report.py
 
 format: $(STAMP)
 	$(BIN)/ruff format .

@@ -4,7 +4,7 @@ For every zoo model on each local board: profile it (operators, coarse blocks, a
 partitions made of 1..4 consecutive pieces), fit the cost model with every other
 partition held back, and compare its predictions for the held-back partitions with
 their measured latency. Also prints the uncalibrated roofline's error beside it, so
-the value of measuring is visible. Goal (issue 3): median error <= 10%.
+the value of measuring is visible. Goal: median error <= 10%.
 
 Run: .venv/bin/python bench/bench_costmodel.py [--boards local local-biglittle] [--models ...]
 """

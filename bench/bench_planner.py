@@ -1,6 +1,6 @@
 """ILP solve time, gap and objective per model and profile, against the best baseline.
 
-Goals (issue 4, 2 cores): googlenet on khadas-vim3 to a proven gap <= 1% in <= 2 s,
+Goals (2 cores): googlenet on khadas-vim3 to a proven gap <= 1% in <= 2 s,
 inception_v3 in <= 5 s, a >= 340-op transformer (bert_small, fine operators) in <= 30 s.
 Prints, per (model, profile, objective): blocks, solver status, seconds, gap, the ILP's
 objective and the best baseline's, and the ratio (baseline / ours, > 1 = we are better).

@@ -1,1 +1,1 @@
-"""Planner: cost model, ILP, baselines, Pareto sweep, Plan and simulator (see DESIGN.md)."""
+"""Planner: cost model, ILP, baselines, Pareto sweep, Plan and simulator (see docs/architecture.md)."""

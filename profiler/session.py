@@ -75,8 +75,9 @@ def pu_configs(profile: DeviceProfile, pu_names: Iterable[str] | None = None) ->
         pu = profile.pu(name)
         if pu.kind != "cpu" or pu.execution_provider != "CPUExecutionProvider":
             raise ProfilingError(
-                f"PU {name!r} is a {pu.kind} using {pu.execution_provider}; it can only be profiled on its board "
-                "(remote profiling arrives with the deploy issue). Plan from the profile's figures instead."
+                f"PU {name!r} is a {pu.kind} using {pu.execution_provider}; parapipe profiles CPU clusters only "
+                "(here or on a board through its agent). Leave it out with --pu for the CPU PUs; the planner uses "
+                "the profile's figures for it."
             )
         for threads in range(1, len(pu.cores) + 1):
             throttle = pu.throttle.quota_percent if pu.throttle else None
