@@ -11,6 +11,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from device_profiles.schema import ProfileError
 from models.errors import ParapipeError
@@ -56,7 +57,7 @@ def fails_cleanly(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except USER_ERRORS as exc:
-            err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+            err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
         except KeyboardInterrupt:
             err.print("interrupted")

@@ -208,7 +208,7 @@ def run(
         t.add_row(k, f"{p:.2f}" if p is not None else "-", f"{v:.2f}", f"{e:+.1f}%" if e is not None else "-")
     out.print(t)
     out.print(f"energy is {result.energy_source}; bundle {result.bundle_sha256[:12]}…", highlight=False)
-    out.print("inputs: " + "; ".join(result.inputs), highlight=False)
+    out.print("inputs: " + "; ".join(result.inputs), highlight=False, markup=False)
     if result.hosts:
         out.print(
             "hosts: " + ", ".join(f"{h} on {b}" for h, b in result.hosts.items()) + " (tensors between them went "

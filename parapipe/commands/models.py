@@ -21,7 +21,10 @@ def export(
     opset: Annotated[int | None, typer.Option("--opset", help="ONNX opset (default: the exporter's).")] = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Export a torch model to one checked, self-contained ONNX file."""
+    """Export a torch model to one checked, self-contained ONNX file (needs the `torch` extra)."""
+    from models.extras import require_torch
+
+    require_torch()
     from models.export import export_model
     from models.onnx_io import parse_shape
 
@@ -44,6 +47,9 @@ def export(
 @fails_cleanly
 def zoo(as_json: JsonFlag = False) -> None:
     """List the zoo models `export` knows by name."""
+    from models.extras import require_torch
+
+    require_torch()
     from models.zoo import ZOO
 
     rows = [
@@ -89,16 +95,18 @@ def inspect(
         highlight=False,
     )
     for spec in loaded.inputs:
-        out.print(f"  input  {spec.describe()}", highlight=False)
+        out.print(f"  input  {spec.describe()}", highlight=False, markup=False)
     for t in summary["outputs"]:  # type: ignore[attr-defined]
-        out.print(f"  output {t['name']}: {t['dtype']}[{'x'.join(map(str, t['shape']))}]", highlight=False)
+        out.print(
+            f"  output {t['name']}: {t['dtype']}[{'x'.join(map(str, t['shape']))}]", highlight=False, markup=False
+        )
     sources = summary["shapes_from"]
     out.print(
         "  shapes: " + ", ".join(f"{n} from {src}" for src, n in sources.items()),  # type: ignore[attr-defined]
         highlight=False,
     )
     for note in loaded.notes:
-        out.print(f"  note: {note}", highlight=False)
+        out.print(f"  note: {note}", highlight=False, markup=False)
     table = Table("figure", "value")
     table.add_row("operators", str(summary["nodes"]))
     table.add_row("FLOPs", f"{summary['flops'] / 1e9:.3f} G")

@@ -180,7 +180,7 @@ def plan(
     shapes = ", ".join(f"{s.name}={'x'.join(map(str, s.shape)) or 'scalar'}" for s in loaded.inputs)
     out.print(f"planned for inputs {shapes} (recorded in each plan; run, compile and deploy use them)", highlight=False)
     if generated_note(loaded):
-        out.print(generated_note(loaded), highlight=False)
+        out.print(generated_note(loaded), highlight=False, markup=False)
 
 
 @app.command()

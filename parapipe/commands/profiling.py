@@ -42,7 +42,7 @@ def profile(
     loaded = open_model(model, input_shape, input_data)
     graph = build_graph(loaded.proto, loaded.sha256, model.stem)
     if generated_note(loaded) and not as_json:
-        err.print(generated_note(loaded), highlight=False)
+        err.print(generated_note(loaded), highlight=False, markup=False)
     path = output or default_costs()
     table = CostTable.load(path)
     before = len(table)

@@ -182,3 +182,26 @@ def test_inspect_explains_in_one_line_why_onnxruntime_cannot_load_a_model(tmp_pa
     assert "onnxruntime" in result.output and "Frobnicate" in result.output
     assert "Traceback" not in result.output
     assert len(result.output.strip().splitlines()) <= 3  # one message (wrapped at most by the console)
+
+
+def test_export_without_torch_says_how_to_get_it(tmp_path: Path) -> None:
+    # a Python where torch cannot be found: the CLI must say which extra to install, not crash
+    import subprocess
+    import sys
+
+    blocker = tmp_path / "sitecustomize.py"
+    blocker.write_text(
+        "import importlib.abc, sys\n"
+        "class _No(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('torch', 'onnxscript'):\n"
+        "            raise ModuleNotFoundError(name)\n"
+        "sys.meta_path.insert(0, _No())\n"
+    )
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    done = subprocess.run(
+        [sys.executable, "-c", "from parapipe.cli import main; main()", "export", "googlenet"],
+        capture_output=True, text=True, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "parapipe[torch]" in done.stderr and "Traceback" not in done.stderr
