@@ -15,15 +15,18 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Callable, Iterator
 from concurrent import futures
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 
 import grpc
 
 from agents import service
 from agents.bundle import BundleError
-from agents.executor import InputError, PipelineError
+from agents.executor import DeadlineExceeded, InputError, Pipeline, PipelineError
 from agents.memory import keep_large_buffers
 from agents.peers import Peer, PeerError
 from agents.proto import health_pb2, health_pb2_grpc
@@ -37,8 +40,28 @@ AGENT_SERVICE = "parapipe.agent.v1.Agent"
 log = logging.getLogger("parapipe.agent")
 
 
+# Concurrent calls per kind; beyond its limit a call is refused with RESOURCE_EXHAUSTED at once.
+# Health checks have their own share, so liveness is answered however many streams are open.
+CALL_LIMITS: dict[str, int] = {
+    "Check": 16,
+    "Watch": 16,
+    "Infer": 64,
+    "InferStream": 8,
+    "Exchange": 16,
+    "Benchmark": 1,
+    "ProfileOps": 1,
+    "LoadBundle": 4,
+    "Control": 8,  # StartPipeline, StopPipeline, Status
+}
+_KIND = {"StartPipeline": "Control", "StopPipeline": "Control", "Status": "Control"}
+SPARE_THREADS = 8  # for refusals and anything unknown: never held by a long call
+POLL_S = 0.5  # how often blocked calls look whether their caller is still there
+
+
 def _abort(context: grpc.ServicerContext, exc: BaseException) -> None:
     """Map an error to the gRPC status that says what went wrong; the agent keeps serving."""
+    if isinstance(exc, (DeadlineExceeded, FutureTimeout)):
+        context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc) or "the deadline passed")
     if isinstance(exc, service.NotFound):
         context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
     if isinstance(exc, service.NotReady):
@@ -53,9 +76,107 @@ def _abort(context: grpc.ServicerContext, exc: BaseException) -> None:
     context.abort(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
 
 
+class CallLimits(grpc.ServerInterceptor):
+    """Counts concurrent calls per kind and refuses those beyond the kind's limit (RESOURCE_EXHAUSTED).
+
+    A call takes its place when its handler starts in a server thread and gives it back when the
+    handler (or its response stream) ends, so a call that never ran holds nothing.
+    """
+
+    def __init__(self, limits: dict[str, int] | None = None) -> None:
+        self.limits = dict(CALL_LIMITS, **(limits or {}))
+        self.active = dict.fromkeys(self.limits, 0)
+        self.refused = dict.fromkeys(self.limits, 0)
+        self._lock = threading.Lock()
+
+    def threads(self) -> int:
+        """Server threads needed so every kind can reach its limit and spare ones remain."""
+        return sum(self.limits.values()) + SPARE_THREADS
+
+    def kind(self, method: str) -> str | None:
+        name = method.rsplit("/", 1)[-1]
+        name = _KIND.get(name, name)
+        return name if name in self.limits else None
+
+    def _enter(self, kind: str, context: grpc.ServicerContext) -> None:
+        with self._lock:
+            if self.active[kind] < self.limits[kind]:
+                self.active[kind] += 1
+                return
+            self.refused[kind] += 1
+        context.abort(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"the agent runs {self.limits[kind]} {kind} calls already (its limit); retry later",
+        )
+
+    def _leave(self, kind: str) -> None:
+        with self._lock:
+            self.active[kind] -= 1
+
+    def stats(self) -> list[pb.CallStats]:
+        with self._lock:
+            return [
+                pb.CallStats(kind=k, active=self.active[k], limit=self.limits[k], refused=self.refused[k])
+                for k in self.limits
+            ]
+
+    def _unary(self, kind: str, behavior: Callable) -> Callable:
+        def run(request, context):
+            self._enter(kind, context)
+            try:
+                return behavior(request, context)
+            finally:
+                self._leave(kind)
+
+        return run
+
+    def _streaming(self, kind: str, behavior: Callable) -> Callable:
+        def run(request, context):
+            self._enter(kind, context)
+            try:
+                yield from behavior(request, context)
+            finally:
+                self._leave(kind)
+
+        return run
+
+    def intercept_service(self, continuation, handler_call_details):
+        handler = continuation(handler_call_details)
+        kind = self.kind(handler_call_details.method)
+        if handler is None or kind is None:
+            return handler
+        if handler.unary_unary:
+            return handler._replace(unary_unary=self._unary(kind, handler.unary_unary))
+        if handler.stream_unary:
+            return handler._replace(stream_unary=self._unary(kind, handler.stream_unary))
+        if handler.unary_stream:
+            return handler._replace(unary_stream=self._streaming(kind, handler.unary_stream))
+        return handler._replace(stream_stream=self._streaming(kind, handler.stream_stream))
+
+
+def _wait(pipeline: Pipeline, future: Future, context: grpc.ServicerContext):
+    """A frame's outputs; the frame is given up (and DeadlineExceeded raised) when the call's
+    deadline passes or its caller goes away, so no server thread waits for ever."""
+    while True:
+        left = context.time_remaining()
+        step = POLL_S if left is None else max(0.0, min(POLL_S, left))
+        try:
+            return future.result(step)
+        except FutureTimeout:
+            if not context.is_active() or (left is not None and left <= step):
+                return pipeline.result(future, 0)
+
+
 class AgentServicer(rpc.AgentServicer):
-    def __init__(self, state: service.AgentState) -> None:
+    def __init__(self, state: service.AgentState, limits: CallLimits | None = None) -> None:
         self.state = state
+        self.limits = limits
+        self._feeds = 0
+        self._feeds_lock = threading.Lock()
+
+    def _feeding(self, delta: int) -> None:
+        with self._feeds_lock:
+            self._feeds += delta
 
     def LoadBundle(self, request_iterator, context):
         try:
@@ -81,7 +202,8 @@ class AgentServicer(rpc.AgentServicer):
     def Infer(self, request, context):
         try:
             pipeline = service.require_pipeline(self.state)
-            outputs = pipeline.infer(frame_arrays(request), timeout=context.time_remaining())
+            future = pipeline.submit(frame_arrays(request), timeout=context.time_remaining())
+            outputs = _wait(pipeline, future, context)
         except Exception as exc:
             _abort(context, exc)
         return frame_message(request.id, outputs)
@@ -91,7 +213,7 @@ class AgentServicer(rpc.AgentServicer):
             pipeline = service.require_pipeline(self.state)
         except Exception as exc:
             _abort(context, exc)
-        pending: list[tuple[int, object]] = []
+        pending: deque[tuple[int, Future]] = deque()
         cond = threading.Condition()
         error: list[BaseException] = []
         done = [False]
@@ -99,7 +221,7 @@ class AgentServicer(rpc.AgentServicer):
         def feed() -> None:
             try:
                 for frame in request_iterator:
-                    fut = pipeline.submit(frame_arrays(frame))
+                    fut = pipeline.submit(frame_arrays(frame), timeout=context.time_remaining())
                     with cond:
                         pending.append((frame.id, fut))
                         cond.notify()
@@ -109,19 +231,22 @@ class AgentServicer(rpc.AgentServicer):
                 with cond:
                     done[0] = True
                     cond.notify()
+                self._feeding(-1)
 
-        threading.Thread(target=feed, daemon=True).start()
+        self._feeding(+1)
+        threading.Thread(target=feed, name="pp-stream-feed", daemon=True).start()
         while True:
             with cond:
-                while not pending and not done[0]:
-                    cond.wait()
+                while not pending and not done[0] and context.is_active():
+                    cond.wait(POLL_S)
                 if not pending:
                     break
-                frame_id, fut = pending.pop(0)
+                frame_id, fut = pending.popleft()
             try:
-                yield frame_message(frame_id, fut.result())  # type: ignore[attr-defined]
+                outputs = _wait(pipeline, fut, context)
             except Exception as exc:
                 _abort(context, exc)
+            yield frame_message(frame_id, outputs)
         if error:
             _abort(context, error[0])
 
@@ -161,7 +286,12 @@ class AgentServicer(rpc.AgentServicer):
             _abort(context, exc)
 
     def Status(self, request, context):
-        return service.status(self.state)
+        reply = service.status(self.state)
+        if self.limits is not None:
+            reply.calls.extend(self.limits.stats())
+        with self._feeds_lock:
+            reply.stream_feeds = self._feeds
+        return reply
 
     def Exchange(self, request_iterator, context):
         log.info("exchange stream from %s", context.peer())
@@ -234,15 +364,22 @@ def build_server(
     port: int = 0,
     token: str | None = None,
     tls: tuple[bytes, bytes, bytes | None] | None = None,
-    workers: int = 8,
+    limits: dict[str, int] | None = None,
 ) -> tuple[grpc.Server, int]:
+    """The agent's server; ``limits`` overrides ``CALL_LIMITS`` per kind."""
     options = [
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        # callers and peers ping to find dead links; allow it without a call in progress
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_ping_interval_without_data_ms", 5000),
     ]
-    interceptors = [TokenInterceptor(token)] if token else []
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=options, interceptors=interceptors)
-    rpc.add_AgentServicer_to_server(AgentServicer(state), server)
+    calls = CallLimits(limits)
+    interceptors: list[grpc.ServerInterceptor] = [TokenInterceptor(token)] if token else []
+    interceptors.append(calls)
+    pool = futures.ThreadPoolExecutor(max_workers=calls.threads(), thread_name_prefix="pp-rpc")
+    server = grpc.server(pool, options=options, interceptors=interceptors)
+    rpc.add_AgentServicer_to_server(AgentServicer(state, calls), server)
     health_pb2_grpc.add_HealthServicer_to_server(HealthServicer(state), server)
     address = f"{host}:{port}"
     if tls is not None:

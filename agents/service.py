@@ -225,6 +225,7 @@ def status(state: AgentState) -> pb.StatusReply:
         hostname=socket.gethostname(),
         workdir=str(state.workdir),
         providers=ort.get_available_providers(),
+        frames_in_flight=pipeline.in_flight if pipeline is not None else 0,
     )
 
 
