@@ -72,8 +72,8 @@ def _abort(context: grpc.ServicerContext, exc: BaseException) -> None:
         context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
     if isinstance(exc, (BundleError, TensorError, InputError, ValueError)):
         context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-    log.exception("internal error")
-    context.abort(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
+    log.exception("internal error")  # the details (paths on the board) stay in the agent's log
+    context.abort(grpc.StatusCode.INTERNAL, f"internal error ({type(exc).__name__}); the agent's log has the details")
 
 
 class CallLimits(grpc.ServerInterceptor):
@@ -372,7 +372,7 @@ def build_server(
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         # callers and peers ping to find dead links; allow it without a call in progress
         ("grpc.keepalive_permit_without_calls", 1),
-        ("grpc.http2.min_ping_interval_without_data_ms", 5000),
+        ("grpc.http2.min_ping_interval_without_data_ms", 1000),
     ]
     calls = CallLimits(limits)
     interceptors: list[grpc.ServerInterceptor] = [TokenInterceptor(token)] if token else []
@@ -404,6 +404,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tls-ca", type=Path, help="also require client certificates signed by this CA")
     parser.add_argument("--port-file", type=Path, help="write the bound port here once serving")
     parser.add_argument("--pid-file", type=Path)
+    parser.add_argument(
+        "--max-bundle-bytes",
+        type=int,
+        default=service.MAX_BUNDLE_BYTES,
+        help=f"refuse bundle uploads larger than this (default {service.MAX_BUNDLE_BYTES})",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     token = None
@@ -431,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: cannot read a TLS file: {exc}", file=sys.stderr)
             return 2
     keep_large_buffers()
-    state = service.AgentState(args.workdir)
+    state = service.AgentState(args.workdir, max_bundle_bytes=args.max_bundle_bytes)
     try:
         server, port = build_server(state, args.host, args.port, token, tls)
     except OSError as exc:

@@ -47,8 +47,12 @@ def _calls(client: AgentClient) -> dict[str, pb.CallStats]:
     return {c.kind: c for c in client.status().calls}
 
 
-def _start_two_hosts(stack: ExitStack, tmp_path: Path, stages: int, max_inflight: int) -> tuple[LocalAgent, LocalAgent]:
-    a, b = stack.enter_context(LocalAgent()), stack.enter_context(LocalAgent())
+def _start_two_hosts(
+    stack: ExitStack, tmp_path: Path, stages: int, max_inflight: int, extra_env: dict[str, str] | None = None
+) -> tuple[LocalAgent, LocalAgent]:
+    """Agents for hosts a (entry, stage 0) and b (the other stages) of a tiny plan, started b first."""
+    a = stack.enter_context(LocalAgent(extra_env=extra_env))
+    b = stack.enter_context(LocalAgent(extra_env=extra_env))
     parts = {h: write_tiny_bundle(tmp_path / h, stages, max_inflight, host=h) for h in ("a", "b")}
     for agent, h in ((a, "a"), (b, "b")):
         agent.client.load_bundle(parts[h])
