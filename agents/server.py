@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import hmac
+import ipaddress
 import logging
 import os
 import signal
@@ -393,6 +394,37 @@ def build_server(
     return server, bound
 
 
+def is_loopback(host: str) -> bool:
+    """Whether only this machine can reach an address (a name other than localhost counts as reachable)."""
+    if host.strip("[]") in ("localhost", "localhost6"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def exposure_problem(host: str, token: bool, tls: bool, insecure: bool) -> tuple[str | None, str | None]:
+    """(refusal, warning) for serving on ``host``: refuse a network address without a token, warn of a
+    token that would travel in plaintext."""
+    if is_loopback(host) or insecure:
+        return None, None
+    if not token:
+        return (
+            f"refusing to serve on {host} without a token: anyone who can reach this board could load and run "
+            "models on it. Pass --token-file FILE (and --tls-cert/--tls-key so the token is not sent in "
+            "plaintext), serve on 127.0.0.1 and reach the agent through an SSH tunnel, or pass --insecure if "
+            "this network is trusted.",
+            None,
+        )
+    if not tls:
+        return None, (
+            f"WARNING: serving on {host} with a token but without TLS: the token and every frame travel in "
+            "plaintext; anyone on the path can read the token and use this agent. Pass --tls-cert/--tls-key."
+        )
+    return None, None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="parapipe-agent", description="The parapipe board agent (gRPC).")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
@@ -404,6 +436,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tls-ca", type=Path, help="also require client certificates signed by this CA")
     parser.add_argument("--port-file", type=Path, help="write the bound port here once serving")
     parser.add_argument("--pid-file", type=Path)
+    parser.add_argument(
+        "--insecure",
+        action="store_true",
+        help="serve on a network address without a token (anyone who can reach it may run models)",
+    )
     parser.add_argument(
         "--max-bundle-bytes",
         type=int,
@@ -436,6 +473,15 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as exc:
             print(f"error: cannot read a TLS file: {exc}", file=sys.stderr)
             return 2
+    refusal, warning = exposure_problem(args.host, token is not None, tls is not None, args.insecure)
+    if refusal:
+        print(f"error: {refusal}", file=sys.stderr)
+        return 2
+    if warning:
+        print(warning, file=sys.stderr)
+        log.warning("%s", warning)
+    if args.insecure and not is_loopback(args.host) and token is None:
+        log.warning("serving on %s with --insecure: no token, anyone who can reach it may run models", args.host)
     keep_large_buffers()
     state = service.AgentState(args.workdir, max_bundle_bytes=args.max_bundle_bytes)
     try:

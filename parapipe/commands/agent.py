@@ -86,11 +86,21 @@ def serve(
     tls_key: Annotated[Path | None, typer.Option("--tls-key")] = None,
     tls_ca: Annotated[Path | None, typer.Option("--tls-ca")] = None,
     port_file: Annotated[Path | None, typer.Option("--port-file", help="Write the bound port here.")] = None,
+    insecure: Annotated[
+        bool,
+        typer.Option(
+            "--insecure", help="Serve on a network address without a token (anyone who can reach it may run models)."
+        ),
+    ] = False,
 ) -> None:
-    """Run the board agent in the foreground (the same as `python -m agents.server`)."""
+    """Run the board agent in the foreground (the same as `python -m agents.server`).
+
+    Off loopback it needs --token-file (and TLS, or it warns) unless --insecure is given."""
     from agents.server import main
 
     argv = ["--host", host, "--port", str(port), "--workdir", str(workdir or Path.home() / ".parapipe-agent")]
+    if insecure:
+        argv.append("--insecure")
     for flag, value in (
         ("--token-file", token_file),
         ("--tls-cert", tls_cert),
