@@ -394,6 +394,15 @@ def build_server(
     return server, bound
 
 
+def process_start_time(pid: int | str = "self") -> str:
+    """Field 22 of /proc/PID/stat (clock ticks after boot): with the pid, it names one process for ever."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return text.rsplit(") ", 1)[1].split()[19]
+
+
 def is_loopback(host: str) -> bool:
     """Whether only this machine can reach an address (a name other than localhost counts as reachable)."""
     if host.strip("[]") in ("localhost", "localhost6"):
@@ -490,8 +499,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     server.start()
-    if args.pid_file:
-        args.pid_file.write_text(f"{os.getpid()}\n")
+    if args.pid_file:  # the pid and its start time: a pid reused later (after a reboot) is not taken for us
+        tmp = args.pid_file.with_name(args.pid_file.name + ".tmp")
+        tmp.write_text(f"{os.getpid()} {process_start_time()}\n")
+        os.replace(tmp, args.pid_file)
     if args.port_file:
         tmp = args.port_file.with_name(args.port_file.name + ".tmp")
         tmp.write_text(f"{port}\n")
