@@ -195,6 +195,7 @@ class Pipeline:
         self.replicas = manifest.replicas
         self.max_inflight = max_inflight or manifest.max_inflight or 1
         self.stopping = False
+        self.draining = False  # the agent shuts down: frames in flight finish, new ones are refused
         self.broken: str | None = None  # why the pipeline cannot finish frames any more (a peer link broke)
         self.period = 1
         for r in manifest.replicas:
@@ -289,9 +290,24 @@ class Pipeline:
             if tuple(value.shape) != spec.shape:
                 raise InputError(f"input {name!r} must have shape {list(spec.shape)}, got {list(value.shape)}")
 
+    def drain(self, timeout: float) -> int:
+        """Refuse new frames and wait up to ``timeout`` s for those in flight; returns how many are left."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            self.draining = True
+            self._space.notify_all()
+            while self._frames and not self.stopping:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._space.wait(left)
+            return len(self._frames)
+
     def _refuse_new(self) -> None:
         if self.stopping:
             raise PipelineError("the pipeline was stopped")
+        if self.draining:
+            raise PipelineError("the agent is shutting down; send frames to it again once it is back")
         if self.broken:
             raise PipelineError(f"{self.broken}; start the pipeline again once the peer is back")
 
@@ -310,7 +326,7 @@ class Pipeline:
         self.check_inputs(tensors)
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
-            while len(self._frames) >= self.max_inflight and not (self.stopping or self.broken):
+            while len(self._frames) >= self.max_inflight and not (self.stopping or self.broken or self.draining):
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise DeadlineExceeded(f"no frame slot within the deadline ({self.max_inflight} frames in flight)")
@@ -377,7 +393,7 @@ class Pipeline:
             if len(frame.outputs) < len(self._outputs):
                 return
             del self._frames[frame_id]
-            self._space.notify()
+            self._space.notify_all()
         if not frame.future.done():
             frame.future.set_result(frame.outputs)
 
@@ -405,7 +421,7 @@ class Pipeline:
                 del self._recent_failures[next(iter(self._recent_failures))]
             frame = self._frames.pop(frame_id, None) if self.entry else None
             if frame is not None:
-                self._space.notify()
+                self._space.notify_all()
         for w in self.workers.values():
             w.skip(frame_id)
         if forward and self.links is not None and not self.stopping:

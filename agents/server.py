@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent import futures
@@ -446,6 +447,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port-file", type=Path, help="write the bound port here once serving")
     parser.add_argument("--pid-file", type=Path)
     parser.add_argument(
+        "--grace",
+        type=float,
+        default=10.0,
+        help="on SIGTERM, seconds frames in flight may take to finish before the agent stops (default 10)",
+    )
+    parser.add_argument(
         "--insecure",
         action="store_true",
         help="serve on a network address without a token (anyone who can reach it may run models)",
@@ -512,9 +519,24 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     stop.wait()
-    service.stop_pipeline(state)
-    server.stop(grace=2).wait()
+    drain(server, state, args.grace)
     return 0
+
+
+def drain(server: grpc.Server, state: service.AgentState, grace: float) -> None:
+    """Shut down without dropping work: refuse new calls and frames, let frames in flight finish
+    (at most ``grace`` seconds), then stop the pipeline and the server."""
+    log.info("draining: no new calls; waiting up to %.0fs for frames in flight", grace)
+    deadline = time.monotonic() + grace
+    pipeline = state.pipeline
+    stopped = server.stop(grace=grace)  # new calls are refused now; calls in progress may finish
+    if pipeline is not None:
+        left = pipeline.drain(grace)
+        if left:
+            log.warning("%d frame(s) still in flight after %.0fs; they fail", left, grace)
+    service.stop_pipeline(state)
+    stopped.wait(max(0.0, deadline - time.monotonic()))
+    log.info("agent stopped")
 
 
 if __name__ == "__main__":

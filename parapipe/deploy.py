@@ -269,7 +269,7 @@ def agent_running(conn: BoardConnection, wd: str) -> bool:
 
 
 def stop_agent(conn: BoardConnection, wd: str) -> bool:
-    """SIGTERM the verified agent (it drains), SIGKILL it after 10 s; a pid file naming another process is
+    """SIGTERM the verified agent (it drains), SIGKILL it after 15 s; a pid file naming another process is
     removed without signalling anything."""
     p = _paths(wd)
     pid = agent_pid(conn, wd)
@@ -277,7 +277,7 @@ def stop_agent(conn: BoardConnection, wd: str) -> bool:
         conn.run(["rm", "-f", p["pid"]], check=False)
         return False
     conn.shell(
-        f"kill {pid}; for i in $(seq 100); do kill -0 {pid} 2>/dev/null || exit 0; sleep 0.1; done; kill -9 {pid}",
+        f"kill {pid}; for i in $(seq 150); do kill -0 {pid} 2>/dev/null || exit 0; sleep 0.1; done; kill -9 {pid}",
         check=False,
     )
     conn.run(["rm", "-f", p["pid"]], check=False)

@@ -66,7 +66,7 @@ def test_every_client_call_has_a_deadline(black_hole: int, tmp_path: Path) -> No
         for name, call in calls.items():
             outcome: list[BaseException | None] = []
 
-            def run(call=call) -> None:
+            def run(call=call, outcome=outcome) -> None:
                 try:
                     call(client)
                     outcome.append(None)

@@ -203,3 +203,52 @@ def test_health_is_answered_with_every_stream_kind_at_its_limit(tmp_path: Path) 
             "cancelled streams give their places back",
             lambda: _calls(client)["Watch"].active == 0 and _calls(client)["InferStream"].active == 0,
         )
+
+
+def test_sigterm_lets_frames_in_flight_finish_then_exits_0(tmp_path: Path) -> None:
+    """SIGTERM while two frames wait on host b: a refuses new frames, finishes those two once b answers,
+    and exits 0."""
+    import sys
+
+    argv = [sys.executable, "-m", "agents.server", "--grace", str(GUARD_S)]
+    with ExitStack() as stack:
+        b = stack.enter_context(LocalAgent())
+        a = stack.enter_context(LocalAgent(python=argv))
+        parts = {h: write_tiny_bundle(tmp_path / h, 2, 2, host=h) for h in ("a", "b")}
+        a.client.load_bundle(parts["a"])
+        b.client.load_bundle(parts["b"])
+        b.client.start(_sha(parts["b"]), peers=[Peer("a", f"127.0.0.1:{a.port}")])
+        a.client.start(_sha(parts["a"]), peers=[Peer("b", f"127.0.0.1:{b.port}")])
+        a.client.timeout = 2 * GUARD_S
+        _check_frames_flow(a.client, stages=2, count=1)
+        assert a.process is not None and b.process is not None
+        os.kill(b.process.pid, signal.SIGSTOP)
+        stack.callback(os.kill, b.process.pid, signal.SIGCONT)
+        results: list[object] = []
+
+        def infer(i: int) -> None:
+            try:
+                results.append(a.client.infer(frame(i), frame_id=i)["t1"])
+            except AgentError as exc:
+                results.append(exc)
+
+        threads = [threading.Thread(target=infer, args=(i,)) for i in (1, 2)]
+        for t in threads:
+            t.start()
+        _eventually("two frames in flight", lambda: a.client.status().frames_in_flight == 2)
+        a.process.send_signal(signal.SIGTERM)
+        _eventually("a refuses new calls", lambda: _refused(a.client))
+        os.kill(b.process.pid, signal.SIGCONT)
+        for t in threads:
+            t.join(2 * GUARD_S)
+        assert a.process.wait(2 * GUARD_S) == 0
+        assert len(results) == 2 and all(isinstance(r, np.ndarray) for r in results), results
+        assert "draining" in a.log_path.read_text()
+
+
+def _refused(client: AgentClient) -> bool:
+    try:
+        client.status()
+    except AgentError:
+        return True
+    return False
