@@ -39,7 +39,10 @@ class AgentClient:
         token: str | None = None,
         tls: tuple[bytes | None, bytes | None, bytes | None] | None = None,
         timeout: float = 30.0,
+        long_timeout: float | None = None,
     ) -> None:
+        """``timeout`` is the deadline of short calls; ``long_timeout`` (default: each call's own, 5 to
+        30 minutes) that of uploads, starts, streams, benchmarks and profiling sessions."""
         keep_large_buffers()  # frames are large: reuse their buffers instead of faulting in fresh pages
         options = [
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -51,7 +54,7 @@ class AgentClient:
             self.channel = grpc.secure_channel(address, creds, options=options)
         else:
             self.channel = grpc.insecure_channel(address, options=options)
-        self.address, self.timeout = address, timeout
+        self.address, self.timeout, self.long_timeout = address, timeout, long_timeout
         self.metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self.stub = rpc.AgentStub(self.channel)
         self.health_stub = health_pb2_grpc.HealthStub(self.channel)
@@ -64,6 +67,9 @@ class AgentClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _long(self, default: float) -> float:
+        return self.long_timeout if self.long_timeout is not None else default
 
     def _call(self, what: str, fn, request, timeout: float | None = None):
         try:
@@ -104,7 +110,7 @@ class AgentClient:
                         if progress:
                             progress(sent, total)
 
-        return self._call("load bundle", self.stub.LoadBundle, chunks(), timeout=max(self.timeout, 600.0))
+        return self._call("load bundle", self.stub.LoadBundle, chunks(), timeout=max(self.timeout, self._long(600.0)))
 
     def start(self, sha: str, max_inflight: int = 0, peers: Iterable[Peer] = ()) -> pb.StartReply:
         """Start a loaded bundle; for one host's part of a multi-host plan, ``peers`` are the other agents."""
@@ -112,7 +118,7 @@ class AgentClient:
             "start pipeline",
             self.stub.StartPipeline,
             pb.StartRequest(bundle_sha256=sha, max_inflight=max_inflight, peers=[p.to_message() for p in peers]),
-            300,
+            self._long(300.0),
         )
 
     def stop(self) -> bool:
@@ -123,19 +129,23 @@ class AgentClient:
         return frame_arrays(reply)
 
     def infer_stream(
-        self, frames: Iterable[Mapping[str, np.ndarray]], timeout: float = 600.0
+        self, frames: Iterable[Mapping[str, np.ndarray]], timeout: float | None = None
     ) -> Iterator[dict[str, np.ndarray]]:
         requests = (frame_message(i, f) for i, f in enumerate(frames))
+        deadline = timeout if timeout is not None else self._long(600.0)
         try:
-            for reply in self.stub.InferStream(requests, timeout=timeout, metadata=self.metadata):
+            for reply in self.stub.InferStream(requests, timeout=deadline, metadata=self.metadata):
                 yield frame_arrays(reply)
         except grpc.RpcError as exc:
             raise _wrap(exc, "infer stream") from None
 
     def benchmark(self, frames: int = 50, warmup: int = 5, seed: int = 0) -> pb.BenchmarkReply:
         return self._call(
-            "benchmark", self.stub.Benchmark, pb.BenchmarkRequest(frames=frames, warmup=warmup, seed=seed), 1800
+            "benchmark",
+            self.stub.Benchmark,
+            pb.BenchmarkRequest(frames=frames, warmup=warmup, seed=seed),
+            self._long(1800.0),
         )
 
     def profile_ops(self, request: pb.ProfileRequest) -> pb.ProfileReply:
-        return self._call("profile ops", self.stub.ProfileOps, request, 1800)
+        return self._call("profile ops", self.stub.ProfileOps, request, self._long(1800.0))

@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Mapping
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -28,6 +29,8 @@ import numpy as np
 from agents.bundle import Manifest, PartitionSpec, TensorSpec
 from profiler.pinning import pin_current_thread, release_current_thread, throttle_current_thread
 
+_RECENT_FAILURES = 4096  # failed frame ids remembered so a failure is handled once per host
+
 
 class PipelineError(RuntimeError):
     """The pipeline cannot start or a frame failed; the message names the partition."""
@@ -35,6 +38,10 @@ class PipelineError(RuntimeError):
 
 class InputError(ValueError):
     """A frame's tensors do not match the model's inputs (name, dtype, shape or size)."""
+
+
+class DeadlineExceeded(TimeoutError):
+    """A frame did not get a slot or a result before the caller's deadline; it was given up."""
 
 
 class Links(Protocol):
@@ -68,6 +75,8 @@ class _Worker:
         self.shared_cores = shared_cores
         self.inbox: dict[int, dict[str, np.ndarray]] = {}
         self.arrived: dict[int, float] = {}
+        self.skipped: set[int] = set()  # frames that failed elsewhere: not to be waited for
+        self.next = spec.group  # the next frame this worker takes; older deliveries are late and dropped
         self.cond = threading.Condition()
         self.ready = threading.Event()
         self.error: BaseException | None = None
@@ -76,11 +85,25 @@ class _Worker:
 
     def deliver(self, frame: int, name: str, value: np.ndarray) -> None:
         with self.cond:
+            if frame < self.next or frame in self.skipped:
+                return  # the frame failed or was given up: nothing waits for this tensor any more
             box = self.inbox.setdefault(frame, {})
             box[name] = value
             if len(box) == len(self.spec.inputs):
                 self.arrived[frame] = time.perf_counter()
                 self.cond.notify()
+
+    def skip(self, frame: int) -> None:
+        """Frame ``frame`` failed (here, on another partition or host) or was given up: do not wait for it."""
+        if frame % self.pipeline.replicas[self.spec.stage] != self.spec.group:
+            return  # another replica's frame
+        with self.cond:
+            if frame < self.next:
+                return  # taken already
+            self.skipped.add(frame)
+            self.inbox.pop(frame, None)
+            self.arrived.pop(frame, None)
+            self.cond.notify()
 
     def _session(self):
         import onnxruntime as ort
@@ -130,10 +153,21 @@ class _Worker:
         frame = self.spec.group
         while True:
             with self.cond:
-                while frame not in self.arrived and self.spec.inputs and not self.pipeline.stopping:
+                while (
+                    frame not in self.arrived
+                    and frame not in self.skipped
+                    and self.spec.inputs
+                    and not self.pipeline.stopping
+                ):
                     self.cond.wait(0.5)
                 if self.pipeline.stopping:
                     return
+                self.next = frame + period
+                if frame in self.skipped:
+                    self.skipped.discard(frame)
+                    self.inbox.pop(frame, None)
+                    frame += period
+                    continue
                 feeds = self.inbox.pop(frame, {})
                 arrived = self.arrived.pop(frame, time.perf_counter())
             start = time.perf_counter()
@@ -161,13 +195,15 @@ class Pipeline:
         self.replicas = manifest.replicas
         self.max_inflight = max_inflight or manifest.max_inflight or 1
         self.stopping = False
+        self.draining = False  # the agent shuts down: frames in flight finish, new ones are refused
         self.broken: str | None = None  # why the pipeline cannot finish frames any more (a peer link broke)
         self.period = 1
         for r in manifest.replicas:
             self.period = self.period * r // int(np.gcd(self.period, r))
-        self._slots = threading.BoundedSemaphore(self.max_inflight)
         self._frames: dict[int, _Frame] = {}
         self._lock = threading.Lock()
+        self._space = threading.Condition(self._lock)  # a frame left: a slot is free (or the pipeline stops)
+        self._recent_failures: dict[int, None] = {}  # frames whose failure was handled here (bounded, in order)
         self._next_id = 0
         local = manifest.local_partitions()
         cores_use: dict[int, int] = {}
@@ -216,17 +252,25 @@ class Pipeline:
                 raise PipelineError(f"partition {w.spec.name} ({w.spec.file}) failed to load: {w.error}")
 
     def stop(self) -> None:
+        """Stop the workers and wake every waiter: frames in flight and callers waiting for a slot fail."""
         self.stopping = True
-        if self.links is not None:
-            self.links.close()
         for w in self.workers.values():
             with w.cond:
                 w.cond.notify_all()
         with self._lock:
-            for f in self._frames.values():
-                if not f.future.done():
-                    f.future.set_exception(PipelineError("the pipeline was stopped"))
+            frames = list(self._frames.values())
             self._frames.clear()
+            self._space.notify_all()
+        for f in frames:
+            if not f.future.done():
+                f.future.set_exception(PipelineError("the pipeline was stopped"))
+        if self.links is not None:
+            self.links.close()
+
+    @property
+    def in_flight(self) -> int:
+        with self._lock:
+            return len(self._frames)
 
     # ------------------------------------------------------------------ frames
 
@@ -246,29 +290,73 @@ class Pipeline:
             if tuple(value.shape) != spec.shape:
                 raise InputError(f"input {name!r} must have shape {list(spec.shape)}, got {list(value.shape)}")
 
-    def submit(self, tensors: Mapping[str, np.ndarray]) -> Future:
-        """Queue one frame (blocks while max_inflight frames are in flight); the future gives its outputs."""
+    def drain(self, timeout: float) -> int:
+        """Refuse new frames and wait up to ``timeout`` s for those in flight; returns how many are left."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            self.draining = True
+            self._space.notify_all()
+            while self._frames and not self.stopping:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._space.wait(left)
+            return len(self._frames)
+
+    def _refuse_new(self) -> None:
         if self.stopping:
-            raise PipelineError("the pipeline is stopped")
+            raise PipelineError("the pipeline was stopped")
+        if self.draining:
+            raise PipelineError("the agent is shutting down; send frames to it again once it is back")
         if self.broken:
             raise PipelineError(f"{self.broken}; start the pipeline again once the peer is back")
+
+    def submit(self, tensors: Mapping[str, np.ndarray], timeout: float | None = None) -> Future:
+        """Queue one frame; the future gives its outputs (``future.frame`` is its id).
+
+        Waits while ``max_inflight`` frames are in flight: at most ``timeout`` seconds
+        (``DeadlineExceeded`` then), and never past ``stop()``.
+        """
+        self._refuse_new()
         if not self.entry:
             raise PipelineError(
                 f"this agent runs host {self.manifest.host!r}'s part of a plan over {', '.join(self.manifest.hosts)}; "
                 f"send frames to the agent of the entry host {self.manifest.entry!r}"
             )
         self.check_inputs(tensors)
-        self._slots.acquire()
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
+            while len(self._frames) >= self.max_inflight and not (self.stopping or self.broken or self.draining):
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise DeadlineExceeded(f"no frame slot within the deadline ({self.max_inflight} frames in flight)")
+                self._space.wait(left)
+            self._refuse_new()
             frame = _Frame(self._next_id, time.perf_counter(), Future())
+            frame.future.frame = frame.id  # type: ignore[attr-defined]
             self._frames[frame.id] = frame
             self._next_id += 1
         for name, value in tensors.items():
             self._fan_out(frame.id, name, value)
         return frame.future
 
+    def result(self, future: Future, timeout: float | None = None) -> dict[str, np.ndarray]:
+        """Wait for a submitted frame; past ``timeout`` the frame is given up (its slot freed) and
+        ``DeadlineExceeded`` raised."""
+        try:
+            return future.result(timeout)
+        except FutureTimeout:
+            frame = getattr(future, "frame", None)
+            if frame is not None:
+                self.fail(frame, DeadlineExceeded("the frame's deadline passed"))
+            if future.done() and not future.cancelled() and future.exception() is None:
+                return future.result()  # finished just now
+            raise DeadlineExceeded(f"frame {frame} did not finish within the deadline") from None
+
     def infer(self, tensors: Mapping[str, np.ndarray], timeout: float | None = None) -> dict[str, np.ndarray]:
-        return self.submit(tensors).result(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        future = self.submit(tensors, timeout)
+        return self.result(future, None if deadline is None else max(0.0, deadline - time.monotonic()))
 
     def route(self, spec: PartitionSpec, frame: int, name: str, value: np.ndarray) -> None:
         self._fan_out(frame, name, value)
@@ -293,7 +381,7 @@ class Pipeline:
             self._collect(frame, name, value)
 
     def receive_error(self, frame: int, message: str) -> None:
-        """Another host's partition failed on a frame: fail it here (entry) or pass it on to the entry host."""
+        """Another host's partition failed on a frame: skip it here, pass it on, fail it on the entry host."""
         self.fail(frame, PipelineError(message))
 
     def _collect(self, frame_id: int, name: str, value: np.ndarray) -> None:
@@ -305,8 +393,9 @@ class Pipeline:
             if len(frame.outputs) < len(self._outputs):
                 return
             del self._frames[frame_id]
-        frame.future.set_result(frame.outputs)
-        self._slots.release()
+            self._space.notify_all()
+        if not frame.future.done():
+            frame.future.set_result(frame.outputs)
 
     def break_down(self, message: str) -> None:
         """A peer link broke: fail every frame in flight (their tensors will not come back) and refuse new ones."""
@@ -316,21 +405,30 @@ class Pipeline:
         with self._lock:
             frames = list(self._frames.values())
             self._frames.clear()
+            self._space.notify_all()
         for f in frames:
             if not f.future.done():
                 f.future.set_exception(PipelineError(message))
-                self._slots.release()
 
-    def fail(self, frame_id: int, error: BaseException) -> None:
-        if not self.entry:
-            if self.links is not None:
-                self.links.send_error(self.manifest.entry, frame_id, str(error))
-            return
+    def fail(self, frame_id: int, error: BaseException, forward: bool = True) -> None:
+        """Frame ``frame_id`` failed: no partition here waits for it any more, the other hosts of the
+        plan are told (once), and on the entry host its caller gets ``error`` and its slot is freed."""
         with self._lock:
-            frame = self._frames.pop(frame_id, None)
+            if frame_id in self._recent_failures:
+                return  # handled already (a failure reaches a host over several links)
+            self._recent_failures[frame_id] = None
+            if len(self._recent_failures) > _RECENT_FAILURES:
+                del self._recent_failures[next(iter(self._recent_failures))]
+            frame = self._frames.pop(frame_id, None) if self.entry else None
+            if frame is not None:
+                self._space.notify_all()
+        for w in self.workers.values():
+            w.skip(frame_id)
+        if forward and self.links is not None and not self.stopping:
+            for host in self.peer_hosts:
+                self.links.send_error(host, frame_id, str(error))
         if frame is not None and not frame.future.done():
             frame.future.set_exception(error)
-            self._slots.release()
 
     def stats(self) -> dict[str, WorkerStats]:
         return {name: w.stats for name, w in self.workers.items()}

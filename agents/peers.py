@@ -11,6 +11,7 @@ Board side: grpcio, numpy and the stdlib only.
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 from collections.abc import Callable, Iterator
@@ -28,6 +29,10 @@ log = logging.getLogger("parapipe.agent.peers")
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 STREAM_DEADLINE_S = 7 * 24 * 3600.0  # an Exchange stream lives as long as the pipeline; it still has a deadline
 CONNECT_TIMEOUT_S = 10.0
+# A peer that stops answering (frozen, powered off, cable pulled) breaks the link after about
+# KEEPALIVE_S + KEEPALIVE_TIMEOUT_S instead of holding frames until the stream's deadline.
+KEEPALIVE_S = float(os.environ.get("PARAPIPE_PEER_KEEPALIVE_S", "20"))
+KEEPALIVE_TIMEOUT_S = float(os.environ.get("PARAPIPE_PEER_KEEPALIVE_TIMEOUT_S", "10"))
 
 
 class PeerError(RuntimeError):
@@ -53,6 +58,11 @@ def open_channel(address: str, tls_ca: bytes = b"") -> grpc.Channel:
     options = [
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.keepalive_time_ms", int(KEEPALIVE_S * 1000)),
+        ("grpc.keepalive_timeout_ms", int(KEEPALIVE_TIMEOUT_S * 1000)),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+        ("grpc.http2.ping_timeout_ms", int(KEEPALIVE_TIMEOUT_S * 1000)),
     ]
     if tls_ca:
         return grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates=tls_ca), options=options)

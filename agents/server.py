@@ -10,20 +10,25 @@ from __future__ import annotations
 
 import argparse
 import hmac
+import ipaddress
 import logging
 import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
 from concurrent import futures
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 
 import grpc
 
 from agents import service
 from agents.bundle import BundleError
-from agents.executor import InputError, PipelineError
+from agents.executor import DeadlineExceeded, InputError, Pipeline, PipelineError
 from agents.memory import keep_large_buffers
 from agents.peers import Peer, PeerError
 from agents.proto import health_pb2, health_pb2_grpc
@@ -37,8 +42,28 @@ AGENT_SERVICE = "parapipe.agent.v1.Agent"
 log = logging.getLogger("parapipe.agent")
 
 
+# Concurrent calls per kind; beyond its limit a call is refused with RESOURCE_EXHAUSTED at once.
+# Health checks have their own share, so liveness is answered however many streams are open.
+CALL_LIMITS: dict[str, int] = {
+    "Check": 16,
+    "Watch": 16,
+    "Infer": 64,
+    "InferStream": 8,
+    "Exchange": 16,
+    "Benchmark": 1,
+    "ProfileOps": 1,
+    "LoadBundle": 4,
+    "Control": 8,  # StartPipeline, StopPipeline, Status
+}
+_KIND = {"StartPipeline": "Control", "StopPipeline": "Control", "Status": "Control"}
+SPARE_THREADS = 8  # for refusals and anything unknown: never held by a long call
+POLL_S = 0.5  # how often blocked calls look whether their caller is still there
+
+
 def _abort(context: grpc.ServicerContext, exc: BaseException) -> None:
     """Map an error to the gRPC status that says what went wrong; the agent keeps serving."""
+    if isinstance(exc, (DeadlineExceeded, FutureTimeout)):
+        context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc) or "the deadline passed")
     if isinstance(exc, service.NotFound):
         context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
     if isinstance(exc, service.NotReady):
@@ -49,13 +74,111 @@ def _abort(context: grpc.ServicerContext, exc: BaseException) -> None:
         context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
     if isinstance(exc, (BundleError, TensorError, InputError, ValueError)):
         context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-    log.exception("internal error")
-    context.abort(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
+    log.exception("internal error")  # the details (paths on the board) stay in the agent's log
+    context.abort(grpc.StatusCode.INTERNAL, f"internal error ({type(exc).__name__}); the agent's log has the details")
+
+
+class CallLimits(grpc.ServerInterceptor):
+    """Counts concurrent calls per kind and refuses those beyond the kind's limit (RESOURCE_EXHAUSTED).
+
+    A call takes its place when its handler starts in a server thread and gives it back when the
+    handler (or its response stream) ends, so a call that never ran holds nothing.
+    """
+
+    def __init__(self, limits: dict[str, int] | None = None) -> None:
+        self.limits = dict(CALL_LIMITS, **(limits or {}))
+        self.active = dict.fromkeys(self.limits, 0)
+        self.refused = dict.fromkeys(self.limits, 0)
+        self._lock = threading.Lock()
+
+    def threads(self) -> int:
+        """Server threads needed so every kind can reach its limit and spare ones remain."""
+        return sum(self.limits.values()) + SPARE_THREADS
+
+    def kind(self, method: str) -> str | None:
+        name = method.rsplit("/", 1)[-1]
+        name = _KIND.get(name, name)
+        return name if name in self.limits else None
+
+    def _enter(self, kind: str, context: grpc.ServicerContext) -> None:
+        with self._lock:
+            if self.active[kind] < self.limits[kind]:
+                self.active[kind] += 1
+                return
+            self.refused[kind] += 1
+        context.abort(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"the agent runs {self.limits[kind]} {kind} calls already (its limit); retry later",
+        )
+
+    def _leave(self, kind: str) -> None:
+        with self._lock:
+            self.active[kind] -= 1
+
+    def stats(self) -> list[pb.CallStats]:
+        with self._lock:
+            return [
+                pb.CallStats(kind=k, active=self.active[k], limit=self.limits[k], refused=self.refused[k])
+                for k in self.limits
+            ]
+
+    def _unary(self, kind: str, behavior: Callable) -> Callable:
+        def run(request, context):
+            self._enter(kind, context)
+            try:
+                return behavior(request, context)
+            finally:
+                self._leave(kind)
+
+        return run
+
+    def _streaming(self, kind: str, behavior: Callable) -> Callable:
+        def run(request, context):
+            self._enter(kind, context)
+            try:
+                yield from behavior(request, context)
+            finally:
+                self._leave(kind)
+
+        return run
+
+    def intercept_service(self, continuation, handler_call_details):
+        handler = continuation(handler_call_details)
+        kind = self.kind(handler_call_details.method)
+        if handler is None or kind is None:
+            return handler
+        if handler.unary_unary:
+            return handler._replace(unary_unary=self._unary(kind, handler.unary_unary))
+        if handler.stream_unary:
+            return handler._replace(stream_unary=self._unary(kind, handler.stream_unary))
+        if handler.unary_stream:
+            return handler._replace(unary_stream=self._streaming(kind, handler.unary_stream))
+        return handler._replace(stream_stream=self._streaming(kind, handler.stream_stream))
+
+
+def _wait(pipeline: Pipeline, future: Future, context: grpc.ServicerContext):
+    """A frame's outputs; the frame is given up (and DeadlineExceeded raised) when the call's
+    deadline passes or its caller goes away, so no server thread waits for ever."""
+    while True:
+        left = context.time_remaining()
+        step = POLL_S if left is None else max(0.0, min(POLL_S, left))
+        try:
+            return future.result(step)
+        except FutureTimeout:
+            if not context.is_active() or (left is not None and left <= step):
+                return pipeline.result(future, 0)
 
 
 class AgentServicer(rpc.AgentServicer):
-    def __init__(self, state: service.AgentState) -> None:
+    def __init__(self, state: service.AgentState, limits: CallLimits | None = None) -> None:
         self.state = state
+        self.limits = limits
+        self._feeds = 0
+        self._feeds_lock = threading.Lock()
+
+    def _feeding(self, delta: int) -> None:
+        with self._feeds_lock:
+            self._feeds += delta
 
     def LoadBundle(self, request_iterator, context):
         try:
@@ -81,7 +204,8 @@ class AgentServicer(rpc.AgentServicer):
     def Infer(self, request, context):
         try:
             pipeline = service.require_pipeline(self.state)
-            outputs = pipeline.infer(frame_arrays(request), timeout=context.time_remaining())
+            future = pipeline.submit(frame_arrays(request), timeout=context.time_remaining())
+            outputs = _wait(pipeline, future, context)
         except Exception as exc:
             _abort(context, exc)
         return frame_message(request.id, outputs)
@@ -91,7 +215,7 @@ class AgentServicer(rpc.AgentServicer):
             pipeline = service.require_pipeline(self.state)
         except Exception as exc:
             _abort(context, exc)
-        pending: list[tuple[int, object]] = []
+        pending: deque[tuple[int, Future]] = deque()
         cond = threading.Condition()
         error: list[BaseException] = []
         done = [False]
@@ -99,7 +223,7 @@ class AgentServicer(rpc.AgentServicer):
         def feed() -> None:
             try:
                 for frame in request_iterator:
-                    fut = pipeline.submit(frame_arrays(frame))
+                    fut = pipeline.submit(frame_arrays(frame), timeout=context.time_remaining())
                     with cond:
                         pending.append((frame.id, fut))
                         cond.notify()
@@ -109,19 +233,22 @@ class AgentServicer(rpc.AgentServicer):
                 with cond:
                     done[0] = True
                     cond.notify()
+                self._feeding(-1)
 
-        threading.Thread(target=feed, daemon=True).start()
+        self._feeding(+1)
+        threading.Thread(target=feed, name="pp-stream-feed", daemon=True).start()
         while True:
             with cond:
-                while not pending and not done[0]:
-                    cond.wait()
+                while not pending and not done[0] and context.is_active():
+                    cond.wait(POLL_S)
                 if not pending:
                     break
-                frame_id, fut = pending.pop(0)
+                frame_id, fut = pending.popleft()
             try:
-                yield frame_message(frame_id, fut.result())  # type: ignore[attr-defined]
+                outputs = _wait(pipeline, fut, context)
             except Exception as exc:
                 _abort(context, exc)
+            yield frame_message(frame_id, outputs)
         if error:
             _abort(context, error[0])
 
@@ -161,7 +288,12 @@ class AgentServicer(rpc.AgentServicer):
             _abort(context, exc)
 
     def Status(self, request, context):
-        return service.status(self.state)
+        reply = service.status(self.state)
+        if self.limits is not None:
+            reply.calls.extend(self.limits.stats())
+        with self._feeds_lock:
+            reply.stream_feeds = self._feeds
+        return reply
 
     def Exchange(self, request_iterator, context):
         log.info("exchange stream from %s", context.peer())
@@ -234,15 +366,22 @@ def build_server(
     port: int = 0,
     token: str | None = None,
     tls: tuple[bytes, bytes, bytes | None] | None = None,
-    workers: int = 8,
+    limits: dict[str, int] | None = None,
 ) -> tuple[grpc.Server, int]:
+    """The agent's server; ``limits`` overrides ``CALL_LIMITS`` per kind."""
     options = [
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        # callers and peers ping to find dead links; allow it without a call in progress
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_ping_interval_without_data_ms", 1000),
     ]
-    interceptors = [TokenInterceptor(token)] if token else []
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=options, interceptors=interceptors)
-    rpc.add_AgentServicer_to_server(AgentServicer(state), server)
+    calls = CallLimits(limits)
+    interceptors: list[grpc.ServerInterceptor] = [TokenInterceptor(token)] if token else []
+    interceptors.append(calls)
+    pool = futures.ThreadPoolExecutor(max_workers=calls.threads(), thread_name_prefix="pp-rpc")
+    server = grpc.server(pool, options=options, interceptors=interceptors)
+    rpc.add_AgentServicer_to_server(AgentServicer(state, calls), server)
     health_pb2_grpc.add_HealthServicer_to_server(HealthServicer(state), server)
     address = f"{host}:{port}"
     if tls is not None:
@@ -256,6 +395,46 @@ def build_server(
     return server, bound
 
 
+def process_start_time(pid: int | str = "self") -> str:
+    """Field 22 of /proc/PID/stat (clock ticks after boot): with the pid, it names one process for ever."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return text.rsplit(") ", 1)[1].split()[19]
+
+
+def is_loopback(host: str) -> bool:
+    """Whether only this machine can reach an address (a name other than localhost counts as reachable)."""
+    if host.strip("[]") in ("localhost", "localhost6"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def exposure_problem(host: str, token: bool, tls: bool, insecure: bool) -> tuple[str | None, str | None]:
+    """(refusal, warning) for serving on ``host``: refuse a network address without a token, warn of a
+    token that would travel in plaintext."""
+    if is_loopback(host) or insecure:
+        return None, None
+    if not token:
+        return (
+            f"refusing to serve on {host} without a token: anyone who can reach this board could load and run "
+            "models on it. Pass --token-file FILE (and --tls-cert/--tls-key so the token is not sent in "
+            "plaintext), serve on 127.0.0.1 and reach the agent through an SSH tunnel, or pass --insecure if "
+            "this network is trusted.",
+            None,
+        )
+    if not tls:
+        return None, (
+            f"WARNING: serving on {host} with a token but without TLS: the token and every frame travel in "
+            "plaintext; anyone on the path can read the token and use this agent. Pass --tls-cert/--tls-key."
+        )
+    return None, None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="parapipe-agent", description="The parapipe board agent (gRPC).")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
@@ -267,6 +446,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tls-ca", type=Path, help="also require client certificates signed by this CA")
     parser.add_argument("--port-file", type=Path, help="write the bound port here once serving")
     parser.add_argument("--pid-file", type=Path)
+    parser.add_argument(
+        "--grace",
+        type=float,
+        default=10.0,
+        help="on SIGTERM, seconds frames in flight may take to finish before the agent stops (default 10)",
+    )
+    parser.add_argument(
+        "--insecure",
+        action="store_true",
+        help="serve on a network address without a token (anyone who can reach it may run models)",
+    )
+    parser.add_argument(
+        "--max-bundle-bytes",
+        type=int,
+        default=service.MAX_BUNDLE_BYTES,
+        help=f"refuse bundle uploads larger than this (default {service.MAX_BUNDLE_BYTES})",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     token = None
@@ -293,16 +489,27 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as exc:
             print(f"error: cannot read a TLS file: {exc}", file=sys.stderr)
             return 2
+    refusal, warning = exposure_problem(args.host, token is not None, tls is not None, args.insecure)
+    if refusal:
+        print(f"error: {refusal}", file=sys.stderr)
+        return 2
+    if warning:
+        print(warning, file=sys.stderr)
+        log.warning("%s", warning)
+    if args.insecure and not is_loopback(args.host) and token is None:
+        log.warning("serving on %s with --insecure: no token, anyone who can reach it may run models", args.host)
     keep_large_buffers()
-    state = service.AgentState(args.workdir)
+    state = service.AgentState(args.workdir, max_bundle_bytes=args.max_bundle_bytes)
     try:
         server, port = build_server(state, args.host, args.port, token, tls)
     except OSError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     server.start()
-    if args.pid_file:
-        args.pid_file.write_text(f"{os.getpid()}\n")
+    if args.pid_file:  # the pid and its start time: a pid reused later (after a reboot) is not taken for us
+        tmp = args.pid_file.with_name(args.pid_file.name + ".tmp")
+        tmp.write_text(f"{os.getpid()} {process_start_time()}\n")
+        os.replace(tmp, args.pid_file)
     if args.port_file:
         tmp = args.port_file.with_name(args.port_file.name + ".tmp")
         tmp.write_text(f"{port}\n")
@@ -312,9 +519,24 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     stop.wait()
-    service.stop_pipeline(state)
-    server.stop(grace=2).wait()
+    drain(server, state, args.grace)
     return 0
+
+
+def drain(server: grpc.Server, state: service.AgentState, grace: float) -> None:
+    """Shut down without dropping work: refuse new calls and frames, let frames in flight finish
+    (at most ``grace`` seconds), then stop the pipeline and the server."""
+    log.info("draining: no new calls; waiting up to %.0fs for frames in flight", grace)
+    deadline = time.monotonic() + grace
+    pipeline = state.pipeline
+    stopped = server.stop(grace=grace)  # new calls are refused now; calls in progress may finish
+    if pipeline is not None:
+        left = pipeline.drain(grace)
+        if left:
+            log.warning("%d frame(s) still in flight after %.0fs; they fail", left, grace)
+    service.stop_pipeline(state)
+    stopped.wait(max(0.0, deadline - time.monotonic()))
+    log.info("agent stopped")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,9 @@ is the folder renamed into place, so a cut-off upload never replaces a good bund
 
 from __future__ import annotations
 
+import errno
+import hashlib
+import itertools
 import logging
 import os
 import platform
@@ -29,6 +32,13 @@ from profiler.energy import PowerModel
 AGENT_VERSION = "0.2.0"
 log = logging.getLogger("parapipe.agent")
 _HEX = set("0123456789abcdef")
+MAX_BUNDLE_BYTES = 16 * 1024**3  # an upload larger than this is refused (override: --max-bundle-bytes)
+_RESERVED = {MANIFEST, ".", ".."}  # names a partition file may not take
+# bounds on what a request may ask the board to do
+MAX_THREADS = 256
+MAX_REPEATS = 10_000
+MAX_WARMUP = 1_000
+MAX_FRAMES = 100_000
 
 
 class NotFound(LookupError):
@@ -45,10 +55,19 @@ class AgentState:
     pipeline: Pipeline | None = None
     running: str = ""
     lock: threading.Lock = field(default_factory=threading.Lock)
+    max_bundle_bytes: int = MAX_BUNDLE_BYTES
 
     def __post_init__(self) -> None:
         self.workdir = Path(self.workdir).resolve()
         (self.workdir / "bundles").mkdir(parents=True, exist_ok=True)
+        self.clean_partial()
+
+    def clean_partial(self) -> None:
+        """Remove what uploads cut off by an earlier run of the agent left behind (no upload runs yet)."""
+        for p in (self.workdir / "bundles").iterdir():
+            if p.name.startswith(".") and ".partial" in p.name:
+                log.info("removing %s, left by an interrupted upload", p.name)
+                shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
 
     def bundle_dir(self, sha: str) -> Path:
         if len(sha) != 64 or not set(sha) <= _HEX:
@@ -59,7 +78,16 @@ class AgentState:
         return sorted(p.name for p in (self.workdir / "bundles").iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
+def check_file_names(manifest: Manifest) -> None:
+    """A partition file may not be the manifest itself, nor name the bundle folder or its parent."""
+    for p in manifest.local_partitions():
+        if p.file in _RESERVED:
+            raise BundleError(f"partition {p.name!r} may not be stored as {p.file!r}: the name is reserved")
+
+
 def load_bundle(state: AgentState, chunks: Iterable[pb.BundleChunk]) -> pb.LoadBundleReply:
+    """Stream a bundle to disk: each file in order (a chunk's offset is where the file ends so far),
+    at most ``state.max_bundle_bytes`` in all, hashed as it arrives; nothing is held in memory."""
     it = iter(chunks)
     first = next(it, None)
     if first is None or not first.manifest_json:
@@ -69,33 +97,56 @@ def load_bundle(state: AgentState, chunks: Iterable[pb.BundleChunk]) -> pb.LoadB
     manifest = parse_manifest(first.manifest_json)
     if manifest.sha256() != sha:
         raise BundleError(f"the manifest hashes to {manifest.sha256()[:12]}…, not {sha[:12]}… as announced")
-    if target.exists():
-        received = sum(len(c.data) for c in it)  # drain: the bundle is here already
-        return pb.LoadBundleReply(bundle_sha256=sha, already_present=True, bytes_received=received)
-    names = {p.file for p in manifest.local_partitions()}
+    check_file_names(manifest)
+    if target.exists():  # the bundle is here already: stop reading
+        return pb.LoadBundleReply(bundle_sha256=sha, already_present=True, bytes_received=0)
+    expected = {p.file: p.sha256 for p in manifest.local_partitions()}
     tmp = state.workdir / "bundles" / f".{sha}.partial-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     received = 0
     try:
         (tmp / MANIFEST).write_text(first.manifest_json)
         handles: dict[str, object] = {}
+        sizes: dict[str, int] = {}
+        digests: dict[str, hashlib._Hash] = {}
         try:
-            for chunk in [first, *it] if first.file else it:
+            for chunk in itertools.chain([first], it) if first.file else it:
                 if chunk.bundle_sha256 != sha:
                     raise BundleError("a chunk belongs to another bundle")
-                if chunk.file not in names:
+                if chunk.file not in expected:
                     raise BundleError(f"{chunk.file!r} is not a file of this bundle")
+                if chunk.offset != sizes.get(chunk.file, 0):
+                    raise BundleError(
+                        f"a chunk of {chunk.file} starts at byte {chunk.offset}, the file has "
+                        f"{sizes.get(chunk.file, 0)} bytes so far; send each file's chunks in order"
+                    )
+                received += len(chunk.data)
+                if received > state.max_bundle_bytes:
+                    raise BundleError(f"the bundle exceeds this agent's limit of {state.max_bundle_bytes} bytes")
                 fh = handles.get(chunk.file)
                 if fh is None:
                     fh = handles[chunk.file] = open(tmp / chunk.file, "wb")
-                fh.seek(chunk.offset)  # type: ignore[attr-defined]
+                    digests[chunk.file] = hashlib.sha256()
                 fh.write(chunk.data)  # type: ignore[attr-defined]
-                received += len(chunk.data)
+                digests[chunk.file].update(chunk.data)
+                sizes[chunk.file] = sizes.get(chunk.file, 0) + len(chunk.data)
         finally:
             for fh in handles.values():
                 fh.close()  # type: ignore[attr-defined]
-        verify_bundle(tmp)
-        os.replace(tmp, target)
+        for name, want in expected.items():
+            if name not in digests:
+                raise BundleError(f"partition file {name} is missing from the bundle")
+            got = digests[name].hexdigest()
+            if got != want:
+                raise BundleError(f"partition file {name} has sha256 {got[:12]}…, the manifest says {want[:12]}…")
+        try:
+            os.replace(tmp, target)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST) or not target.exists():
+                raise
+            # another upload of the same bundle finished first: its files are the same
+            shutil.rmtree(tmp, ignore_errors=True)
+            return pb.LoadBundleReply(bundle_sha256=sha, already_present=True, bytes_received=received)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -112,11 +163,10 @@ def start_pipeline(state: AgentState, sha: str, max_inflight: int = 0, peers: It
     if not folder.exists():
         raise NotFound(f"no bundle {sha[:12]}… on this board; load it first (bundles here: {len(state.bundles())})")
     manifest = verify_bundle(folder)
+    check_file_names(manifest)
     given = {p.host: p for p in peers}
     with state.lock:
-        if state.pipeline is not None:
-            state.pipeline.stop()
-            state.pipeline, state.running = None, ""
+        # the new pipeline starts beside the running one, which serves until the new one is up
         pipeline = Pipeline(manifest, folder, max_inflight)
         missing = [h for h in pipeline.peer_hosts if h not in given]
         if missing:
@@ -138,7 +188,10 @@ def start_pipeline(state: AgentState, sha: str, max_inflight: int = 0, peers: It
         except BaseException:
             pipeline.stop()
             raise
+        old = state.pipeline
         state.pipeline, state.running = pipeline, sha
+    if old is not None:
+        old.stop()
     return manifest
 
 
@@ -191,8 +244,10 @@ def require_pipeline(state: AgentState) -> Pipeline:
 def benchmark(state: AgentState, frames: int, warmup: int, seed: int) -> BenchmarkResult:
     pipeline = require_pipeline(state)
     active, idle, cores = pipeline.manifest.power
-    if frames < 1:
-        raise ValueError("frames must be at least 1")
+    if not 1 <= frames <= MAX_FRAMES:
+        raise ValueError(f"frames must be between 1 and {MAX_FRAMES}, got {frames}")
+    if warmup > MAX_WARMUP:
+        raise ValueError(f"warmup must be at most {MAX_WARMUP} frames, got {warmup}")
     return run_benchmark(pipeline, frames, warmup, seed, PowerModel(active, idle), int(cores))
 
 
@@ -225,11 +280,32 @@ def status(state: AgentState) -> pb.StatusReply:
         hostname=socket.gethostname(),
         workdir=str(state.workdir),
         providers=ort.get_available_providers(),
+        frames_in_flight=pipeline.in_flight if pipeline is not None else 0,
     )
+
+
+def check_profile_request(request: pb.ProfileRequest) -> None:
+    """Refuse requests that would tie the board up: bounded threads, repeats, warm-up runs, known cores."""
+    usable = sorted(os.sched_getaffinity(0))
+    if request.threads > min(MAX_THREADS, len(usable)):
+        raise ValueError(
+            f"threads must be at most {min(MAX_THREADS, len(usable))} (the cores here), got {request.threads}"
+        )
+    if request.repeats > MAX_REPEATS:
+        raise ValueError(f"repeats must be at most {MAX_REPEATS}, got {request.repeats}")
+    if request.warmup > MAX_WARMUP:
+        raise ValueError(f"warmup must be at most {MAX_WARMUP}, got {request.warmup}")
+    unknown = sorted(set(request.cores) - set(usable))
+    if unknown:
+        raise ValueError(f"cores {unknown} are not among this agent's cores {usable}")
+    if not 0.0 <= request.throttle_percent <= 100.0:
+        raise ValueError(f"throttle_percent must be within 0..100, got {request.throttle_percent}")
 
 
 def profile_ops(request: pb.ProfileRequest) -> pb.ProfileReply:
     import onnxruntime as ort
+
+    check_profile_request(request)
 
     from agents.executor import generate_inputs
     from agents.tensors import arrays_from

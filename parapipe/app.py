@@ -62,8 +62,19 @@ def fails_cleanly(fn: F) -> F:
         except KeyboardInterrupt:
             err.print("interrupted")
             raise typer.Exit(130) from None
+        except Exception as exc:
+            if not _is_agent_error(exc):
+                raise
+            err.print(f"[bold red]error:[/] the agent failed: {exc}", highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def _is_agent_error(exc: BaseException) -> bool:
+    """An agent's refusal or failure (``agents.client.AgentError``), checked without importing grpc."""
+    client = sys.modules.get("agents.client")
+    return client is not None and isinstance(exc, client.AgentError)
 
 
 def print_json(data: object) -> None:

@@ -10,10 +10,12 @@ agent directly, with no SSH tunnel, and other boards can stream tensors to it.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
 import tomllib
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -65,16 +67,41 @@ def load_boards() -> dict[str, Board]:
     except (tomllib.TOMLDecodeError, OSError) as exc:
         raise BoardError(f"{path} is not valid TOML ({exc}); fix or remove it") from None
     boards = {}
-    fields = set(Board.__dataclass_fields__)
-    for name, raw in data.get("boards", {}).items():
-        unknown = set(raw) - fields
+    fields = Board.__dataclass_fields__
+    table = data.get("boards", {})
+    if not isinstance(table, dict):
+        raise BoardError(f"{path}: `boards` must be a table of boards ([boards.NAME] sections), not {table!r}")
+    for name, raw in table.items():
+        if not isinstance(raw, dict):
+            raise BoardError(f"{path}: boards.{name} must be a table of fields, not {raw!r}")
+        unknown = set(raw) - set(fields)
         if unknown:
             raise BoardError(f"{path}: boards.{name}: unknown field(s) {sorted(unknown)}")
+        for k, v in raw.items():
+            want = _FIELD_TYPES.get(str(fields[k].type))
+            if want is not None and (not isinstance(v, want) or isinstance(v, bool)):
+                raise BoardError(f"{path}: boards.{name}.{k} must be {fields[k].type}, not {v!r}")
         try:
             boards[name] = Board(name=name, **{k: v for k, v in raw.items() if k != "name"})
         except TypeError as exc:
             raise BoardError(f"{path}: boards.{name}: {exc}") from None
     return boards
+
+
+_FIELD_TYPES: dict[str, type | tuple[type, ...]] = {"str": str, "int": int, "float": (int, float)}
+
+
+@contextmanager
+def inventory_lock() -> Iterator[None]:
+    """Serialise read-modify-write of the inventory between processes (an flock on a file beside it)."""
+    path = inventory_path().with_name("boards.toml.lock")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def get_board(name: str) -> Board:
@@ -105,9 +132,15 @@ def save_boards(boards: dict[str, Board]) -> Path:
         lines.append("")
     path = inventory_path()
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text("\n".join(lines))
-    os.replace(tmp, path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    try:
+        with open(tmp, "w") as fh:
+            fh.write("\n".join(lines))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return path
 
 
@@ -132,9 +165,10 @@ def add_board(board: Board) -> Path:
     from device_profiles.loader import load_profile
 
     load_profile(board.device)  # refuses unknown profiles with the list of known ones
-    boards = load_boards()
-    boards[board.name] = board
-    return save_boards(boards)
+    with inventory_lock():
+        boards = load_boards()
+        boards[board.name] = board
+        return save_boards(boards)
 
 
 def _check_direct(board: Board) -> None:

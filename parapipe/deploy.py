@@ -5,8 +5,16 @@ the board-side wheel is installed into a venv on the board only when its content
 changed; the agent is started detached (pidfile, log in the working directory) or kept
 if it runs the current code; the bundle goes up through the agent (temporary folder,
 sha256 checked, renamed into place) unless the agent has it; then the pipeline starts
-and the hashes are confirmed. Everything deploy creates is listed in
-``<workdir>/.parapipe-deployed.json`` so ``undeploy`` removes exactly that.
+and the hashes are confirmed. Every path deploy creates is listed in
+``<workdir>/.parapipe-deployed.json`` once it exists (never before, never a path that was
+there already) so ``undeploy`` removes exactly that; a workdir that already holds such
+paths deploy did not make is refused.
+
+The board lock names its owner (host, process, time); a lock whose owner is a dead
+process on this host, or older than ``LOCK_STALE_S``, is taken over. ``agent.pid`` holds
+the agent's pid and its start time, and both (and the command line) are checked before
+the process is reported as the agent or signalled, so a pid reused after a reboot is
+left alone.
 """
 
 from __future__ import annotations
@@ -14,8 +22,11 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import os
 import shlex
+import socket
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +40,7 @@ from parapipe.ssh import BoardConnection
 
 RECORD = ".parapipe-deployed.json"
 DEPS_CHECK = "import onnxruntime, grpc, numpy, psutil"
+LOCK_STALE_S = 2 * 3600  # longer than any deploy takes (the slowest step, a pip install, has 30 min)
 
 
 @dataclass(frozen=True)
@@ -58,18 +70,82 @@ def host_lock(board: Board) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+def _owner() -> dict[str, object]:
+    return {"host": socket.gethostname(), "pid": os.getpid(), "id": uuid.uuid4().hex, "since": time.time()}
+
+
+def _owner_dead(owner: dict) -> bool:
+    """The lock's owner is a process on this host that no longer runs."""
+    if owner.get("host") != socket.gethostname() or not isinstance(owner.get("pid"), int):
+        return False
+    try:
+        os.kill(owner["pid"], 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def _try_lock(conn: BoardConnection, lock: str, owner: str) -> tuple[bool, int, str]:
+    """(taken, age in seconds by the board's clock, the holder's owner record)."""
+    q = shlex.quote
+    script = (
+        f'L={q(lock)}; if mkdir "$L" 2>/dev/null; then printf %s {q(owner)} > "$L/owner"; echo taken; exit 0; fi; '
+        'echo held "$(( $(date +%s) - $(stat -c %Y "$L" 2>/dev/null || date +%s) ))"; cat "$L/owner" 2>/dev/null; exit 0'
+    )
+    _, out, _ = conn.shell(script)
+    first, _, rest = out.partition("\n")
+    if first.strip() == "taken":
+        return True, 0, ""
+    return False, int(first.split()[1]), rest.strip()
+
+
+def _take_over(conn: BoardConnection, lock: str, owner: str, holder: str, stale_after: int) -> bool:
+    """Move a stale lock aside and take it, unless it changed since it was judged stale."""
+    q = shlex.quote
+    aside = f"{lock}.stale-{uuid.uuid4().hex[:8]}"
+    script = (
+        f'L={q(lock)}; [ "$(cat "$L/owner" 2>/dev/null)" = {q(holder)} ] || exit 1; '
+        f'[ $(( $(date +%s) - $(stat -c %Y "$L") )) -ge {int(stale_after)} ] || [ {q(holder)} != "" ] || exit 1; '
+        f'mv "$L" {q(aside)} || exit 1; rm -rf {q(aside)}; mkdir "$L" || exit 1; '
+        f'printf %s {q(owner)} > "$L/owner"'
+    )
+    return conn.shell(script, check=False)[0] == 0
+
+
 @contextlib.contextmanager
-def board_lock(conn: BoardConnection, wd: str) -> Iterator[None]:
+def board_lock(conn: BoardConnection, wd: str, stale_after: int = LOCK_STALE_S) -> Iterator[None]:
+    """One deploy per board: a lock folder naming its owner; a dead or stale owner's lock is taken over."""
     lock = f"{wd}/.deploy.lock"
-    code, _, _ = conn.run(["mkdir", lock], check=False)
-    if code != 0:
-        raise DeployError(
-            f"board {conn.board.name} is locked by another deploy ({lock} exists); if no deploy is running, remove it"
-        )
+    owner = json.dumps(_owner(), sort_keys=True)
+    taken, age, holder = _try_lock(conn, lock, owner)
+    if not taken:
+        try:
+            record = json.loads(holder) if holder else {}
+        except json.JSONDecodeError:
+            record = {}
+        record = record if isinstance(record, dict) else {}
+        stale = _owner_dead(record) or age >= stale_after
+        if not (stale and _take_over(conn, lock, owner, holder, stale_after)):
+            who = (
+                f"process {record.get('pid')} on {record.get('host')}"
+                if record
+                else "a deploy that did not say who it is"
+            )
+            raise DeployError(
+                f"board {conn.board.name} is locked by another deploy ({who}, {age}s ago; lock {lock}); "
+                f"wait for it to finish; a lock older than {stale_after // 60} min or of a dead process is taken over"
+            )
     try:
         yield
     finally:
-        conn.run(["rm", "-rf", lock], check=False)
+        q = shlex.quote
+        # release only our own lock (a stale one may have been taken over from us)
+        conn.shell(
+            f'[ "$(cat {q(lock + "/owner")} 2>/dev/null)" = {q(owner)} ] && rm -rf {q(lock)}',
+            check=False,
+        )
 
 
 def _paths(wd: str) -> dict[str, str]:
@@ -83,11 +159,51 @@ def _paths(wd: str) -> dict[str, str]:
     }
 
 
-def _record(conn: BoardConnection, wd: str, extra: list[str]) -> None:
+def _recorded(conn: BoardConnection, wd: str) -> set[str]:
     code, out, _ = conn.run(["cat", f"{wd}/{RECORD}"], check=False)
-    entries = set(json.loads(out)) if code == 0 and out.strip() else set()
-    entries.update(extra)
+    if code != 0 or not out.strip():
+        return set()
+    try:
+        entries = json.loads(out)
+    except json.JSONDecodeError:
+        raise DeployError(f"{wd}/{RECORD} on board {conn.board.name} is damaged; check and remove it") from None
+    return {e for e in entries if isinstance(e, str)} if isinstance(entries, list) else set()
+
+
+def _existing(conn: BoardConnection, paths: list[str]) -> set[str]:
+    script = 'for p in "$@"; do [ -e "$p" ] || [ -L "$p" ] && printf "%s\\0" "$p"; done; exit 0'
+    _, out, _ = conn.shell(shlex.join(["sh", "-c", script, "sh", *paths]))
+    return {x for x in out.split("\0") if x}
+
+
+def _record(conn: BoardConnection, wd: str, created: set[str]) -> None:
+    """Add paths deploy has just created (they exist now, and did not before) to the record."""
+    if not created:
+        return
+    entries = _recorded(conn, wd) | created
     conn.run(["sh", "-c", f"cat > {shlex.quote(wd + '/' + RECORD)}"], stdin=json.dumps(sorted(entries)).encode())
+
+
+class _Creations:
+    """Tracks the managed paths that did not exist before this deploy, to record each once it exists."""
+
+    def __init__(self, conn: BoardConnection, wd: str) -> None:
+        self.conn, self.wd = conn, wd
+        managed = list(_paths(wd).values())
+        existing = _existing(conn, managed)
+        foreign = sorted(existing - _recorded(conn, wd))
+        if foreign:
+            raise DeployError(
+                f"the workdir {wd} on board {conn.board.name} already holds {', '.join(foreign)}, which parapipe "
+                "did not create; deploy would overwrite them and undeploy would delete them. Give the board "
+                "another workdir (boards add --workdir) or move them away"
+            )
+        self.absent = set(managed) - existing
+
+    def record(self) -> None:
+        now = _existing(self.conn, sorted(self.absent))
+        _record(self.conn, self.wd, now)
+        self.absent -= now
 
 
 def ensure_agent_installed(conn: BoardConnection, wd: str, progress=None) -> bool:
@@ -126,19 +242,42 @@ def ensure_agent_installed(conn: BoardConnection, wd: str, progress=None) -> boo
     return True
 
 
+# Prints the agent's pid if agent.pid names a live process that is this workdir's agent: the start time
+# recorded beside the pid (field 22 of /proc/PID/stat) matches, and its command line runs agents.server
+# with this pid file. A pid reused after a reboot or a crash fails one of these.
+_VERIFY_PID = r"""
+f="$1"; [ -f "$f" ] || exit 1
+read pid start < "$f" || [ -n "$pid" ] || exit 1
+case "$pid" in ''|*[!0-9]*) exit 1;; esac
+[ -r "/proc/$pid/stat" ] || exit 1
+now=$(sed 's/^.*) //' "/proc/$pid/stat" | cut -d' ' -f20)
+[ -z "$start" ] || [ "$now" = "$start" ] || exit 1
+tr '\0' '\n' < "/proc/$pid/cmdline" | grep -qx 'agents.server' || exit 1
+tr '\0' '\n' < "/proc/$pid/cmdline" | grep -qxF -- "$f" || exit 1
+echo "$pid"
+"""
+
+
+def agent_pid(conn: BoardConnection, wd: str) -> int | None:
+    """The pid of this workdir's agent if it runs (pid, start time and command line checked), else None."""
+    code, out, _ = conn.run(["sh", "-c", _VERIFY_PID, "sh", _paths(wd)["pid"]], check=False)
+    return int(out.strip()) if code == 0 and out.strip().isdigit() else None
+
+
 def agent_running(conn: BoardConnection, wd: str) -> bool:
-    p = _paths(wd)
-    script = f'test -f {shlex.quote(p["pid"])} && kill -0 "$(cat {shlex.quote(p["pid"])})" 2>/dev/null'
-    return conn.shell(script, check=False)[0] == 0
+    return agent_pid(conn, wd) is not None
 
 
 def stop_agent(conn: BoardConnection, wd: str) -> bool:
+    """SIGTERM the verified agent (it drains), SIGKILL it after 15 s; a pid file naming another process is
+    removed without signalling anything."""
     p = _paths(wd)
-    if not agent_running(conn, wd):
+    pid = agent_pid(conn, wd)
+    if pid is None:
+        conn.run(["rm", "-f", p["pid"]], check=False)
         return False
-    pid = shlex.quote(p["pid"])
     conn.shell(
-        f'kill "$(cat {pid})"; for i in $(seq 50); do kill -0 "$(cat {pid})" 2>/dev/null || exit 0; sleep 0.1; done; kill -9 "$(cat {pid})"',
+        f"kill {pid}; for i in $(seq 150); do kill -0 {pid} 2>/dev/null || exit 0; sleep 0.1; done; kill -9 {pid}",
         check=False,
     )
     conn.run(["rm", "-f", p["pid"]], check=False)
@@ -179,19 +318,29 @@ def agent_client(conn: BoardConnection) -> Iterator[AgentClient]:
         yield client
 
 
+def _install_and_start(conn: BoardConnection, wd: str, progress=None) -> tuple[bool, bool]:
+    """(wheel uploaded, agent restarted); records each managed path once deploy has created it."""
+    creations = _Creations(conn, wd)
+    try:
+        uploaded = ensure_agent_installed(conn, wd, progress)
+        creations.record()
+        restarted = False
+        if uploaded or not agent_running(conn, wd):
+            stop_agent(conn, wd)
+            start_agent(conn, wd)
+            restarted = True
+    finally:
+        creations.record()
+    return uploaded, restarted
+
+
 def ensure_agent(board: Board, progress=None) -> bool:
     """Install and start the agent on a board if needed (no bundle); True if it was (re)started."""
     with host_lock(board), BoardConnection(board) as conn:
         wd = conn.path(board.workdir)
         conn.run(["mkdir", "-p", wd])
         with board_lock(conn, wd):
-            _record(conn, wd, [*(_paths(wd).values())])
-            uploaded = ensure_agent_installed(conn, wd, progress)
-            if uploaded or not agent_running(conn, wd):
-                stop_agent(conn, wd)
-                start_agent(conn, wd)
-                return True
-    return False
+            return _install_and_start(conn, wd, progress)[1]
 
 
 def deploy(board: Board, bundle: Path, progress=None) -> DeployResult:
@@ -199,13 +348,7 @@ def deploy(board: Board, bundle: Path, progress=None) -> DeployResult:
         wd = conn.path(board.workdir)
         conn.run(["mkdir", "-p", wd])
         with board_lock(conn, wd):
-            _record(conn, wd, [*(_paths(wd).values())])
-            uploaded = ensure_agent_installed(conn, wd, progress)
-            restarted = False
-            if uploaded or not agent_running(conn, wd):
-                stop_agent(conn, wd)
-                start_agent(conn, wd)
-                restarted = True
+            uploaded, restarted = _install_and_start(conn, wd, progress)
             with agent_client(conn) as client:
                 reply = client.load_bundle(bundle, progress)
                 client.start(reply.bundle_sha256)

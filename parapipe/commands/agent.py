@@ -90,11 +90,21 @@ def serve(
     tls_key: Annotated[Path | None, typer.Option("--tls-key")] = None,
     tls_ca: Annotated[Path | None, typer.Option("--tls-ca")] = None,
     port_file: Annotated[Path | None, typer.Option("--port-file", help="Write the bound port here.")] = None,
+    insecure: Annotated[
+        bool,
+        typer.Option(
+            "--insecure", help="Serve on a network address without a token (anyone who can reach it may run models)."
+        ),
+    ] = False,
 ) -> None:
-    """Run the board agent in the foreground (the same as `python -m agents.server`)."""
+    """Run the board agent in the foreground (the same as `python -m agents.server`).
+
+    Off loopback it needs --token-file (and TLS, or it warns) unless --insecure is given."""
     from agents.server import main
 
     argv = ["--host", host, "--port", str(port), "--workdir", str(workdir or Path.home() / ".parapipe-agent")]
+    if insecure:
+        argv.append("--insecure")
     for flag, value in (
         ("--token-file", token_file),
         ("--tls-cert", tls_cert),
@@ -116,9 +126,10 @@ def agent_status(
 ) -> None:
     """Health, readiness, loaded bundles, cores and versions of an agent."""
     from agents.client import AgentClient, AgentError
+    from parapipe.boards import read_secret
     from parapipe.local_agent import DeployError
 
-    token = token_file.read_text().strip() if token_file else None
+    token = read_secret(str(token_file)).decode() if token_file else None
     with AgentClient(address, token, timeout=5) as client:
         try:
             live = client.health()

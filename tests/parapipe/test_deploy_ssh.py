@@ -47,7 +47,7 @@ def board(sshd, tmp_path):
     pid = workdir / "agent.pid"
     if pid.exists():
         with contextlib.suppress(OSError, ValueError):
-            os.kill(int(pid.read_text()), signal.SIGTERM)
+            os.kill(int(pid.read_text().split()[0]), signal.SIGTERM)
 
 
 @pytest.fixture(scope="module")
@@ -248,3 +248,94 @@ def test_remote_profiling_session_caches_on_the_host(board, tmp_path, monkeypatc
     again = CliRunner().invoke(app, args)
     assert json.loads(again.stdout)["measured"] == 0, "a repeated session reuses the host's cache"
     do_undeploy(dataclasses.replace(board, name="prof-board"))
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def test_a_lock_left_by_a_dead_or_stale_deploy_is_taken_over(board, tmp_path) -> None:
+    import socket
+    import time
+
+    from parapipe.deploy import board_lock
+
+    with BoardConnection(board) as conn:
+        wd = conn.path(board.workdir)
+        conn.run(["mkdir", "-p", wd])
+        lock = Path(wd) / ".deploy.lock"
+
+        def leave_lock(owner: dict, age_s: float = 0.0) -> None:
+            lock.mkdir()
+            (lock / "owner").write_text(json.dumps(owner, sort_keys=True))
+            if age_s:
+                then = time.time() - age_s
+                os.utime(lock, (then, then))
+
+        # a deploy on this host that died (its process is gone): taken over at once
+        leave_lock({"host": socket.gethostname(), "pid": _dead_pid(), "id": "x", "since": 0})
+        with board_lock(conn, wd):
+            assert json.loads((lock / "owner").read_text())["pid"] == os.getpid()
+        assert not lock.exists()
+
+        # a running deploy elsewhere: refused, naming it
+        leave_lock({"host": "other-host", "pid": 4242, "id": "y", "since": 0})
+        with pytest.raises(DeployError, match="process 4242 on other-host"):
+            with board_lock(conn, wd):
+                pass
+        assert json.loads((lock / "owner").read_text())["host"] == "other-host", "a live lock was touched"
+        import shutil
+
+        shutil.rmtree(lock)
+
+        # a lock older than any deploy (its owner's host went away): taken over
+        leave_lock({"host": "other-host", "pid": 4242, "id": "z", "since": 0}, age_s=3 * 3600)
+        with board_lock(conn, wd):
+            assert json.loads((lock / "owner").read_text())["pid"] == os.getpid()
+        assert not lock.exists()
+
+        # a lock folder without an owner (a deploy died right after mkdir): taken over once it is old
+        lock.mkdir()
+        then = time.time() - 3 * 3600
+        os.utime(lock, (then, then))
+        with board_lock(conn, wd):
+            pass
+        assert not lock.exists()
+
+
+def test_a_pid_file_naming_another_process_is_neither_reported_nor_killed(board, tmp_path) -> None:
+    from parapipe.deploy import agent_running, stop_agent
+
+    other = subprocess.Popen(["sleep", "300"])
+    try:
+        with BoardConnection(board) as conn:
+            wd = conn.path(board.workdir)
+            conn.run(["mkdir", "-p", wd])
+            pid_file = Path(wd) / "agent.pid"
+            for text in (f"{other.pid}\n", f"{other.pid} 12345\n"):  # an old-style pid file; a wrong start time
+                pid_file.write_text(text)
+                assert not agent_running(conn, wd)
+                assert not stop_agent(conn, wd)
+                assert other.poll() is None, "stop_agent killed a process that is not the agent"
+        pid_file.write_text(f"{other.pid}\n")
+        undeploy(board)
+        assert other.poll() is None, "undeploy killed a process that is not the agent"
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_deploy_refuses_a_workdir_holding_files_it_did_not_create(board, bundle, monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("PARAPIPE_HOME", str(tmp_path / "home"))
+    folder, _ = bundle
+    workdir = Path(board.workdir)
+    (workdir / "venv").mkdir(parents=True)
+    (workdir / "venv" / "mine.txt").write_text("the user's")
+    (workdir / "agent.log").write_text("the user's log")
+    with pytest.raises(DeployError, match="did not create"):
+        deploy(board, folder)
+    undeploy(board)
+    assert (workdir / "venv" / "mine.txt").read_text() == "the user's"
+    assert (workdir / "agent.log").read_text() == "the user's log"

@@ -1,0 +1,254 @@
+"""An agent that runs unattended: failed frames, deadlines, stops and overload, on real agent processes.
+
+Frames come from tiny hand-made bundles (``tests.agents.tiny``): an index past the table
+fails in stage 0. Timeouts here are hang guards only; nothing asserts how long a call took.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+
+from agents.bundle import MANIFEST, parse_manifest
+from agents.client import AgentClient, AgentError
+from agents.peers import Peer
+from agents.proto import health_pb2, health_pb2_grpc
+from agents.proto import parapipe_agent_pb2 as pb
+from agents.server import CALL_LIMITS
+from agents.tensors import frame_message
+from parapipe.local_agent import LocalAgent
+from tests.agents.tiny import TABLE_ROWS, expected, frame, write_tiny_bundle
+
+GUARD_S = 30.0  # hang guard: a call that should return at once gets this long
+
+
+def _sha(folder: Path) -> str:
+    return parse_manifest((folder / MANIFEST).read_text()).sha256()
+
+
+def _eventually(what: str, check: Callable[[], bool], timeout: float = GUARD_S) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"never happened: {what}")
+        time.sleep(0.1)
+
+
+def _calls(client: AgentClient) -> dict[str, pb.CallStats]:
+    return {c.kind: c for c in client.status().calls}
+
+
+def _start_two_hosts(
+    stack: ExitStack, tmp_path: Path, stages: int, max_inflight: int, extra_env: dict[str, str] | None = None
+) -> tuple[LocalAgent, LocalAgent]:
+    """Agents for hosts a (entry, stage 0) and b (the other stages) of a tiny plan, started b first."""
+    a = stack.enter_context(LocalAgent(extra_env=extra_env))
+    b = stack.enter_context(LocalAgent(extra_env=extra_env))
+    parts = {h: write_tiny_bundle(tmp_path / h, stages, max_inflight, host=h) for h in ("a", "b")}
+    for agent, h in ((a, "a"), (b, "b")):
+        agent.client.load_bundle(parts[h])
+    b.client.start(_sha(parts["b"]), peers=[Peer("a", f"127.0.0.1:{a.port}")])
+    a.client.start(_sha(parts["a"]), peers=[Peer("b", f"127.0.0.1:{b.port}")])
+    return a, b
+
+
+def _check_frames_flow(client: AgentClient, stages: int, count: int = 6) -> None:
+    for i in range(count):
+        got = client.infer(frame(i % TABLE_ROWS), frame_id=i)
+        assert np.array_equal(got[f"t{stages - 1}"], expected(i % TABLE_ROWS, stages))
+
+
+def test_a_frame_failing_in_stage_0_does_not_wedge_later_stages(tmp_path: Path) -> None:
+    folder = write_tiny_bundle(tmp_path / "b", stages=3, max_inflight=2)
+    with LocalAgent() as agent:
+        client = agent.client
+        client.timeout = GUARD_S
+        client.start(client.load_bundle(folder).bundle_sha256)
+        for _ in range(3):  # more failed frames than max_inflight
+            with pytest.raises(AgentError) as info:
+                client.infer(frame(TABLE_ROWS + 7))
+            assert info.value.code == grpc.StatusCode.FAILED_PRECONDITION and "partition s0" in str(info.value)
+            _check_frames_flow(client, stages=3, count=3)
+        assert client.ready()
+        _eventually("no frame left in flight", lambda: client.status().frames_in_flight == 0)
+
+
+def test_a_frame_failing_on_the_entry_host_is_skipped_on_the_other_host(tmp_path: Path) -> None:
+    with ExitStack() as stack:
+        a, _ = _start_two_hosts(stack, tmp_path, stages=3, max_inflight=2)
+        a.client.timeout = GUARD_S
+        for _ in range(3):
+            with pytest.raises(AgentError, match="partition s0"):
+                a.client.infer(frame(TABLE_ROWS))
+            _check_frames_flow(a.client, stages=3, count=3)
+        assert a.client.ready()
+
+
+def test_expired_deadlines_free_their_frame_and_server_thread(tmp_path: Path) -> None:
+    """Host b stops answering (SIGSTOP): every Infer on a ends at its deadline with DEADLINE_EXCEEDED,
+    gives its frame up, and holds no server thread; once b is back, frames flow again."""
+    with ExitStack() as stack:
+        a, b = _start_two_hosts(stack, tmp_path, stages=2, max_inflight=2)
+        a.client.timeout = GUARD_S
+        _check_frames_flow(a.client, stages=2, count=2)
+        assert b.process is not None
+        os.kill(b.process.pid, signal.SIGSTOP)
+        try:
+            for i in range(5):  # more than max_inflight
+                with pytest.raises(grpc.RpcError) as raw:
+                    a.client.stub.Infer(frame_message(100 + i, frame(1)), timeout=1.0)
+                assert raw.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            _eventually("every Infer thread released", lambda: _calls(a.client)["Infer"].active == 0)
+            _eventually("every given-up frame freed", lambda: a.client.status().frames_in_flight == 0)
+        finally:
+            os.kill(b.process.pid, signal.SIGCONT)
+        _check_frames_flow(a.client, stages=2, count=3)
+        assert "internal error" not in a.log_path.read_text()
+
+
+def test_stop_wakes_callers_waiting_for_a_slot_and_stream_feeds(tmp_path: Path) -> None:
+    with ExitStack() as stack:
+        a, b = _start_two_hosts(stack, tmp_path, stages=2, max_inflight=2)
+        a.client.timeout = GUARD_S
+        _check_frames_flow(a.client, stages=2, count=1)
+        assert b.process is not None
+        os.kill(b.process.pid, signal.SIGSTOP)  # frames go to b and never come back
+        stack.callback(os.kill, b.process.pid, signal.SIGCONT)
+        hold = threading.Event()
+        stack.callback(hold.set)
+
+        def requests() -> Iterator[pb.Frame]:
+            for i in range(5):
+                yield frame_message(i, frame(1))
+            hold.wait(GUARD_S)
+
+        codes: list[grpc.StatusCode] = []
+
+        def stream() -> None:
+            try:
+                list(a.client.stub.InferStream(requests(), timeout=4 * GUARD_S))
+            except grpc.RpcError as exc:
+                codes.append(exc.code())
+
+        def infer() -> None:
+            try:
+                a.client.stub.Infer(frame_message(9, frame(1)), timeout=4 * GUARD_S)
+            except grpc.RpcError as exc:
+                codes.append(exc.code())
+
+        threads = [threading.Thread(target=f) for f in (stream, infer, infer)]
+        for t in threads:
+            t.start()
+        _eventually("the stream feed and two Infer calls wait", lambda: a.client.status().stream_feeds == 1)
+        _eventually("two Infer calls wait", lambda: _calls(a.client)["Infer"].active == 2)
+        assert a.client.stop()
+        for t in threads:
+            t.join(GUARD_S)
+            assert not t.is_alive(), "a caller still waits after StopPipeline"
+        assert codes == [grpc.StatusCode.FAILED_PRECONDITION] * 3
+        _eventually("the stream's feed thread ended", lambda: a.client.status().stream_feeds == 0)
+
+
+def test_health_is_answered_with_every_stream_kind_at_its_limit(tmp_path: Path) -> None:
+    folder = write_tiny_bundle(tmp_path / "b", stages=2, max_inflight=2)
+    with LocalAgent() as agent, ExitStack() as stack:
+        client = agent.client
+        client.start(client.load_bundle(folder).bundle_sha256)
+        health = health_pb2_grpc.HealthStub(client.channel)
+        hold = threading.Event()
+        stack.callback(hold.set)
+
+        watches = []
+        for _ in range(CALL_LIMITS["Watch"]):
+            w = health.Watch(health_pb2.HealthCheckRequest(service=""), timeout=4 * GUARD_S)
+            assert next(w).status == health_pb2.HealthCheckResponse.SERVING
+            watches.append(w)
+            stack.callback(w.cancel)
+
+        def idle() -> Iterator[pb.Frame]:
+            hold.wait(4 * GUARD_S)
+            yield from ()
+
+        streams = []
+        for _ in range(CALL_LIMITS["InferStream"]):
+            s = client.stub.InferStream(idle(), timeout=4 * GUARD_S)
+            streams.append(s)
+            stack.callback(s.cancel)
+        _eventually("every stream runs", lambda: _calls(client)["InferStream"].active == CALL_LIMITS["InferStream"])
+
+        assert client.health(timeout=GUARD_S) == "SERVING"  # liveness answers
+        assert client.ready()
+        with pytest.raises(grpc.RpcError) as raw:
+            next(health.Watch(health_pb2.HealthCheckRequest(service=""), timeout=GUARD_S))
+        assert raw.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        with pytest.raises(grpc.RpcError) as raw:
+            next(client.stub.InferStream(idle(), timeout=GUARD_S))
+        assert raw.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "limit" in raw.value.details()
+        calls = _calls(client)
+        assert calls["Watch"].refused == 1 and calls["InferStream"].refused == 1
+        assert np.array_equal(client.infer(frame(2))["t1"], expected(2, 2))  # frames still flow
+
+        for call in (*watches, *streams):
+            call.cancel()
+        _eventually(
+            "cancelled streams give their places back",
+            lambda: _calls(client)["Watch"].active == 0 and _calls(client)["InferStream"].active == 0,
+        )
+
+
+def test_sigterm_lets_frames_in_flight_finish_then_exits_0(tmp_path: Path) -> None:
+    """SIGTERM while two frames wait on host b: a refuses new frames, finishes those two once b answers,
+    and exits 0."""
+    import sys
+
+    argv = [sys.executable, "-m", "agents.server", "--grace", str(GUARD_S)]
+    with ExitStack() as stack:
+        b = stack.enter_context(LocalAgent())
+        a = stack.enter_context(LocalAgent(python=argv))
+        parts = {h: write_tiny_bundle(tmp_path / h, 2, 2, host=h) for h in ("a", "b")}
+        a.client.load_bundle(parts["a"])
+        b.client.load_bundle(parts["b"])
+        b.client.start(_sha(parts["b"]), peers=[Peer("a", f"127.0.0.1:{a.port}")])
+        a.client.start(_sha(parts["a"]), peers=[Peer("b", f"127.0.0.1:{b.port}")])
+        a.client.timeout = 2 * GUARD_S
+        _check_frames_flow(a.client, stages=2, count=1)
+        assert a.process is not None and b.process is not None
+        os.kill(b.process.pid, signal.SIGSTOP)
+        stack.callback(os.kill, b.process.pid, signal.SIGCONT)
+        results: list[object] = []
+
+        def infer(i: int) -> None:
+            try:
+                results.append(a.client.infer(frame(i), frame_id=i)["t1"])
+            except AgentError as exc:
+                results.append(exc)
+
+        threads = [threading.Thread(target=infer, args=(i,)) for i in (1, 2)]
+        for t in threads:
+            t.start()
+        _eventually("two frames in flight", lambda: a.client.status().frames_in_flight == 2)
+        a.process.send_signal(signal.SIGTERM)
+        _eventually("a refuses new calls", lambda: _refused(a.client))
+        os.kill(b.process.pid, signal.SIGCONT)
+        for t in threads:
+            t.join(2 * GUARD_S)
+        assert a.process.wait(2 * GUARD_S) == 0
+        assert len(results) == 2 and all(isinstance(r, np.ndarray) for r in results), results
+        assert "draining" in a.log_path.read_text()
+
+
+def _refused(client: AgentClient) -> bool:
+    try:
+        client.status()
+    except AgentError:
+        return True
+    return False

@@ -1,0 +1,218 @@
+"""Bundles and requests an attacker or a flaky link sends: bounded, streamed to disk, never fatal to the agent.
+
+Every test runs real agent processes; timeouts are hang guards only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+
+from agents.bundle import MANIFEST, parse_manifest
+from agents.client import AgentError
+from agents.proto import parapipe_agent_pb2 as pb
+from parapipe.local_agent import LocalAgent
+from tests.agents.test_reliability import GUARD_S, _eventually, _sha, _start_two_hosts
+from tests.agents.tiny import TABLE_ROWS, expected, frame, write_tiny_bundle
+
+
+def _chunks(sha: str, manifest_text: str, files: dict[str, bytes]) -> Iterator[pb.BundleChunk]:
+    yield pb.BundleChunk(bundle_sha256=sha, manifest_json=manifest_text)
+    for name, data in files.items():
+        yield pb.BundleChunk(bundle_sha256=sha, file=name, offset=0, data=data)
+
+
+def _upload(client, folder: Path) -> Iterator[pb.BundleChunk]:
+    text = (folder / MANIFEST).read_text()
+    files = {p.file: (folder / p.file).read_bytes() for p in parse_manifest(text).local_partitions()}
+    return _chunks(parse_manifest(text).sha256(), text, files)
+
+
+def _peak_rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmHWM")
+
+
+def test_chunk_offsets_must_follow_the_file(tmp_path: Path) -> None:
+    folder = write_tiny_bundle(tmp_path / "b")
+    text = (folder / MANIFEST).read_text()
+    sha = parse_manifest(text).sha256()
+    with LocalAgent() as agent:
+        for offset in (1 << 40, 1):  # far past the end (a sparse file to hash), or a hole
+            chunks = [
+                pb.BundleChunk(bundle_sha256=sha, manifest_json=text),
+                pb.BundleChunk(bundle_sha256=sha, file="s0.onnx", offset=offset, data=b"xx"),
+            ]
+            with pytest.raises(grpc.RpcError) as raw:
+                agent.client.stub.LoadBundle(iter(chunks), timeout=GUARD_S)
+            assert raw.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "in order" in raw.value.details()
+        assert not list((Path(agent.workdir) / "bundles").iterdir())
+
+
+def test_an_upload_is_streamed_to_disk_not_held_in_memory(tmp_path: Path) -> None:
+    """The first chunk carries manifest and data (allowed): the rest of the stream must still not pile up
+    in the agent's memory (it grows by far less than the 256 MiB sent)."""
+    folder = write_tiny_bundle(tmp_path / "b")
+    text = (folder / MANIFEST).read_text()
+    sha = parse_manifest(text).sha256()
+    model = (folder / "s0.onnx").read_bytes()
+    block = b"\1" * (1 << 20)
+
+    def chunks() -> Iterator[pb.BundleChunk]:
+        yield pb.BundleChunk(bundle_sha256=sha, manifest_json=text, file="s0.onnx", offset=0, data=model)
+        offset = len(model)
+        for _ in range(256):
+            yield pb.BundleChunk(bundle_sha256=sha, file="s0.onnx", offset=offset, data=block)
+            offset += len(block)
+
+    with LocalAgent() as agent:
+        assert agent.process is not None
+        before = _peak_rss_kib(agent.process.pid)
+        with pytest.raises(grpc.RpcError) as raw:
+            agent.client.stub.LoadBundle(chunks(), timeout=4 * GUARD_S)
+        assert raw.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "sha256" in raw.value.details()
+        grown_mib = (_peak_rss_kib(agent.process.pid) - before) / 1024
+        assert grown_mib < 96, f"the agent's peak memory grew by {grown_mib:.0f} MiB during a 256 MiB upload"
+
+
+def test_an_upload_beyond_the_agents_limit_is_refused(tmp_path: Path) -> None:
+    import sys
+
+    folder = write_tiny_bundle(tmp_path / "b")
+    argv = [sys.executable, "-m", "agents.server", "--max-bundle-bytes", "100"]
+    with LocalAgent(python=argv) as agent:
+        with pytest.raises(AgentError) as info:
+            agent.client.load_bundle(folder)
+        assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT and "limit of 100 bytes" in str(info.value)
+
+
+def test_concurrent_uploads_of_one_bundle_both_succeed(tmp_path: Path) -> None:
+    folder = write_tiny_bundle(tmp_path / "b")
+    both_started = threading.Barrier(2, timeout=GUARD_S)
+    replies: list[pb.LoadBundleReply] = []
+    errors: list[BaseException] = []
+
+    def upload(client) -> None:
+        def chunks() -> Iterator[pb.BundleChunk]:
+            parts = list(_upload(client, folder))
+            yield parts[0]
+            time.sleep(0.5)  # let the agent take the manifest and open its temporary folder
+            both_started.wait()
+            yield from parts[1:]
+
+        try:
+            replies.append(client.stub.LoadBundle(chunks(), timeout=GUARD_S))
+        except BaseException as exc:
+            errors.append(exc)
+
+    with LocalAgent() as agent:
+        threads = [threading.Thread(target=upload, args=(agent.client,)) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(2 * GUARD_S)
+        assert not errors, errors
+        assert len(replies) == 2 and {r.bundle_sha256 for r in replies} == {_sha(folder)}
+        agent.client.start(_sha(folder))
+        assert np.array_equal(agent.client.infer(frame(1))["t1"], expected(1, 2))
+        assert [p.name for p in (Path(agent.workdir) / "bundles").iterdir()] == [_sha(folder)]
+
+
+def test_uploads_cut_off_before_a_restart_are_cleaned_up(tmp_path: Path) -> None:
+    workdir = tmp_path / "work"
+    stale = workdir / "bundles" / f".{'a' * 64}.partial-1234abcd"
+    stale.mkdir(parents=True)
+    (stale / "s0.onnx").write_bytes(b"half a model")
+    with LocalAgent(workdir=workdir) as agent:
+        assert agent.client.status().bundles == []
+        assert not stale.exists()
+
+
+@pytest.mark.parametrize("name", [MANIFEST, ".", ".."])
+def test_a_bundle_may_not_use_reserved_file_names(tmp_path: Path, name: str) -> None:
+    """A partition stored as manifest.json would replace the manifest the bundle's hash names
+    (here with another valid manifest, which would then run); "." and ".." name folders."""
+    inner = write_tiny_bundle(tmp_path / "inner", stages=1)
+    inner_text = (inner / MANIFEST).read_text()
+    outer = json.loads(write_tiny_bundle(tmp_path / "outer", stages=2).joinpath(MANIFEST).read_text())
+    outer["partitions"][1]["file"] = name
+    outer["partitions"][1]["sha256"] = hashlib.sha256(inner_text.encode()).hexdigest()
+    outer["partitions"][0]["sha256"] = hashlib.sha256((inner / "s0.onnx").read_bytes()).hexdigest()
+    text = json.dumps(outer, indent=1, sort_keys=True) + "\n"
+    sha = parse_manifest(text).sha256()
+    files = {"s0.onnx": (inner / "s0.onnx").read_bytes(), name: inner_text.encode()}
+    with LocalAgent() as agent:
+        with pytest.raises(grpc.RpcError) as raw:
+            agent.client.stub.LoadBundle(_chunks(sha, text, files), timeout=GUARD_S)
+        assert raw.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "reserved" in raw.value.details()
+        assert str(agent.workdir) not in raw.value.details()
+        assert agent.client.status().bundles == []
+
+
+def test_a_failed_start_leaves_the_running_pipeline_serving(tmp_path: Path) -> None:
+    good = write_tiny_bundle(tmp_path / "good")
+    broken = write_tiny_bundle(tmp_path / "broken", stages=3)
+    manifest = json.loads((broken / MANIFEST).read_text())
+    garbage = b"not an onnx model"
+    (broken / "s2.onnx").write_bytes(garbage)
+    manifest["partitions"][2]["sha256"] = hashlib.sha256(garbage).hexdigest()
+    (broken / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    with LocalAgent() as agent:
+        client = agent.client
+        client.start(client.load_bundle(good).bundle_sha256)
+        with pytest.raises(AgentError) as info:
+            client.start(client.load_bundle(broken).bundle_sha256)
+        assert info.value.code == grpc.StatusCode.FAILED_PRECONDITION and "s2" in str(info.value)
+        assert client.ready() and client.status().running_bundle == _sha(good)
+        assert np.array_equal(client.infer(frame(3))["t1"], expected(3, 2))
+
+
+def test_benchmark_and_profile_requests_are_bounded(tmp_path: Path) -> None:
+    folder = write_tiny_bundle(tmp_path / "b")
+    with LocalAgent() as agent:
+        client = agent.client
+        client.start(client.load_bundle(folder).bundle_sha256)
+        model = (folder / "s0.onnx").read_bytes()
+        for request in (
+            pb.ProfileRequest(model=model, threads=100_000),
+            pb.ProfileRequest(model=model, repeats=100_000_000),
+            pb.ProfileRequest(model=model, warmup=100_000_000),
+            pb.ProfileRequest(model=model, cores=[100_000]),
+        ):
+            with pytest.raises(grpc.RpcError) as raw:
+                client.stub.ProfileOps(request, timeout=GUARD_S)
+            assert raw.value.code() == grpc.StatusCode.INVALID_ARGUMENT, request
+        for request in (pb.BenchmarkRequest(frames=4_000_000_000), pb.BenchmarkRequest(frames=5, warmup=4_000_000_000)):
+            with pytest.raises(grpc.RpcError) as raw:
+                client.stub.Benchmark(request, timeout=GUARD_S)
+            assert raw.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert client.benchmark(frames=5, warmup=1).frames == 5  # sane requests still run
+
+
+def test_a_peer_that_stops_answering_breaks_the_link_by_keepalive(tmp_path: Path) -> None:
+    """b freezes (SIGSTOP: its socket stays open, nothing answers): a's link notices by keepalive,
+    a stops being ready and refuses frames naming b, instead of holding them for the stream's week."""
+    env = {"PARAPIPE_PEER_KEEPALIVE_S": "2", "PARAPIPE_PEER_KEEPALIVE_TIMEOUT_S": "2"}
+    with ExitStack() as stack:
+        a, b = _start_two_hosts(stack, tmp_path, stages=2, max_inflight=2, extra_env=env)
+        assert np.array_equal(a.client.infer(frame(0))["t1"], expected(0, 2))
+        assert b.process is not None
+        os.kill(b.process.pid, signal.SIGSTOP)
+        stack.callback(os.kill, b.process.pid, signal.SIGCONT)
+        _eventually("a is no longer ready", lambda: not a.client.ready(), timeout=2 * GUARD_S)
+        with pytest.raises(AgentError, match="host 'b'"):
+            a.client.infer(frame(TABLE_ROWS - 1))
+        assert a.client.health() == "SERVING"

@@ -1,0 +1,106 @@
+"""Tiny hand-made bundles for agent reliability tests: a chain of one-node stages, built in milliseconds.
+
+Stage 0 is ``Gather(table[4, 8], idx)``: an index of 4 or more fails in onnxruntime, which
+is how the tests send a frame that fails in an early stage. Every later stage is a Relu.
+A plan may be split over hosts ``a`` (the entry host, stage 0) and ``b`` (the rest).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from agents.bundle import MANIFEST, Manifest, PartitionSpec, TensorSpec
+
+TABLE_ROWS = 4
+
+
+def _stage_model(stage: int) -> bytes:
+    if stage == 0:
+        table = numpy_helper.from_array(np.arange(TABLE_ROWS * 8, dtype=np.float32).reshape(TABLE_ROWS, 8), "table")
+        node = helper.make_node("Gather", ["table", "idx"], ["t0"], axis=0)
+        inputs = [helper.make_tensor_value_info("idx", TensorProto.INT64, [1])]
+        inits = [table]
+    else:
+        node = helper.make_node("Relu", [f"t{stage - 1}"], [f"t{stage}"])
+        inputs = [helper.make_tensor_value_info(f"t{stage - 1}", TensorProto.FLOAT, [1, 8])]
+        inits = []
+    graph = helper.make_graph(
+        [node], f"stage{stage}", inputs, [helper.make_tensor_value_info(f"t{stage}", TensorProto.FLOAT, [1, 8])], inits
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    return model.SerializeToString()
+
+
+def _manifest(stages: int, max_inflight: int, host: str, hosts: tuple[str, ...], plan_bundle: str) -> Manifest:
+    cores = sorted(os.sched_getaffinity(0))
+    parts = []
+    for s in range(stages):
+        data = _stage_model(s)
+        on = ("a" if s == 0 else "b") if hosts else ""
+        local = not host or on == host
+        parts.append(
+            PartitionSpec(
+                name=f"s{s}",
+                file=f"s{s}.onnx" if local else "",
+                sha256=hashlib.sha256(data).hexdigest(),
+                pu="cpu",
+                cores=1,
+                core_ids=(cores[s % len(cores)],),
+                threads=1,
+                throttle_percent=None,
+                throttled_cores=(),
+                provider="CPUExecutionProvider",
+                provider_options={},
+                stage=s,
+                group=0,
+                unit=s,
+                segment=s,
+                inputs=("idx",) if s == 0 else (f"t{s - 1}",),
+                outputs=(f"t{s}",),
+                host=on,
+            )
+        )
+    return Manifest(
+        model_sha256="0" * 64,
+        plan_name=f"tiny-{stages}",
+        device="test",
+        pipelined=True,
+        max_inflight=max_inflight,
+        replicas=(1,) * stages,
+        inputs=(TensorSpec("idx", "int64", (1,), TABLE_ROWS),),
+        outputs=(TensorSpec(f"t{stages - 1}", "float32", (1, 8)),),
+        partitions=tuple(parts),
+        power=(1.0, 0.5, 1),
+        host=host,
+        hosts=hosts,
+        plan_bundle=plan_bundle,
+    )
+
+
+def write_tiny_bundle(folder: Path, stages: int = 2, max_inflight: int = 2, host: str = "") -> Path:
+    """A bundle folder; ``host`` "a" or "b" writes that host's part of the plan over hosts a and b."""
+    hosts = ("a", "b") if host else ()
+    plan_bundle = _manifest(stages, max_inflight, "", (), "").sha256() if host else ""
+    manifest = _manifest(stages, max_inflight, host, hosts, plan_bundle)
+    folder.mkdir(parents=True, exist_ok=True)
+    for p in manifest.local_partitions():
+        (folder / p.file).write_bytes(_stage_model(p.stage))
+    (folder / MANIFEST).write_text(manifest.text())
+    onnx.checker.check_model(onnx.load_from_string(_stage_model(0)))
+    return folder
+
+
+def frame(idx: int) -> dict[str, np.ndarray]:
+    """A frame; ``idx >= TABLE_ROWS`` fails in stage 0."""
+    return {"idx": np.array([idx], dtype=np.int64)}
+
+
+def expected(idx: int, stages: int) -> np.ndarray:
+    row = np.arange(TABLE_ROWS * 8, dtype=np.float32).reshape(TABLE_ROWS, 8)[[idx]]
+    return np.maximum(row, 0) if stages > 1 else row

@@ -1,0 +1,77 @@
+"""The board inventory under concurrent writers, and bad inventory files as one-line errors."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from parapipe.app import fails_cleanly
+from parapipe.cli import app
+
+ROOT = Path(__file__).resolve().parents[2]
+GUARD_S = 120.0
+
+
+def test_concurrent_boards_add_keeps_every_board(tmp_path: Path) -> None:
+    key, known = tmp_path / "key", tmp_path / "known_hosts"
+    key.write_text("not read by boards add")
+    known.write_text("")
+    env = dict(os.environ, PARAPIPE_HOME=str(tmp_path / "home"))
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
+    names = [f"b{i}" for i in range(6)]
+    base = ["--host", "h", "--user", "u", "--key", str(key), "--known-hosts", str(known), "--device", "local"]
+    procs = [
+        subprocess.Popen([sys.executable, "-m", "parapipe", "boards", "add", n, *base], env=env, stderr=subprocess.PIPE)
+        for n in names
+    ]
+    for p in procs:
+        _, stderr = p.communicate(timeout=GUARD_S)
+        assert p.returncode == 0, stderr.decode()
+    listed = subprocess.run(
+        [sys.executable, "-m", "parapipe", "boards", "list", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=GUARD_S,
+    )
+    import json
+
+    assert sorted(b["name"] for b in json.loads(listed.stdout)) == names
+    assert not [p for p in (tmp_path / "home").iterdir() if ".tmp-" in p.name]
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["boards = 5\n", "[boards]\nx = 5\n", '[boards.x]\nhost = "h"\nport = "22"\n', "[boards.x]\ntimeout_s = true\n"],
+)
+def test_a_bad_inventory_is_one_line_and_exit_2(tmp_path: Path, monkeypatch, text: str) -> None:
+    monkeypatch.setenv("PARAPIPE_HOME", str(tmp_path))
+    (tmp_path / "boards.toml").write_text(text)
+    result = CliRunner().invoke(app, ["boards", "list"])
+    assert result.exit_code == 2, result.output
+    assert "boards" in result.output and "Traceback" not in result.output
+
+
+def test_an_agent_failure_is_a_user_error() -> None:
+    from agents.client import AgentError
+
+    @fails_cleanly
+    def failing() -> None:
+        raise AgentError("infer: UNAVAILABLE: the board went away")
+
+    with pytest.raises(typer.Exit) as info:
+        failing()
+    assert info.value.exit_code == 2
+
+
+def test_agent_status_with_a_missing_token_file(tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        app, ["agent", "status", "--address", "127.0.0.1:1", "--token-file", str(tmp_path / "nope")]
+    )
+    assert result.exit_code == 2 and "cannot read" in result.output
