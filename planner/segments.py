@@ -1,12 +1,16 @@
 """Lowering a plan to segments: the partitions the executor runs, one onnxruntime session each.
 
 A unit (one assignment: a PU, or a set of cores of a CPU cluster) runs its blocks of
-a stage. When a unit's later blocks wait on another unit of the same stage that in
-turn waits on the unit's earlier blocks (fork on A, branch on B, join on A), the
-unit's blocks are split there: segment numbers rise by one at every hop between
-units inside a stage, and blocks of one unit with one segment number form one
-partition. Edges between segments then always go forward, so the partitions of a
-frame form a DAG.
+a stage as partitions. A partition starts when all its inputs have arrived, so it
+must not hold a block that waits for more than the partition before it: a block
+continues a partition only when every one of its inputs comes from that partition
+(same unit); a block with an input from another unit or stage, or with inputs from
+two partitions, or with none, starts a new partition. So a partition's only outside
+inputs are those of its first block, independent branches on one unit are
+independent partitions, and (fork on A, branch on B, join on A) splits A's blocks at
+the join. A partition P waits only on partitions whose blocks precede P's first
+block, so the partitions of a frame form a DAG. ``planner.ilp.partition_starts`` is
+the same rule on the ILP's block indices.
 """
 
 from __future__ import annotations
@@ -67,17 +71,15 @@ def lower(plan: Plan, graph: OpGraph, profile: DeviceProfile) -> list[Segment]:
     for s, stage in enumerate(plan.stages):
         for g, group in enumerate(stage.groups):
             unit_of = {b: i for i, a in enumerate(group) for b in a.blocks}
-            seg: dict[str, int] = {}
+            part: dict[str, str] = {}  # block -> the first block of its partition
             for b in sorted(unit_of, key=order.__getitem__):
-                level = 0
-                for p in preds[b]:
-                    if p in unit_of:  # same stage: a hop between units starts a new segment
-                        level = max(level, seg[p] + (unit_of[p] != unit_of[b]))
-                seg[b] = level
+                owners = {part.get(p) for p in preds[b]}
+                same_unit = all(p in unit_of and unit_of[p] == unit_of[b] for p in preds[b])
+                part[b] = owners.pop() if preds[b] and same_unit and len(owners) == 1 else b
             for i, a in enumerate(group):
-                levels = sorted({seg[b] for b in a.blocks})
-                for dense, level in enumerate(levels):
-                    blocks = tuple(sorted((b for b in a.blocks if seg[b] == level), key=order.__getitem__))
+                firsts = sorted({part[b] for b in a.blocks}, key=order.__getitem__)
+                for dense, first in enumerate(firsts):
+                    blocks = tuple(sorted((b for b in a.blocks if part[b] == first), key=order.__getitem__))
                     members = tuple(m for b in blocks for m in plan.blocks[b])
                     out.append(Segment(s, g, i, dense, a.pu, a.cores, cores[(s, g, i)], blocks, members))
     return out
