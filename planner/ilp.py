@@ -47,9 +47,14 @@ _TIE = 1e-3  # weight of the secondary objective, breaks ties toward better plan
 
 @dataclass(frozen=True)
 class Assignment:
-    """A solution in problem terms: block index -> unit index."""
+    """A solution in problem terms: block index -> unit index, and the order blocks run in (block indices;
+    empty: topological). A unit runs its blocks in this order, one after another."""
 
     block_unit: tuple[int, ...]
+    order: tuple[int, ...] = ()
+
+    def sequence(self) -> tuple[int, ...]:
+        return self.order or tuple(range(len(self.block_unit)))
 
 
 @dataclass(frozen=True)
@@ -92,18 +97,36 @@ def predecessors(problem: Problem) -> list[list[tuple[int, int]]]:
 
 def partition_starts(problem: Problem, assignment: Assignment) -> tuple[bool, ...]:
     """Which blocks start a partition when the plan is lowered (``planner.segments``, the same rule):
-    a block continues a partition only when all its inputs come from that one partition."""
+    a block continues the partition its unit ran last only when all its inputs come from it or from
+    partitions of the unit it already waits for, and no block of it sends to another unit."""
     unit_of = assignment.block_unit
-    part: list[int] = []
-    starts: list[bool] = []
-    for b, ps in enumerate(predecessors(problem)):
-        owners = {part[i] for i, _ in ps}
-        if ps and len(owners) == 1 and all(unit_of[i] == unit_of[b] for i, _ in ps):
-            part.append(owners.pop())
-            starts.append(False)
+    exports = [False] * len(problem.blocks)
+    for i, j, _ in problem.edges:
+        exports[i] |= unit_of[i] != unit_of[j]
+    preds = predecessors(problem)
+    part: dict[int, int] = {}
+    feeds: dict[int, set[int]] = {}
+    last: dict[int, int] = {}  # unit -> the block it ran last
+    closed: set[int] = set()
+    starts = [True] * len(problem.blocks)
+    for b in assignment.sequence():
+        ps = preds[b]
+        u = unit_of[b]
+        current = part.get(last.get(u, -1))
+        if (
+            ps
+            and current is not None
+            and current not in closed
+            and all(unit_of[i] == u and (part[i] == current or part[i] in feeds[current]) for i, _ in ps)
+        ):
+            part[b] = current
+            starts[b] = False
         else:
-            part.append(b)
-            starts.append(True)
+            part[b] = b
+            feeds[b] = {part[i] for i, _ in ps}
+        last[u] = b
+        if exports[b]:
+            closed.add(part[b])
     return tuple(starts)
 
 
@@ -120,11 +143,12 @@ def canonical(problem: Problem, assignment: Assignment) -> Assignment:
         first = {u: unit_of.index(u) for u in members if u in unit_of}
         order = sorted(first, key=first.__getitem__) + [u for u in members if u not in first]
         relabel.update(zip(order, members, strict=True))
-    return Assignment(tuple(relabel[u] for u in unit_of))
+    return Assignment(tuple(relabel[u] for u in unit_of), assignment.order)
 
 
 def schedule(problem: Problem, assignment: Assignment) -> Figures:
-    """The ILP's model evaluated for a fixed assignment (list schedule in topological order).
+    """The ILP's model evaluated for a fixed assignment: every block as early as its inputs and its unit
+    allow, each unit running its blocks in the assignment's order (topological unless given).
 
     A block that starts a partition carries its unit's per-partition overhead, in latency, load and energy."""
     n = len(problem.blocks)
@@ -139,7 +163,7 @@ def schedule(problem: Problem, assignment: Assignment) -> Figures:
     starts = [0.0] * n
     link_load: dict[tuple[str, str], float] = {}
     transfer_mj = 0.0
-    for b in range(n):
+    for b in assignment.sequence():
         u = unit_of[b]
         start = free.get(u, 0.0)
         for i, ei in preds[b]:
@@ -231,7 +255,14 @@ def solve(
         raise PlanError(_infeasible_message(problem, max_latency_ms, max_period_ms, max_energy_mj, status))
     assign = _extract(problem, v)
     value = float(pulp.value({"latency": v["L"], "throughput": v["P"], "energy": v["E"]}[objective]))
-    if start is not None and warm is not None and (start.value(objective) < value * (1 - 1e-9) or assign == warm):
+    if (
+        start is not None
+        and warm is not None
+        and (
+            start.value(objective) < value * (1 - 1e-9)  # the warm start is better
+            or (assign.block_unit == warm.block_unit and start.value(objective) <= value * (1 + 1e-9))  # it is the same
+        )
+    ):
         # never worse than the start it was given: the solver's own incumbent (value, gap) is reported,
         # the warm start is returned (and named as such when the incumbent is the warm start itself)
         return Solution(warm, start, backend.name, status, mip_gap, bound, seconds, objective, value, True)
@@ -506,12 +537,17 @@ def _status(lp: pulp.LpProblem, solver) -> tuple[str, float | None, float | None
 
 
 def _extract(problem: Problem, v: dict) -> Assignment:
+    """The incumbent's assignment, with the order its start times give (when the model has them)."""
     n = len(problem.blocks)
     block_unit = []
     for b in range(n):
         best = max((u for (bb, u) in v["a"] if bb == b), key=lambda u: v["a"][(b, u)].varValue or 0.0)
         block_unit.append(best)
-    return Assignment(tuple(block_unit))
+    if not v["t"]:
+        return Assignment(tuple(block_unit))
+    start = {b: round(var.varValue or 0.0, 9) for b, var in v["t"].items()}
+    order = tuple(sorted(range(n), key=lambda b: (start[b], b)))
+    return Assignment(tuple(block_unit), () if order == tuple(range(n)) else order)
 
 
 def _infeasible_message(problem: Problem, max_l, max_p, max_e, status: str) -> str:

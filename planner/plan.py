@@ -39,7 +39,7 @@ class Assignment:
 
     pu: str
     cores: int
-    blocks: tuple[str, ...]
+    blocks: tuple[str, ...]  # in the order the unit runs them (data-flow order where that contradicts it)
     core_ids: tuple[int, ...] = ()
 
 

@@ -1,11 +1,15 @@
 """Lowering a plan to segments: the partitions the executor runs, one onnxruntime session each.
 
 A unit (one assignment: a PU, or a set of cores of a CPU cluster) runs its blocks of
-a stage as partitions. A partition starts when all its inputs have arrived, so it
-must not hold a block that waits for more than the partition before it: a block
-continues a partition only when every one of its inputs comes from that partition
-(same unit); a block with an input from another unit or stage, or with inputs from
-two partitions, or with none, starts a new partition. So a partition's only outside
+a stage as partitions. A partition starts when all its inputs have arrived and hands
+its outputs on when it ends, so it must not hold a block that waits for more than
+the partition before it, nor keep an output that another unit waits for: a block
+continues the partition its unit ran last only when every one of its inputs comes
+from that partition or from a partition of the same unit that it already waits for,
+and no block of the partition sends to another unit or stage; otherwise (an input
+from another unit or stage, from a partition it does not wait for, or no input) it
+starts a new partition, and a block whose output leaves the unit ends its partition.
+So partitions are runs of consecutive blocks in the unit's order. So a partition's only outside
 inputs are those of its first block, independent branches on one unit are
 independent partitions, and (fork on A, branch on B, join on A) splits A's blocks at
 the join. A partition P waits only on partitions whose blocks precede P's first
@@ -15,6 +19,7 @@ the same rule on the ILP's block indices.
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 
 from device_profiles.schema import DeviceProfile
@@ -61,27 +66,78 @@ def block_edges(plan: Plan, graph: OpGraph) -> dict[tuple[str, str], dict[str, i
 
 
 def lower(plan: Plan, graph: OpGraph, profile: DeviceProfile) -> list[Segment]:
-    """Every segment of every stage and replica group, stage by stage in topological order."""
+    """Every segment of every stage and replica group, stage by stage; a unit's segments in the order it
+    runs them (``Segment.index``)."""
     order = _block_order(plan, graph)
     preds: dict[str, set[str]] = {b: set() for b in plan.blocks}
+    succs: dict[str, set[str]] = {b: set() for b in plan.blocks}
     for a, b in block_edges(plan, graph):
         preds[b].add(a)
+        succs[a].add(b)
     cores = core_ids(plan, profile)
     out: list[Segment] = []
     for s, stage in enumerate(plan.stages):
         for g, group in enumerate(stage.groups):
             unit_of = {b: i for i, a in enumerate(group) for b in a.blocks}
+            sequence = _run_order(group, preds, order)
             part: dict[str, str] = {}  # block -> the first block of its partition
-            for b in sorted(unit_of, key=order.__getitem__):
-                owners = {part.get(p) for p in preds[b]}
-                same_unit = all(p in unit_of and unit_of[p] == unit_of[b] for p in preds[b])
-                part[b] = owners.pop() if preds[b] and same_unit and len(owners) == 1 else b
+            feeds: dict[str, set[str]] = {}  # partition -> the partitions it waits for
+            last: dict[int, str] = {}  # unit -> the block it ran last
+            closed: set[str] = set()  # partitions holding a block whose output leaves the unit
+            for b in sequence:
+                u = unit_of[b]
+                current = part.get(last.get(u, ""))
+                if (
+                    preds[b]
+                    and current is not None
+                    and current not in closed
+                    and all(
+                        p in unit_of and unit_of[p] == u and (part[p] == current or part[p] in feeds[current])
+                        for p in preds[b]
+                    )
+                ):
+                    part[b] = current  # it waits for nothing the partition does not wait for already
+                else:
+                    part[b] = b
+                    feeds[b] = {part.get(p, p) for p in preds[b]}
+                last[u] = b
+                if any(x not in unit_of or unit_of[x] != u for x in succs[b]):
+                    closed.add(part[b])  # its outputs leave when the partition ends: end it here
+            rank = {b: k for k, b in enumerate(sequence)}
             for i, a in enumerate(group):
-                firsts = sorted({part[b] for b in a.blocks}, key=order.__getitem__)
+                firsts = sorted({part[b] for b in a.blocks}, key=rank.__getitem__)
                 for dense, first in enumerate(firsts):
-                    blocks = tuple(sorted((b for b in a.blocks if part[b] == first), key=order.__getitem__))
+                    blocks = tuple(sorted((b for b in a.blocks if part[b] == first), key=rank.__getitem__))
                     members = tuple(m for b in blocks for m in plan.blocks[b])
                     out.append(Segment(s, g, i, dense, a.pu, a.cores, cores[(s, g, i)], blocks, members))
+    return out
+
+
+def _run_order(group: tuple, preds: dict[str, set[str]], order: dict[str, int]) -> list[str]:
+    """The group's blocks in an order that respects the data flow and every unit's own order (its
+    assignment's block list); where the two contradict each other, data-flow order alone."""
+    mine = {b for a in group for b in a.blocks}
+    after: dict[str, set[str]] = {b: {p for p in preds[b] if p in mine} for b in mine}
+    for a in group:
+        for x, y in zip(a.blocks, a.blocks[1:], strict=False):
+            after[y].add(x)
+    waiting = {b: len(ps) for b, ps in after.items()}
+    nexts: dict[str, list[str]] = {b: [] for b in mine}
+    for b, ps in after.items():
+        for p in ps:
+            nexts[p].append(b)
+    ready = [(order[b], b) for b, k in waiting.items() if k == 0]
+    heapq.heapify(ready)
+    out: list[str] = []
+    while ready:
+        _, b = heapq.heappop(ready)
+        out.append(b)
+        for c in nexts[b]:
+            waiting[c] -= 1
+            if waiting[c] == 0:
+                heapq.heappush(ready, (order[c], c))
+    if len(out) < len(mine):  # a unit's order contradicts the data flow: fall back to it
+        return sorted(mine, key=order.__getitem__)
     return out
 
 

@@ -53,7 +53,9 @@ def test_pipeline_throughput_is_set_by_the_slowest_stage(googlenet) -> None:
     stage_ms = list(stage_ms.values())
     assert a.throughput_fps == pytest.approx(1000 / max(stage_ms), rel=0.05)
     assert s.throughput_fps == pytest.approx(a.throughput_fps, rel=0.03)
-    assert a.latency_ms > sum(stage_ms), "the transfer between clusters is on the critical path"
+    # the second stage starts on the branches the first hands over early (their partitions end there),
+    # so one frame takes less than the two stages back to back, and more than either
+    assert max(stage_ms) < a.latency_ms < sum(stage_ms)
 
 
 def test_replication_takes_alternate_frames(googlenet) -> None:
