@@ -31,9 +31,8 @@ def to_plan(
     max_stages: int | None = None,
 ) -> Plan:
     used = list(dict.fromkeys(solution.block_unit))
-    blocks_of = {
-        u: tuple(problem.blocks[b] for b in range(len(problem.blocks)) if solution.block_unit[b] == u) for u in used
-    }
+    # each assignment lists its blocks in the order its unit runs them (the solver's order)
+    blocks_of = {u: tuple(problem.blocks[b] for b in solution.sequence() if solution.block_unit[b] == u) for u in used}
     succ: dict[int, set[int]] = {u: set() for u in used}
     for i, j, _ in problem.edges:
         a, b = solution.block_unit[i], solution.block_unit[j]

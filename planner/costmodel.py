@@ -15,6 +15,7 @@ model's error on measurements it has not seen.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -103,7 +104,7 @@ class CostModel:
                     self.power_idle_scale = e.value
         self.blocks = [frozenset(e.members) for (cfg, _), e in self.fused.items() if e.kind == "block"]
         self.fits: dict[Config, Fit] = {}
-        for cfg in {c for c, _ in self.ops} | {c for c, _ in self.fused}:
+        for cfg in sorted({c for c, _ in self.ops} | {c for c, _ in self.fused}):
             self.fits[cfg] = self._fit(cfg)
 
     # ------------------------------------------------------------------ roofline
@@ -178,17 +179,17 @@ class CostModel:
 
     def _units_ms(self, members: frozenset[str], cfg: Config, exclude_self: bool = False) -> float:
         """Sum over the measured blocks inside ``members``, then operators for the rest."""
-        total, left = 0.0, set(members)
+        # math.fsum: the exact sum, whatever order a set iterates in (the hash seed must not change a plan)
+        parts, left = [], set(members)
         for block in self.blocks:
             if block <= left and not (exclude_self and block == members):
                 entry = self.fused.get((cfg, block))
                 if entry is not None:
-                    total += entry.mean_ms
+                    parts.append(entry.mean_ms)
                     left -= block
         fit = self.fits.get(cfg)
         fusion = fit.fusion if fit else 1.0
-        total += fusion * sum(self._op_ms(m, cfg)[0] for m in left)
-        return total
+        return math.fsum(parts) + fusion * math.fsum(self._op_ms(m, cfg)[0] for m in left)
 
     # ------------------------------------------------------------------ predictions
 
@@ -203,11 +204,27 @@ class CostModel:
             return Prediction(entry.mean_ms, "measured")
         fit = self.fits.get(cfg)
         if fit is None:
-            return Prediction(sum(self.roofline_ms(m, pu, cores) for m in key), "roofline")
+            return Prediction(math.fsum(self.roofline_ms(m, pu, cores) for m in key), "roofline")
         units = self._units_ms(key, cfg)
         if len(key) > 1 and fit.partitions_fitted:
             return Prediction(max(0.0, fit.alpha * units + fit.beta_ms), "calibrated")
         return Prediction(units, "calibrated")
+
+    def block_ms(self, members: Iterable[str], pu: str, cores: int) -> float:
+        """A block's share of a partition: a partition of several blocks takes the sum of their shares plus
+        ``partition_overhead_ms`` once. Calibration (alpha) is in the share, the fixed part (beta) is not."""
+        key = frozenset(members)
+        cfg = (pu, cores)
+        fit = self.fits.get(cfg)
+        if fit is None or "+" in pu:
+            return self.group_ms(key, pu, cores).ms
+        units = self._units_ms(key, cfg)
+        return fit.alpha * units if fit.partitions_fitted else units
+
+    def partition_overhead_ms(self, pu: str, cores: int) -> float:
+        """The fixed cost of one partition (session run) on (pu, cores): the fitted beta, never negative."""
+        fit = self.fits.get((pu, cores))
+        return max(0.0, fit.beta_ms) if fit and fit.partitions_fitted else 0.0
 
     def _spanning_ms(self, members: frozenset[str], pu: str, cores: int) -> Prediction:
         """One session whose threads span several clusters (``a+b``): onnxruntime splits each

@@ -18,13 +18,19 @@ Stages are not variables: every unit runs its blocks as segments on its own work
 from the data flow between units (``planner.build``).
 
 Solved with HiGHS (highspy) through PuLP, CBC as fallback; a warm start (from the
-best baseline) is handed to the solver, so the incumbent is never worse than it, and
-its latency bounds the big-M of the scheduling constraints.
+best baseline) is relabelled into the symmetry rows' order and handed to the solver,
+and kept if the solver's incumbent is worse, so the result is never worse than it.
+With latency as the objective its latency bounds the big-M of the scheduling rows;
+with latency bounded (the Pareto sweep) the bound does.
+
+Per-partition overhead (calibration's beta) is charged per block that starts a
+partition (``z``), the way the lowering (``planner.segments``) cuts partitions.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import time
 from collections.abc import Iterator
@@ -41,9 +47,14 @@ _TIE = 1e-3  # weight of the secondary objective, breaks ties toward better plan
 
 @dataclass(frozen=True)
 class Assignment:
-    """A solution in problem terms: block index -> unit index."""
+    """A solution in problem terms: block index -> unit index, and the order blocks run in (block indices;
+    empty: topological). A unit runs its blocks in this order, one after another."""
 
     block_unit: tuple[int, ...]
+    order: tuple[int, ...] = ()
+
+    def sequence(self) -> tuple[int, ...]:
+        return self.order or tuple(range(len(self.block_unit)))
 
 
 @dataclass(frozen=True)
@@ -62,27 +73,97 @@ class Solution:
     assignment: Assignment
     figures: Figures  # in the ILP's own model
     solver: str
-    status: str  # optimal | time-limit | warm-start
-    gap: float | None
+    status: str  # optimal | time-limit | time-limit (warm start kept) | ...
+    gap: float | None  # proven relative gap of the solver's own incumbent
     bound: float | None
     seconds: float
     objective: str
+    value: float = float("nan")  # the solver's objective value of its own incumbent (ms, period ms, mJ); nan: none
+    warm_kept: bool = False  # the assignment is the warm start: it beat the solver's incumbent, or there was none
+
+    @property
+    def best(self) -> float:
+        """The objective value of the returned assignment in the ILP's model."""
+        return self.figures.value(self.objective) if self.warm_kept else self.value
+
+
+def predecessors(problem: Problem) -> list[list[tuple[int, int]]]:
+    """For every block, its (producer block, edge index) pairs."""
+    preds: list[list[tuple[int, int]]] = [[] for _ in problem.blocks]
+    for ei, (i, j, _) in enumerate(problem.edges):
+        preds[j].append((i, ei))
+    return preds
+
+
+def partition_starts(problem: Problem, assignment: Assignment) -> tuple[bool, ...]:
+    """Which blocks start a partition when the plan is lowered (``planner.segments``, the same rule):
+    a block continues the partition its unit ran last only when all its inputs come from it or from
+    partitions of the unit it already waits for, and no block of it sends to another unit."""
+    unit_of = assignment.block_unit
+    exports = [False] * len(problem.blocks)
+    for i, j, _ in problem.edges:
+        exports[i] |= unit_of[i] != unit_of[j]
+    preds = predecessors(problem)
+    part: dict[int, int] = {}
+    feeds: dict[int, set[int]] = {}
+    last: dict[int, int] = {}  # unit -> the block it ran last
+    closed: set[int] = set()
+    starts = [True] * len(problem.blocks)
+    for b in assignment.sequence():
+        ps = preds[b]
+        u = unit_of[b]
+        current = part.get(last.get(u, -1))
+        if (
+            ps
+            and current is not None
+            and current not in closed
+            and all(unit_of[i] == u and (part[i] == current or part[i] in feeds[current]) for i, _ in ps)
+        ):
+            part[b] = current
+            starts[b] = False
+        else:
+            part[b] = b
+            feeds[b] = {part[i] for i, _ in ps}
+        last[u] = b
+        if exports[b]:
+            closed.add(part[b])
+    return tuple(starts)
+
+
+def canonical(problem: Problem, assignment: Assignment) -> Assignment:
+    """The same plan with identical units (same PU and cores) relabelled in the order the ILP's symmetry
+    rows ask for: used instances first, ordered by the first block they run."""
+    unit_of = list(assignment.block_unit)
+    groups: dict[tuple[str, int], list[int]] = {}
+    for u, x in enumerate(problem.units):
+        groups.setdefault((x.pu, x.cores), []).append(u)
+    relabel: dict[int, int] = {}
+    for members in groups.values():
+        members = sorted(members, key=lambda u: problem.units[u].instance)
+        first = {u: unit_of.index(u) for u in members if u in unit_of}
+        order = sorted(first, key=first.__getitem__) + [u for u in members if u not in first]
+        relabel.update(zip(order, members, strict=True))
+    return Assignment(tuple(relabel[u] for u in unit_of), assignment.order)
 
 
 def schedule(problem: Problem, assignment: Assignment) -> Figures:
-    """The ILP's model evaluated for a fixed assignment (list schedule in topological order)."""
+    """The ILP's model evaluated for a fixed assignment: every block as early as its inputs and its unit
+    allow, each unit running its blocks in the assignment's order (topological unless given).
+
+    A block that starts a partition carries its unit's per-partition overhead, in latency, load and energy."""
     n = len(problem.blocks)
     unit_of = assignment.block_unit
-    dur = [problem.cost[(b, unit_of[b])] for b in range(n)]
-    preds: dict[int, list[tuple[int, int]]] = {b: [] for b in range(n)}
-    for ei, (i, j, _) in enumerate(problem.edges):
-        preds[j].append((i, ei))
+    starts_part = partition_starts(problem, assignment)
+    dur = [
+        problem.cost[(b, unit_of[b])] + (problem.unit_overhead[unit_of[b]] if starts_part[b] else 0.0) for b in range(n)
+    ]
+    preds = dict(enumerate(predecessors(problem)))
     free: dict[int, float] = {}
     finish = [0.0] * n
     starts = [0.0] * n
     link_load: dict[tuple[str, str], float] = {}
     transfer_mj = 0.0
-    for b in range(n):
+    for b in assignment.sequence():
         u = unit_of[b]
         start = free.get(u, 0.0)
         for i, ei in preds[b]:
@@ -101,8 +182,6 @@ def schedule(problem: Problem, assignment: Assignment) -> Figures:
         u = unit_of[b]
         load[u] = load.get(u, 0.0) + dur[b]
         busy_mj += dur[b] * problem.busy_extra_w[u]
-    for u in load:
-        load[u] += problem.unit_overhead[u]
     period = max([*load.values(), *link_load.values()])
     return Figures(max(finish), period, busy_mj + transfer_mj + period * problem.idle_w, tuple(starts))
 
@@ -121,10 +200,24 @@ def solve(
     if objective not in OBJECTIVES:
         raise PlanError(f"unknown objective {objective!r}; choose one of {', '.join(OBJECTIVES)}")
     started = time.perf_counter()
+    if warm is not None:
+        warm = canonical(problem, warm)  # else the symmetry rows make it infeasible and HiGHS drops it
     start = schedule(problem, warm) if warm is not None else None
-    upper = start.latency_ms if start else None
+    # Big-M of the ordering rows: every block of a plan worth keeping ends by this time. With latency as
+    # the objective, the warm start's latency (a better plan is no slower); under a latency bound, the
+    # bound; never the warm start's latency when latency is only bounded (that cuts off valid plans).
+    horizon = max_latency_ms
+    if objective == "latency" and start is not None:
+        horizon = start.latency_ms if horizon is None else min(horizon, start.latency_ms)
     lp, v = _formulate(
-        problem, objective, max_latency_ms, max_period_ms, max_energy_mj, upper, _load_bound(problem, start)
+        problem,
+        objective,
+        max_latency_ms,
+        max_period_ms,
+        max_energy_mj,
+        horizon,
+        _load_bound(problem),
+        start.latency_ms if objective == "latency" and start is not None else None,
     )
     if warm is not None:
         _set_warm_start(problem, v, warm)
@@ -133,19 +226,47 @@ def solve(
         with _quiet():
             lp.solve(backend)
     except pulp.PulpSolverError as exc:
-        raise PlanError(f"the solver failed: {exc}; try --solver cbc") from None
+        if solver != "cbc" or warm is None:
+            raise PlanError(f"the solver failed: {exc}; try --solver cbc") from None
+        # CBC 2.10 can crash reading a MIP start: solve without it (the warm start is still kept if better)
+        backend = _solver(solver, time_limit, gap, False)
+        try:
+            with _quiet():
+                lp.solve(backend)
+        except pulp.PulpSolverError as again:
+            raise PlanError(f"the solver failed: {again}; try --solver highs") from None
     seconds = time.perf_counter() - started
     status, mip_gap, bound = _status(lp, backend)
-    if status == "no solution" and warm is not None:
+    if status == "no solution" and warm is not None and start is not None:
         # the solver ran out of time before it had a solution of its own: the warm start stands
         return Solution(
-            warm, schedule(problem, warm), backend.name, "time-limit (warm start kept)", None, bound, seconds, objective
+            warm,
+            start,
+            backend.name,
+            "time-limit (warm start kept)",
+            None,
+            bound,
+            seconds,
+            objective,
+            float("nan"),
+            True,
         )
     if status in ("infeasible", "no solution"):
         raise PlanError(_infeasible_message(problem, max_latency_ms, max_period_ms, max_energy_mj, status))
     assign = _extract(problem, v)
-    figures = schedule(problem, assign)
-    return Solution(assign, figures, backend.name, status, mip_gap, bound, seconds, objective)
+    value = float(pulp.value({"latency": v["L"], "throughput": v["P"], "energy": v["E"]}[objective]))
+    if (
+        start is not None
+        and warm is not None
+        and (
+            start.value(objective) < value * (1 - 1e-9)  # the warm start is better
+            or (assign.block_unit == warm.block_unit and start.value(objective) <= value * (1 + 1e-9))  # it is the same
+        )
+    ):
+        # never worse than the start it was given: the solver's own incumbent (value, gap) is reported,
+        # the warm start is returned (and named as such when the incumbent is the warm start itself)
+        return Solution(warm, start, backend.name, status, mip_gap, bound, seconds, objective, value, True)
+    return Solution(assign, schedule(problem, assign), backend.name, status, mip_gap, bound, seconds, objective, value)
 
 
 @contextlib.contextmanager
@@ -167,8 +288,9 @@ def _formulate(
     max_l: float | None,
     max_p: float | None,
     max_e: float | None,
-    upper_latency: float | None,
+    horizon: float | None,
     upper_load: float | None = None,
+    upper_latency: float | None = None,
 ):
     n, units = len(problem.blocks), problem.units
     timed = objective == "latency" or max_l is not None
@@ -184,7 +306,24 @@ def _formulate(
     def on_pu(b: int, p: str) -> pulp.LpAffineExpression:
         return pulp.lpSum(a[(b, u)] for u in units_of_pu[p] if (b, u) in a)
 
-    dur = {b: pulp.lpSum(problem.cost[(b, u)] * a[(b, u)] for u in allowed[b]) for b in range(n)}
+    # z[b,u]: block b starts a partition on unit u (it has an input from elsewhere, or none), and so carries
+    # the unit's per-partition overhead. Only for units with an overhead. A lower bound on the lowering's
+    # count: a block whose inputs all come from u, but from two partitions of u, starts one too.
+    preds = predecessors(problem)
+    z: dict[tuple[int, int], pulp.LpVariable] = {}
+    for b in range(n):
+        for u in allowed[b]:
+            if problem.unit_overhead[u] <= 0:
+                continue
+            var = z[(b, u)] = pulp.LpVariable(f"z_{b}_{u}", 0, 1)
+            if not preds[b]:
+                lp += var >= a[(b, u)], f"partition_source_{b}_{u}"
+            for i, ei in preds[b]:
+                lp += var >= a[(b, u)] - (a[(i, u)] if (i, u) in a else 0), f"partition_{ei}_{u}"
+    overhead = {
+        b: pulp.lpSum(problem.unit_overhead[u] * z[(b, u)] for u in allowed[b] if (b, u) in z) for b in range(n)
+    }
+    dur = {b: pulp.lpSum(problem.cost[(b, u)] * a[(b, u)] for u in allowed[b]) + overhead[b] for b in range(n)}
     for b in range(n):
         lp += pulp.lpSum(a[(b, u)] for u in allowed[b]) == 1, f"assign_{b}"  # every block runs exactly once
         for u in allowed[b]:
@@ -223,11 +362,15 @@ def _formulate(
         comm[ei] = pulp.lpSum(terms)
         if timed:
             lp += t[j] >= t[i] + dur[i] + comm[ei], f"precedence_{ei}"  # a block waits for its inputs
-    big_m = sum(max(problem.cost[(b, u)] for u in allowed[b]) for b in range(n)) + sum(
-        max((v for k, v in problem.transfer.items() if k[0] == ei), default=0.0) for ei in range(len(problem.edges))
+    big_m = (
+        sum(max(problem.cost[(b, u)] for u in allowed[b]) for b in range(n))
+        + n * max(problem.unit_overhead.values(), default=0.0)
+        + sum(
+            max((v for k, v in problem.transfer.items() if k[0] == ei), default=0.0) for ei in range(len(problem.edges))
+        )
     )
-    if upper_latency is not None:
-        big_m = min(big_m, upper_latency * 1.0001)  # a better plan ends every block before the warm start's latency
+    if horizon is not None:
+        big_m = min(big_m, horizon * 1.0001)  # every block of a plan worth keeping ends by then
     orders: dict[tuple[int, int], pulp.LpVariable] = {}
     sames: dict[tuple[int, int], pulp.LpVariable] = {}
     for i, j in problem.independent if timed else ():
@@ -246,17 +389,25 @@ def _formulate(
             inside = [(b, u) for b in between if (b, u) in a]
             if len(inside) >= 2:
                 # cut: whatever a unit runs between a fork and its join runs after the fork and before the join
-                work = pulp.lpSum(problem.cost[k] * a[k] for k in inside)
+                work = pulp.lpSum(
+                    problem.cost[k] * a[k] + (problem.unit_overhead[u] * z[k] if k in z else 0) for k in inside
+                )
                 lp += t[y] >= t[x] + dur[x] + work, f"region_{x}_{y}_{u}"
     for b in range(n) if timed else ():
         lp += L >= t[b] + dur[b], f"latency_{b}"  # a frame leaves when its last block ends
     if timed and upper_latency is not None and objective == "latency":
         lp += L <= upper_latency * 1.0001, "bound_latency_warm"  # no worse than the warm start
     loads = {
-        u: pulp.lpSum(problem.cost[(b, u)] * a[(b, u)] for b in range(n) if (b, u) in a) for u in range(len(units))
+        u: pulp.lpSum(
+            problem.cost[(b, u)] * a[(b, u)] + (problem.unit_overhead[u] * z[(b, u)] if (b, u) in z else 0)
+            for b in range(n)
+            if (b, u) in a
+        )
+        for u in range(len(units))
     }
     for u in range(len(units)):
-        lp += P >= loads[u] + problem.unit_overhead[u] * on[u], f"period_unit_{u}"  # throughput: busiest unit
+        # throughput: busiest unit, its blocks and the overhead of each of its partitions
+        lp += P >= loads[u], f"period_unit_{u}"
         if timed:
             lp += L >= loads[u], f"latency_load_{u}"  # one frame's work on a unit fits in its latency
         if upper_load is not None:
@@ -272,7 +423,9 @@ def _formulate(
             link = [problem.transfer[k] * var for k, var in r.items() if k[1] == p and k[2] == q]
             if link:
                 lp += P >= pulp.lpSum(link), f"period_link_{pus.index(p)}_{pus.index(q)}"  # ... or busiest link
-    busy = pulp.lpSum(problem.cost[(b, u)] * problem.busy_extra_w[u] * a[(b, u)] for (b, u) in a)
+    busy = pulp.lpSum(problem.cost[(b, u)] * problem.busy_extra_w[u] * a[(b, u)] for (b, u) in a) + pulp.lpSum(
+        problem.unit_overhead[u] * problem.busy_extra_w[u] * var for (_, u), var in z.items()
+    )
     moved = pulp.lpSum(problem.transfer_mj[k] * var for k, var in r.items())
     # energy per frame: busy power above idle, every PU's idle power over one period, transfers
     lp += E >= busy + moved + problem.idle_w * P, "energy"
@@ -286,12 +439,15 @@ def _formulate(
     # tie-break: faster frames for throughput/energy (fewer transfers when latency is not modelled)
     secondary = P if objective == "latency" else L if timed else pulp.lpSum(comm.values())
     lp += primary + _TIE * secondary
-    return lp, {"on": on, "a": a, "t": t, "L": L, "P": P, "E": E, "r": r, "order": orders, "same": sames}
+    return lp, {"on": on, "a": a, "z": z, "t": t, "L": L, "P": P, "E": E, "r": r, "order": orders, "same": sames}
 
 
-def _load_bound(problem: Problem, start: Figures | None) -> float:
-    """An upper bound on any unit's load: every block at its slowest."""
-    return sum(max(v for (b, _), v in problem.cost.items() if b == bi) for bi in range(len(problem.blocks)))
+def _load_bound(problem: Problem) -> float:
+    """An upper bound on any unit's load: every block at its slowest, each its own partition."""
+    slowest: dict[int, float] = {}
+    for (b, _), v in problem.cost.items():
+        slowest[b] = max(slowest.get(b, 0.0), v)
+    return sum(slowest.values()) + len(problem.blocks) * max(problem.unit_overhead.values(), default=0.0)
 
 
 def _set_warm_start(problem: Problem, v: dict, warm: Assignment) -> None:
@@ -301,6 +457,9 @@ def _set_warm_start(problem: Problem, v: dict, warm: Assignment) -> None:
         var.setInitialValue(1 if u in used else 0)
     for (b, u), var in v["a"].items():
         var.setInitialValue(1 if warm.block_unit[b] == u else 0)
+    starts = partition_starts(problem, warm)
+    for (b, u), var in v["z"].items():
+        var.setInitialValue(1 if warm.block_unit[b] == u and starts[b] else 0)
     for b, var in v["t"].items():
         var.setInitialValue(figures.starts[b])
     for name, var in v["order"].items():
@@ -358,8 +517,8 @@ def _status(lp: pulp.LpProblem, solver) -> tuple[str, float | None, float | None
         model_status = h.getModelStatus()
         info = h.getInfo()
         has_solution = info.primal_solution_status == 2  # kSolutionStatusFeasible
-        bound = info.mip_dual_bound if info.mip_dual_bound == info.mip_dual_bound else None
-        mip_gap = info.mip_gap if has_solution else None
+        bound = info.mip_dual_bound if math.isfinite(info.mip_dual_bound) else None
+        mip_gap = info.mip_gap if has_solution and math.isfinite(info.mip_gap) else None
         if model_status == highspy.HighsModelStatus.kOptimal:
             return "optimal", mip_gap, bound
         if model_status == highspy.HighsModelStatus.kInfeasible:
@@ -367,22 +526,28 @@ def _status(lp: pulp.LpProblem, solver) -> tuple[str, float | None, float | None
         if model_status in (highspy.HighsModelStatus.kTimeLimit, highspy.HighsModelStatus.kInterrupt):
             return ("time-limit" if has_solution else "no solution"), mip_gap, bound
         return (h.modelStatusToString(model_status).lower() if has_solution else "no solution"), mip_gap, bound
-    if lp.status == pulp.LpStatusInfeasible:
+    # PuLP's status says Optimal after CBC stops on its time limit with a solution; sol_status tells them apart
+    if lp.status == pulp.LpStatusInfeasible or lp.sol_status == pulp.LpSolutionInfeasible:
         return "infeasible", None, None
     if lp.sol_status == pulp.LpSolutionOptimal:
         return "optimal", None, None
-    if lp.sol_status in (pulp.LpSolutionIntegerFeasible, pulp.LpSolutionStatusInfeasible) and lp.sol_status > 0:
+    if lp.sol_status == pulp.LpSolutionIntegerFeasible:
         return "time-limit", None, None
     return "no solution", None, None
 
 
 def _extract(problem: Problem, v: dict) -> Assignment:
+    """The incumbent's assignment, with the order its start times give (when the model has them)."""
     n = len(problem.blocks)
     block_unit = []
     for b in range(n):
         best = max((u for (bb, u) in v["a"] if bb == b), key=lambda u: v["a"][(b, u)].varValue or 0.0)
         block_unit.append(best)
-    return Assignment(tuple(block_unit))
+    if not v["t"]:
+        return Assignment(tuple(block_unit))
+    start = {b: round(var.varValue or 0.0, 9) for b, var in v["t"].items()}
+    order = tuple(sorted(range(n), key=lambda b: (start[b], b)))
+    return Assignment(tuple(block_unit), () if order == tuple(range(n)) else order)
 
 
 def _infeasible_message(problem: Problem, max_l, max_p, max_e, status: str) -> str:

@@ -40,7 +40,7 @@ class Assignment:
 
     pu: str
     cores: int
-    blocks: tuple[str, ...]
+    blocks: tuple[str, ...]  # in the order the unit runs them (data-flow order where that contradicts it)
     core_ids: tuple[int, ...] = ()
 
 
@@ -67,13 +67,20 @@ class Predicted:
 
 @dataclass(frozen=True)
 class Provenance:
-    method: str  # "ilp", "baseline:<name>", "hand"
+    """How a plan was found. ``method``: "ilp" (the solver's incumbent), "heuristic:<name>" (a heuristic
+    given to the solver as a start predicted better), "+replicated" appended when replication then improved
+    it, "baseline:<name>", "hand". ``status``, ``gap``, ``bound`` and ``solver_value`` are the solver's own:
+    its objective value for its own incumbent, in the unit of the predicted figure (``latency_ms``,
+    ``throughput_fps`` or ``energy_mj``), None when it found none."""
+
+    method: str
     solver: str = ""
     status: str = ""
     objective: str = ""
     gap: float | None = None
     bound: float | None = None
     seconds: float = 0.0
+    solver_value: float | None = None
 
 
 @dataclass(frozen=True)
@@ -186,6 +193,7 @@ def plan_from_json(data: Any, origin: str = "plan") -> Plan:
         gap=prov_raw.get("gap"),
         bound=prov_raw.get("bound"),
         seconds=float(prov_raw.get("seconds", 0.0)),
+        solver_value=prov_raw.get("solver_value"),
     )
     return Plan(
         model_sha256=_need(data, "model_sha256", str, ""),

@@ -84,9 +84,9 @@ def build_problem(blocks: OpGraph, graph: OpGraph, cost: CostModel, max_stages: 
                 continue
             key = (u.pu, u.cores, b.name)
             if key not in by_config:
-                fit = cost.fits.get((u.pu, u.cores))
-                alpha = fit.alpha if fit and fit.partitions_fitted else 1.0
-                by_config[key] = alpha * cost.group_ms(b.members, u.pu, u.cores).ms
+                # calibrated once: the block's share of a partition (alpha applied), the per-partition
+                # part (beta) is the unit's overhead, charged once per partition
+                by_config[key] = cost.block_ms(b.members, u.pu, u.cores)
             table[(bi, ui)] = by_config[key]
             runnable = True
         if not runnable:
@@ -100,6 +100,7 @@ def build_problem(blocks: OpGraph, graph: OpGraph, cost: CostModel, max_stages: 
     for e in blocks.edges:
         flows.setdefault((index[e.src], index[e.dst]), {})[e.tensor] = e.nbytes
     edges = tuple((i, j, sum(t.values())) for (i, j), t in sorted(flows.items()))
+    succ = _successors(blocks)
     pus = list(dict.fromkeys(u.pu for u in units))
     transfer, transfer_mj = {}, {}
     for ei, (_, _, nbytes) in enumerate(edges):
@@ -111,8 +112,7 @@ def build_problem(blocks: OpGraph, graph: OpGraph, cost: CostModel, max_stages: 
     overhead = {}
     busy_extra = {}
     for ui, u in enumerate(units):
-        fit = cost.fits.get((u.pu, u.cores))
-        overhead[ui] = max(0.0, fit.beta_ms) if fit and fit.partitions_fitted else 0.0
+        overhead[ui] = cost.partition_overhead_ms(u.pu, u.cores)
         pu = cost.profile.pu(u.pu)
         if pu.kind == "cpu":
             n = max(1, len(pu.cores))
@@ -134,37 +134,38 @@ def build_problem(blocks: OpGraph, graph: OpGraph, cost: CostModel, max_stages: 
         unit_overhead=overhead,
         busy_extra_w=busy_extra,
         idle_w=sum(p.idle_power_w.value for p in cost.profile.pus) * cost.power_idle_scale,
-        independent=tuple(_independent_pairs(blocks)),
-        regions=tuple(_fork_join_regions(blocks)),
+        independent=tuple(_independent_pairs(succ)),
+        regions=tuple(_fork_join_regions(succ)),
         max_stages=max_stages,
     )
 
 
-def _independent_pairs(blocks: OpGraph) -> list[tuple[int, int]]:
-    names = [b.name for b in blocks.nodes]
-    pos = {n: i for i, n in enumerate(names)}
-    reach = [0] * len(names)
-    for n in reversed(names):
+def _successors(blocks: OpGraph) -> list[list[int]]:
+    pos = {b.name: i for i, b in enumerate(blocks.nodes)}
+    return [sorted(pos[s] for s in blocks.successors[b.name]) for b in blocks.nodes]
+
+
+def _independent_pairs(succ: list[list[int]]) -> list[tuple[int, int]]:
+    """Block pairs (i < j, topological indices) with no path between them."""
+    n = len(succ)
+    reach = [0] * n
+    for i in reversed(range(n)):
         bits = 0
-        for s in blocks.successors[n]:
-            bits |= (1 << pos[s]) | reach[pos[s]]
-        reach[pos[n]] = bits
-    return [(i, j) for i in range(len(names)) for j in range(i + 1, len(names)) if not (reach[i] >> j) & 1]
+        for s in succ[i]:
+            bits |= (1 << s) | reach[s]
+        reach[i] = bits
+    return [(i, j) for i in range(n) for j in range(i + 1, n) if not (reach[i] >> j) & 1]
 
 
-def _fork_join_regions(blocks: OpGraph) -> list[tuple[int, int, tuple[int, ...]]]:
+def _fork_join_regions(succ: list[list[int]]) -> list[tuple[int, int, tuple[int, ...]]]:
     """Each fork with its join (immediate post-dominator) and the blocks between them."""
-    names = [b.name for b in blocks.nodes]
-    pos = {n: i for i, n in enumerate(names)}
-    n = len(names)
+    n = len(succ)
     reach = [0] * n  # descendants
     pdom = [0] * n  # blocks every path from here to the end passes through (itself included)
-    for name in reversed(names):
-        i = pos[name]
-        succ = [pos[s] for s in blocks.successors[name]]
+    for i in reversed(range(n)):
         bits = 0
         common = None
-        for s in succ:
+        for s in succ[i]:
             bits |= (1 << s) | reach[s]
             common = pdom[s] if common is None else common & pdom[s]
         reach[i] = bits
@@ -175,9 +176,8 @@ def _fork_join_regions(blocks: OpGraph) -> list[tuple[int, int, tuple[int, ...]]
             if (reach[i] >> j) & 1:
                 ancestors[j] |= 1 << i
     regions = []
-    for name in names:
-        x = pos[name]
-        if len(blocks.successors[name]) < 2:
+    for x in range(n):
+        if len(succ[x]) < 2:
             continue
         rest = pdom[x] & ~(1 << x)
         if not rest:
@@ -186,3 +186,47 @@ def _fork_join_regions(blocks: OpGraph) -> list[tuple[int, int, tuple[int, ...]]
         between = reach[x] & ancestors[y]
         regions.append((x, y, tuple(b for b in range(n) if (between >> b) & 1)))
     return regions
+
+
+def toy_problem(
+    units: list[Unit],
+    cost: dict[tuple[int, int], float],
+    edges: list[tuple[int, int]],
+    transfer_ms: float = 0.0,
+    busy_w: dict[int, float] | None = None,
+    idle_w: float = 0.0,
+    overhead_ms: dict[int, float] | None = None,
+    max_stages: int = 4,
+) -> Problem:
+    """A problem from plain numbers (blocks 0..n-1 in topological order): for tests and examples."""
+    n = 1 + max(b for b, _ in cost)
+    succ: list[list[int]] = [[] for _ in range(n)]
+    for i, j in edges:
+        if not i < j:
+            raise ValueError("edges go from a lower block index to a higher one (topological order)")
+        succ[i].append(j)
+    pus = list(dict.fromkeys(u.pu for u in units))
+    transfer = {(ei, p, q): transfer_ms for ei in range(len(edges)) for p in pus for q in pus if p != q}
+    cluster: dict[str, int] = {}
+    for u in units:
+        if u.kind == "cpu":
+            cluster[u.pu] = max(cluster.get(u.pu, 0), u.cores)
+    return Problem(
+        model_name="toy",
+        blocks=tuple(f"b{i}" for i in range(n)),
+        members={f"b{i}": (f"b{i}",) for i in range(n)},
+        param_bytes={f"b{i}": 0 for i in range(n)},
+        units=tuple(units),
+        cost=dict(cost),
+        edges=tuple((i, j, 1) for i, j in sorted(edges)),
+        transfer=transfer,
+        transfer_mj=dict.fromkeys(transfer, 0.0),
+        cluster_cores=cluster,
+        memory=dict.fromkeys(pus, 1e12),
+        unit_overhead={u: (overhead_ms or {}).get(u, 0.0) for u in range(len(units))},
+        busy_extra_w={u: (busy_w or {}).get(u, 1.0) for u in range(len(units))},
+        idle_w=idle_w,
+        independent=tuple(_independent_pairs(succ)),
+        regions=tuple(_fork_join_regions(succ)),
+        max_stages=max_stages,
+    )

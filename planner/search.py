@@ -139,21 +139,36 @@ def best_plan(
         solver=solver,
     )
     provenance = Provenance(
-        method="ilp",
+        method=f"heuristic:{warm.name}" if solution.warm_kept else "ilp",
         solver=solution.solver,
         status=solution.status,
         objective=objective,
         gap=solution.gap,
-        bound=solution.bound,
+        bound=_in_predicted_unit(solution.bound, objective),
         seconds=round(solution.seconds, 3),
+        solver_value=_in_predicted_unit(solution.value, objective),
     )
     plan = evaluate(
         to_plan(problem, solution.assignment, blocks, profile, provenance, f"ilp-{objective}"), graph, cost, frames=0
     )
+    if solution.warm_kept:
+        plan = dataclasses.replace(
+            plan, notes=(f"{warm.name}, given to the solver as a start, predicts better than the solver's incumbent",)
+        )
     # Never return less than a plan inside the ILP's space: evaluate every candidate the same way.
     for c in cands:
         other = evaluate(
-            to_plan(problem, c.assignment, blocks, profile, provenance, f"ilp-{objective}"), graph, cost, frames=0
+            to_plan(
+                problem,
+                c.assignment,
+                blocks,
+                profile,
+                dataclasses.replace(provenance, method=f"heuristic:{c.name}"),
+                f"ilp-{objective}",
+            ),
+            graph,
+            cost,
+            frames=0,
         )
         if key(other, objective) < key(plan, objective) * (1 - 1e-9) and _plan_meets(
             other, max_latency_ms, min_fps, max_mj
@@ -181,10 +196,23 @@ def best_plan(
                     if seed is plan
                     else "one copy of the model per core beat the ILP's plan"
                 )
+                method = f"{plan.provenance.method}+replicated" if seed is plan else "heuristic:single-core+replicated"
                 plan = dataclasses.replace(
-                    rep, provenance=provenance, name=f"ilp-{objective}", notes=(*plan.notes, note)
+                    rep,
+                    provenance=dataclasses.replace(provenance, method=method),
+                    name=f"ilp-{objective}",
+                    notes=(*plan.notes, note),
                 )
     return evaluate(plan, graph, cost)
+
+
+def _in_predicted_unit(value: float | None, objective: str) -> float | None:
+    """A value of the ILP's objective (latency ms, period ms, energy mJ) in the unit of the predicted figure."""
+    if value is None or value != value:
+        return None
+    if objective == "throughput":
+        return 1000.0 / value if value > 0 else None
+    return value
 
 
 def _single_core(problem: Problem, blocks: OpGraph, profile: DeviceProfile, graph: OpGraph, cost: CostModel) -> Plan:

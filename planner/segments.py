@@ -1,16 +1,25 @@
 """Lowering a plan to segments: the partitions the executor runs, one onnxruntime session each.
 
 A unit (one assignment: a PU, or a set of cores of a CPU cluster) runs its blocks of
-a stage. When a unit's later blocks wait on another unit of the same stage that in
-turn waits on the unit's earlier blocks (fork on A, branch on B, join on A), the
-unit's blocks are split there: segment numbers rise by one at every hop between
-units inside a stage, and blocks of one unit with one segment number form one
-partition. Edges between segments then always go forward, so the partitions of a
-frame form a DAG.
+a stage as partitions. A partition starts when all its inputs have arrived and hands
+its outputs on when it ends, so it must not hold a block that waits for more than
+the partition before it, nor keep an output that another unit waits for: a block
+continues the partition its unit ran last only when every one of its inputs comes
+from that partition or from a partition of the same unit that it already waits for,
+and no block of the partition sends to another unit or stage; otherwise (an input
+from another unit or stage, from a partition it does not wait for, or no input) it
+starts a new partition, and a block whose output leaves the unit ends its partition.
+So partitions are runs of consecutive blocks in the unit's order. So a partition's only outside
+inputs are those of its first block, independent branches on one unit are
+independent partitions, and (fork on A, branch on B, join on A) splits A's blocks at
+the join. A partition P waits only on partitions whose blocks precede P's first
+block, so the partitions of a frame form a DAG. ``planner.ilp.partition_starts`` is
+the same rule on the ILP's block indices.
 """
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 
 from device_profiles.schema import DeviceProfile
@@ -57,29 +66,78 @@ def block_edges(plan: Plan, graph: OpGraph) -> dict[tuple[str, str], dict[str, i
 
 
 def lower(plan: Plan, graph: OpGraph, profile: DeviceProfile) -> list[Segment]:
-    """Every segment of every stage and replica group, stage by stage in topological order."""
+    """Every segment of every stage and replica group, stage by stage; a unit's segments in the order it
+    runs them (``Segment.index``)."""
     order = _block_order(plan, graph)
     preds: dict[str, set[str]] = {b: set() for b in plan.blocks}
+    succs: dict[str, set[str]] = {b: set() for b in plan.blocks}
     for a, b in block_edges(plan, graph):
         preds[b].add(a)
+        succs[a].add(b)
     cores = core_ids(plan, profile)
     out: list[Segment] = []
     for s, stage in enumerate(plan.stages):
         for g, group in enumerate(stage.groups):
             unit_of = {b: i for i, a in enumerate(group) for b in a.blocks}
-            seg: dict[str, int] = {}
-            for b in sorted(unit_of, key=order.__getitem__):
-                level = 0
-                for p in preds[b]:
-                    if p in unit_of:  # same stage: a hop between units starts a new segment
-                        level = max(level, seg[p] + (unit_of[p] != unit_of[b]))
-                seg[b] = level
+            sequence = _run_order(group, preds, order)
+            part: dict[str, str] = {}  # block -> the first block of its partition
+            feeds: dict[str, set[str]] = {}  # partition -> the partitions it waits for
+            last: dict[int, str] = {}  # unit -> the block it ran last
+            closed: set[str] = set()  # partitions holding a block whose output leaves the unit
+            for b in sequence:
+                u = unit_of[b]
+                current = part.get(last.get(u, ""))
+                if (
+                    preds[b]
+                    and current is not None
+                    and current not in closed
+                    and all(
+                        p in unit_of and unit_of[p] == u and (part[p] == current or part[p] in feeds[current])
+                        for p in preds[b]
+                    )
+                ):
+                    part[b] = current  # it waits for nothing the partition does not wait for already
+                else:
+                    part[b] = b
+                    feeds[b] = {part.get(p, p) for p in preds[b]}
+                last[u] = b
+                if any(x not in unit_of or unit_of[x] != u for x in succs[b]):
+                    closed.add(part[b])  # its outputs leave when the partition ends: end it here
+            rank = {b: k for k, b in enumerate(sequence)}
             for i, a in enumerate(group):
-                levels = sorted({seg[b] for b in a.blocks})
-                for dense, level in enumerate(levels):
-                    blocks = tuple(sorted((b for b in a.blocks if seg[b] == level), key=order.__getitem__))
+                firsts = sorted({part[b] for b in a.blocks}, key=rank.__getitem__)
+                for dense, first in enumerate(firsts):
+                    blocks = tuple(sorted((b for b in a.blocks if part[b] == first), key=rank.__getitem__))
                     members = tuple(m for b in blocks for m in plan.blocks[b])
                     out.append(Segment(s, g, i, dense, a.pu, a.cores, cores[(s, g, i)], blocks, members))
+    return out
+
+
+def _run_order(group: tuple, preds: dict[str, set[str]], order: dict[str, int]) -> list[str]:
+    """The group's blocks in an order that respects the data flow and every unit's own order (its
+    assignment's block list); where the two contradict each other, data-flow order alone."""
+    mine = {b for a in group for b in a.blocks}
+    after: dict[str, set[str]] = {b: {p for p in preds[b] if p in mine} for b in mine}
+    for a in group:
+        for x, y in zip(a.blocks, a.blocks[1:], strict=False):
+            after[y].add(x)
+    waiting = {b: len(ps) for b, ps in after.items()}
+    nexts: dict[str, list[str]] = {b: [] for b in mine}
+    for b, ps in after.items():
+        for p in ps:
+            nexts[p].append(b)
+    ready = [(order[b], b) for b, k in waiting.items() if k == 0]
+    heapq.heapify(ready)
+    out: list[str] = []
+    while ready:
+        _, b = heapq.heappop(ready)
+        out.append(b)
+        for c in nexts[b]:
+            waiting[c] -= 1
+            if waiting[c] == 0:
+                heapq.heappush(ready, (order[c], c))
+    if len(out) < len(mine):  # a unit's order contradicts the data flow: fall back to it
+        return sorted(mine, key=order.__getitem__)
     return out
 
 

@@ -2,7 +2,8 @@
 
 Both use the same lowering (``planner.segments``) and costs. A segment starts for a
 frame when all its inputs have arrived and its unit (a PU, or a set of cores of a
-CPU cluster) is free; a unit picks the oldest frame among its ready segments. Data
+CPU cluster) is free; a unit runs a frame's segments in its order (``Segment.index``,
+the solver's), and picks the oldest frame whose next segment is ready. Data
 between units on different PUs crosses the profile's link, one transfer at a time per
 direction (contention); units on one CPU cluster hand tensors over in memory. Frames
 are admitted while fewer than ``max_inflight`` are in flight (the executor's bounded
@@ -65,21 +66,26 @@ class PlanModel:
         chosen = {s: frame % st.replicas for s, st in enumerate(self.plan.stages)}
         return [s for s in self.segments if s.group == chosen[s.stage]]
 
-    def frame_flows(self, frame: int) -> dict[tuple[tuple, tuple], tuple[int, str, str]]:
-        """(source segment key, target segment key) -> (bytes, source PU, target PU) for one frame."""
+    def frame_flows(self, frame: int) -> dict[tuple[tuple, tuple], tuple[int, str, str, tuple[int, ...]]]:
+        """(source segment key, target segment key) -> (bytes, source PU, target PU, bytes of each block edge)
+        for one frame. Each block edge (producer block -> consumer block) is one transfer, as in the ILP."""
         chosen = {s: frame % st.replicas for s, st in enumerate(self.plan.stages)}
-        out: dict[tuple[tuple, tuple], tuple[int, str, str]] = {}
+        out: dict[tuple[tuple, tuple], tuple[int, str, str, tuple[int, ...]]] = {}
         for (a, b), nbytes in self.flows.items():
             sa = self.seg_of_block[(self.stage_of_block[a], chosen[self.stage_of_block[a]], a)]
             sb = self.seg_of_block[(self.stage_of_block[b], chosen[self.stage_of_block[b]], b)]
             if sa.key == sb.key:
                 continue
-            prev = out.get((sa.key, sb.key), (0, sa.pu, sb.pu))
-            out[(sa.key, sb.key)] = (prev[0] + nbytes, sa.pu, sb.pu)
+            prev = out.get((sa.key, sb.key), (0, sa.pu, sb.pu, ()))
+            out[(sa.key, sb.key)] = (prev[0] + nbytes, sa.pu, sb.pu, (*prev[3], nbytes))
         return out
 
     def transfer_ms(self, nbytes: int, src: str, dst: str) -> float:
         return self.cost.transfer_ms(nbytes, src, dst)
+
+    def flow_ms(self, parts: tuple[int, ...], src: str, dst: str) -> float:
+        """Link time of a flow: its block edges one after another."""
+        return sum(self.cost.transfer_ms(n, src, dst) for n in parts)
 
     def idle_w(self) -> float:
         return sum(p.idle_power_w.value for p in self.cost.profile.pus) * self.cost.power_idle_scale
@@ -114,8 +120,8 @@ def analytic(model: PlanModel) -> Predicted:
         for s in model.frame_segments(f):
             load[s.unit_key] = load.get(s.unit_key, 0.0) + model.ms[s.key]
             extra_mj += model.ms[s.key] * model.busy_extra_w(s)
-        for (_, _), (nbytes, x, y) in model.frame_flows(f).items():
-            t = model.transfer_ms(nbytes, x, y)
+        for (_, _), (nbytes, x, y, parts) in model.frame_flows(f).items():
+            t = model.flow_ms(parts, x, y)
             if t:
                 load[("link", x, y)] = load.get(("link", x, y), 0.0) + t
             extra_mj += model.cost.transfer_mj(nbytes, x, y)
@@ -170,10 +176,10 @@ def _run(
 
     segs = {f: model.frame_segments(f) for f in range(min(frames, model.period))}
     flows = {f: model.frame_flows(f) for f in range(min(frames, model.period))}
-    order = {s.key: i for i, s in enumerate(model.segments)}
     waiting: dict[tuple[int, tuple], int] = {}
     unit_busy_until: dict[tuple, float] = {}
     unit_queue: dict[tuple, list[tuple[int, int, tuple]]] = {}
+    next_index: dict[tuple[tuple, int], int] = {}  # (unit, frame) -> the index of its next segment there
     link_free: dict[tuple[str, str], float] = {}
     done_count: dict[int, int] = {}
     enter: dict[int, float] = {}
@@ -206,15 +212,22 @@ def _run(
 
     def ready(now: float, f: int, key: tuple) -> None:
         seg = seg_by_key[key]
-        heapq.heappush(unit_queue.setdefault(seg.unit_key, []), (f, order[key], key))
+        unit_queue.setdefault(seg.unit_key, []).append((f, seg.index, key))
         dispatch(now, seg.unit_key)
 
     def dispatch(now: float, unit: tuple) -> None:
+        """The oldest frame whose next segment on this unit (in the unit's order) is ready runs it."""
         nonlocal extra_mj
         queue = unit_queue.get(unit)
         if not queue or unit_busy_until.get(unit, 0.0) > now:
             return
-        f, _, key = heapq.heappop(queue)
+        runnable = [e for e in queue if e[1] == next_index.get((unit, e[0]), 0)]
+        if not runnable:
+            return
+        entry = min(runnable)
+        queue.remove(entry)
+        f, index, key = entry
+        next_index[(unit, f)] = index + 1
         seg = seg_by_key[key]
         ms = model.ms[key]
         unit_busy_until[unit] = now + ms
@@ -232,10 +245,10 @@ def _run(
             seg = seg_by_key[key]
             dispatch(now, seg.unit_key)
             fl = flows[f % model.period]
-            for (src, dst), (nbytes, x, y) in fl.items():
+            for (src, dst), (nbytes, x, y, parts) in fl.items():
                 if src != key:
                     continue
-                t = model.transfer_ms(nbytes, x, y)
+                t = model.flow_ms(parts, x, y)
                 delay = model.cost.handoff_delay_ms(x, y)  # latency only: it occupies no link
                 if t == 0:
                     push(now + delay, "arrive", (f, dst))

@@ -138,7 +138,11 @@ def test_fork_branch_join_splits_a_unit_into_segments(exported) -> None:
     validate(plan, graph, profile)
     segments = lower(plan, graph, profile)
     a73_segments = [s for s in segments if s.pu == "a73"]
-    assert len(a73_segments) == len(fours) + 1  # split at every join that waits on the GPU
+    # split at every fork that hands a branch to the GPU (its output leaves when its partition ends) and at
+    # every join that waits on the GPU: the fork's partition, the CPU branches, the join onwards
+    assert len(a73_segments) == 2 * len(fours) + 1
+    for seg in a73_segments:
+        assert not (set(seg.blocks) & on_gpu)
     from planner.simulate import PlanModel, simulate
 
     result = simulate(PlanModel(plan, graph, cost), 5)  # a cycle between segments would never finish a frame

@@ -46,11 +46,16 @@ def test_pipeline_throughput_is_set_by_the_slowest_stage(googlenet) -> None:
     graph, blocks = googlenet
     vim3 = load_profile("khadas-vim3")
     model, a, s = _figures(flop_pipeline(blocks, vim3, [("a73", 4), ("a53", 2)]), graph, vim3)
-    stage_ms = list(model.ms.values())
+    stage_ms: dict[int, float] = {}
+    for seg in model.segments:  # a stage's unit runs its partitions one after another
+        stage_ms[seg.stage] = stage_ms.get(seg.stage, 0.0) + model.ms[seg.key]
     assert len(stage_ms) == 2
+    stage_ms = list(stage_ms.values())
     assert a.throughput_fps == pytest.approx(1000 / max(stage_ms), rel=0.05)
     assert s.throughput_fps == pytest.approx(a.throughput_fps, rel=0.03)
-    assert a.latency_ms > sum(stage_ms), "the transfer between clusters is on the critical path"
+    # the second stage starts on the branches the first hands over early (their partitions end there),
+    # so one frame takes less than the two stages back to back, and more than either
+    assert max(stage_ms) < a.latency_ms < sum(stage_ms)
 
 
 def test_replication_takes_alternate_frames(googlenet) -> None:
@@ -165,6 +170,7 @@ def test_a_learnt_handoff_delays_latency_but_occupies_no_link(googlenet) -> None
     after = analytic(PlanModel(plan, graph, cost))
     hops = sum(1 for f in PlanModel(plan, graph, cost).frame_flows(0).values() if f[1] != f[2])
     assert hops >= 1
-    assert after.latency_ms == pytest.approx(before.latency_ms + 5.0 * hops, rel=1e-6)
+    # every path from input to output crosses from the first stage to the second once
+    assert after.latency_ms == pytest.approx(before.latency_ms + 5.0, rel=1e-6)
     assert after.throughput_fps == pytest.approx(before.throughput_fps, rel=1e-9)
     assert cost.handoff_delay_ms("a73", "a73") == 0.0

@@ -1,0 +1,195 @@
+"""The ILP gives correct answers: bounds that cut off nothing valid, warm starts it keeps, calibration
+applied once, the same plan in every process, honest labels and status."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pulp
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from device_profiles.loader import load_profile
+from models.coarsen import coarsen
+from models.graph import build_graph
+from models.onnx_io import load_onnx
+from planner import heuristics as H
+from planner.baselines import single_pu
+from planner.costmodel import CostModel, Fit
+from planner.ilp import Assignment, _formulate, _set_warm_start, canonical, schedule, solve
+from planner.problem import Problem, Unit, build_problem, toy_problem
+from planner.search import best_plan, key
+from planner.simulate import PlanModel, analytic
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load(exported, name: str):
+    loaded = load_onnx(exported(name).path)
+    graph = build_graph(loaded.proto, loaded.sha256, name)
+    return graph, coarsen(graph, "coarse")
+
+
+def _fork_join_toy() -> Problem:
+    """fork -> two branches -> join on a fast, power-hungry PU or a slow, frugal one."""
+    fast, slow = Unit("fast", "gpu", 1, 0), Unit("slow", "npu", 1, 0)
+    cost = {(0, 0): 1.0, (1, 0): 3.0, (2, 0): 3.0, (3, 0): 1.0, (0, 1): 2.0, (1, 1): 8.0, (2, 1): 8.0, (3, 1): 2.0}
+    edges = [(0, 1), (0, 2), (1, 3), (2, 3)]
+    return toy_problem([fast, slow], cost, edges, transfer_ms=0.1, busy_w={0: 1.0, 1: 0.1})
+
+
+def test_latency_bound_does_not_cut_off_plans_slower_than_the_warm_start() -> None:
+    problem = _fork_join_toy()
+    warm = Assignment((0, 0, 0, 0))  # all on the fast PU: 8 ms, 8 mJ
+    assert schedule(problem, warm).latency_ms == pytest.approx(8.0)
+    solution = solve(problem, "energy", time_limit=10, max_latency_ms=30.0, warm=warm)
+    # everything on the frugal PU: 2 + 8 + 8 + 2 = 20 ms (under the 30 ms ceiling), 20 ms x 0.1 W = 2 mJ;
+    # a big-M taken from the warm start's 8 ms made the solver call 4.2 mJ "optimal"
+    assert solution.status == "optimal"
+    assert solution.assignment == Assignment((1, 1, 1, 1))
+    assert solution.value == pytest.approx(2.0, rel=1e-6)
+    assert solution.figures.latency_ms == pytest.approx(20.0)
+
+
+def _cluster_toy(n_blocks: int, edges: list[tuple[int, int]], costs: list[float]) -> Problem:
+    """A 4-core CPU cluster (cut into units of 4, 2 or 1 cores) and a GPU."""
+    units = [Unit("cpu", "cpu", 4, 0), Unit("cpu", "cpu", 2, 0), Unit("cpu", "cpu", 2, 1)]
+    units += [Unit("cpu", "cpu", 1, i) for i in range(4)] + [Unit("gpu", "gpu", 1, 0)]
+    cost = {}
+    for b in range(n_blocks):
+        for u, x in enumerate(units):
+            cost[(b, u)] = costs[b] * (4 / x.cores if x.kind == "cpu" else 0.7)
+    return toy_problem(units, cost, edges, transfer_ms=0.3, busy_w={u: 0.2 * x.cores for u, x in enumerate(units)})
+
+
+@st.composite
+def _warm_starts(draw):
+    n = draw(st.integers(3, 7))
+    edges = sorted({(i, j) for j in range(1, n) for i in draw(st.sets(st.integers(0, j - 1), min_size=1, max_size=2))})
+    costs = draw(st.lists(st.floats(0.5, 10.0), min_size=n, max_size=n))
+    problem = _cluster_toy(n, edges, costs)
+    # a layout of the cluster, its units under arbitrary instance labels (not the symmetry rows' order)
+    layout = draw(st.sampled_from([[0], [1, 2], [1, 3, 4], [3, 4, 5, 6]]))
+    relabel = draw(st.permutations([3, 4, 5, 6]))
+    twos = draw(st.permutations([1, 2]))
+    mapped = [
+        {3: relabel[0], 4: relabel[1], 5: relabel[2], 6: relabel[3], 1: twos[0], 2: twos[1]}.get(u, u) for u in layout
+    ]
+    units = [*mapped, 7]
+    warm = Assignment(tuple(draw(st.sampled_from(units)) for _ in range(n)))
+    objective = draw(st.sampled_from(["latency", "throughput", "energy"]))
+    limit = draw(st.sampled_from([0.001, 0.01, 0.05, 0.5]))
+    return problem, warm, objective, limit
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_warm_starts())
+def test_warm_start_satisfies_every_row_and_the_incumbent_is_never_worse(case) -> None:
+    problem, warm, objective, limit = case
+    start = canonical(problem, warm)
+    assert schedule(problem, start) == schedule(problem, warm)  # relabelling identical units changes nothing
+    figures = schedule(problem, start)
+    horizon = figures.latency_ms if objective == "latency" else None
+    lp, v = _formulate(problem, objective, None, None, None, horizon, None, horizon)
+    _set_warm_start(problem, v, start)
+    broken = [name for name, row in lp.constraints.items() if not row.valid(1e-6)]
+    assert not broken, f"the warm start breaks {broken[:5]}: HiGHS would drop it"
+    solution = solve(problem, objective, time_limit=limit, warm=warm)
+    assert solution.best <= figures.value(objective) * (1 + 1e-9)
+    assert schedule(problem, solution.assignment).value(objective) <= figures.value(objective) * (1 + 1e-9)
+
+
+def test_balanced_warm_start_on_googlenet_is_feasible_for_the_solver(exported) -> None:
+    graph, blocks = _load(exported, "googlenet")
+    problem = build_problem(blocks, graph, CostModel(load_profile("khadas-vim3"), graph), 4)
+    warm = canonical(problem, H.balanced(problem))
+    lp, v = _formulate(problem, "throughput", None, None, None, None, None, None)
+    _set_warm_start(problem, v, warm)
+    assert all(row.valid(1e-6) for row in lp.constraints.values())
+
+
+def test_calibration_is_applied_once(exported) -> None:
+    graph, blocks = _load(exported, "squeezenet1_1")
+    profile = load_profile("khadas-vim3")
+    cost = CostModel(profile, graph)
+    cost.fits[("a73", 4)] = Fit({}, 0.0, 1.0, alpha=1.5, beta_ms=2.0, partitions_fitted=3)
+    members = [n.name for n in graph.nodes]
+    units = sum(cost.roofline_ms(m, "a73", 4) for m in members)
+    assert cost.group_ms(members, "a73", 4).ms == pytest.approx(1.5 * units + 2.0)
+    problem = build_problem(blocks, graph, cost, 4)
+    a73 = next(u for u, x in enumerate(problem.units) if (x.pu, x.cores, x.instance) == ("a73", 4, 0))
+    whole = Assignment(tuple(a73 for _ in problem.blocks))
+    predicted = analytic(PlanModel(single_pu(blocks, profile, "a73", 4), graph, cost))
+    # one partition: alpha on every block, beta once
+    assert schedule(problem, whole).latency_ms == pytest.approx(1.5 * units + 2.0, rel=1e-9)
+    assert schedule(problem, whole).period_ms == pytest.approx(predicted.latency_ms, rel=1e-9)
+    assert 1000.0 / schedule(problem, whole).period_ms == pytest.approx(predicted.throughput_fps, rel=1e-9)
+
+
+_PLAN_SCRIPT = """
+import json, sys
+from device_profiles.loader import load_profile
+from models.coarsen import coarsen
+from models.graph import build_graph
+from models.onnx_io import load_onnx
+from planner.costmodel import CostModel
+from planner.search import best_plan
+loaded = load_onnx(sys.argv[1])
+graph = build_graph(loaded.proto, loaded.sha256, "squeezenet1_1")
+blocks = coarsen(graph, "coarse")
+cost = CostModel(load_profile(sys.argv[2]), graph)
+out = {}
+for objective in ("latency", "throughput", "energy"):
+    data = best_plan(blocks, graph, cost, objective, time_limit=60).to_json()
+    data["provenance"]["seconds"] = 0.0  # wall-clock time, the one field that may differ
+    out[objective] = data
+print(json.dumps(out, sort_keys=True))
+"""
+
+
+@pytest.mark.parametrize("device", ["khadas-vim3", "bst-a1000"])
+def test_the_same_inputs_give_byte_identical_plans_in_other_processes(exported, device: str) -> None:
+    path = str(exported("squeezenet1_1").path)
+    outputs = []
+    for seed in ("1", "12345"):
+        env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(ROOT)}
+        ran = subprocess.run(
+            [sys.executable, "-c", _PLAN_SCRIPT, path, device], env=env, capture_output=True, text=True, check=True
+        )
+        outputs.append(ran.stdout)
+    assert outputs[0] == outputs[1]
+    for data in json.loads(outputs[0]).values():
+        assert data["provenance"]["status"] == "optimal"  # under a time limit, timing could change the answer
+
+
+def test_a_plan_is_labelled_by_how_it_was_found(exported) -> None:
+    graph, blocks = _load(exported, "googlenet")
+    cost = CostModel(load_profile("khadas-vim3"), graph)
+    problem = build_problem(blocks, graph, cost, 4)
+    solved = best_plan(blocks, graph, cost, "energy", time_limit=30, problem=problem)
+    assert solved.provenance.method == "ilp" and solved.provenance.status == "optimal"
+    assert solved.provenance.solver_value == pytest.approx(solved.predicted.energy_mj, rel=0.01)
+    # no time to find a plan of its own: the warm start (a heuristic) is what comes back, named as such
+    rushed = best_plan(blocks, graph, cost, "latency", time_limit=0.001, problem=problem)
+    assert rushed.provenance.method.startswith("heuristic:"), rushed.provenance
+    assert rushed.provenance.status != "optimal"
+    name = rushed.provenance.method.split(":", 1)[1]
+    from planner.search import baselines
+
+    base = baselines(blocks, graph, cost, 4, problem)
+    assert key(rushed, "latency") == pytest.approx(key(base[name], "latency"), rel=1e-9)
+
+
+@pytest.mark.parametrize("backend", ["highs", "cbc"])
+def test_status_is_not_optimal_after_a_time_limit(exported, backend: str) -> None:
+    graph, blocks = _load(exported, "inception_v3")
+    problem = build_problem(blocks, graph, CostModel(load_profile("khadas-vim3"), graph), 4)
+    warm = Assignment(tuple(0 for _ in problem.blocks))
+    solution = solve(problem, "latency", time_limit=0.5, warm=warm, solver=backend)
+    assert solution.status != "optimal", solution.status
+    assert pulp.LpStatus  # the solver ran for real
