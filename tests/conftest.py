@@ -22,6 +22,9 @@ HERE = Path(__file__).parent
 
 NEEDS: dict[str, tuple[str, ...]] = {
     "agents/test_board_side.py": ("agent",),
+    "agents/test_exposure.py": ("agent",),
+    "agents/test_reliability.py": ("agent",),
+    "agents/test_uploads.py": ("agent",),
     "agents/test_multihost.py": ("agent",),
     "agents/test_server.py": ("agent",),
     "parapipe/test_cli_export.py": ("zoo",),

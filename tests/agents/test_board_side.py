@@ -12,7 +12,7 @@ import onnxruntime as ort
 from agents.executor import generate_inputs
 from compiler import compile_plan, write_bundle
 from parapipe.local_agent import LocalAgent
-from tests.agents.conftest import executor_plans, model_and_graph
+from tests.support.plans import executor_plans, model_and_graph
 
 BLOCKER = """
 import importlib.abc, runpy, sys

@@ -10,7 +10,7 @@ import pytest
 from agents.executor import InputError, Pipeline, generate_inputs
 from compiler import compile_plan, write_bundle
 from models.zoo import ZOO
-from tests.agents.conftest import executor_plans, model_and_graph
+from tests.support.plans import executor_plans, model_and_graph
 
 
 @pytest.mark.parametrize("name", list(ZOO))

@@ -26,7 +26,7 @@ from device_profiles.loader import load_profile
 from models.coarsen import coarsen
 from parapipe.local_agent import LocalAgent
 from planner.baselines import flop_pipeline
-from tests.agents.conftest import branch_plan, model_and_graph
+from tests.support.plans import branch_plan, model_and_graph
 
 pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
 

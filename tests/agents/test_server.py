@@ -18,7 +18,7 @@ from agents.proto import parapipe_agent_pb2 as pb
 from agents.server import MAX_MESSAGE_BYTES
 from compiler import compile_plan, write_bundle
 from parapipe.local_agent import LocalAgent
-from tests.agents.conftest import executor_plans, model_and_graph
+from tests.support.plans import executor_plans, model_and_graph
 
 
 @pytest.fixture(scope="module")

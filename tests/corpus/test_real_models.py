@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.corpus.realmodels import CORPUS, RealModel, fetch
-
-PARAPIPE = shutil.which("parapipe") or str(Path(__file__).resolve().parents[2] / ".venv" / "bin" / "parapipe")
+from tests.support.cli import PARAPIPE
 
 pytestmark = [pytest.mark.corpus, pytest.mark.agent]
 

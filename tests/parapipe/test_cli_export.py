@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import USER_MODELS
-
-PARAPIPE = shutil.which("parapipe") or str(Path(__file__).resolve().parents[2] / ".venv" / "bin" / "parapipe")
+from tests.support.cli import PARAPIPE, USER_MODELS
 
 
 def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

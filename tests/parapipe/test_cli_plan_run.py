@@ -4,18 +4,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-from pathlib import Path
 
 import pytest
 
-from tests.parapipe.test_cli_export import PARAPIPE
+from tests.support.cli import PARAPIPE, run_cli
 
-
-def _run(*args: str, home: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    import os
-
-    env = dict(os.environ, PARAPIPE_HOME=str(home))
-    return subprocess.run([PARAPIPE, *args], capture_output=True, text=True, timeout=timeout, env=env)
+_run = run_cli
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from agents.client import AgentClient, AgentError
 from parapipe.local_agent import LocalAgent
 from planner.baselines import flop_pipeline
 from tests.agents.certs import make_certs
-from tests.parapipe.test_cli_plan_run import _run
+from tests.support.cli import run_cli as _run
 
 TOKEN = "s3cret-token"
 

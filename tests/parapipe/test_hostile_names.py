@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -20,9 +19,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from tests.support.cli import PARAPIPE
+
 pytestmark = pytest.mark.agent
 
-PARAPIPE = shutil.which("parapipe") or str(Path(__file__).resolve().parents[2] / ".venv" / "bin" / "parapipe")
 HOSTILE = ["/model.0/conv/Conv", "../../etc/passwd", "a:b", "with space", "é漢字ü", "x" * 300, "..", "manifest.json"]
 PLAIN = re.compile(r"^[A-Za-z0-9_.-]+$")
 

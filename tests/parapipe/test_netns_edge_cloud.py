@@ -20,7 +20,7 @@ from agents.client import AgentClient, AgentError
 from planner.baselines import flop_pipeline
 from tests.agents.certs import make_certs
 from tests.parapipe.netns import netns_unavailable, two_hosts
-from tests.parapipe.test_cli_plan_run import _run
+from tests.support.cli import run_cli as _run
 
 REPO = Path(__file__).resolve().parents[2]
 why_not = netns_unavailable() or (None if len(os.sched_getaffinity(0)) >= 2 else "needs two cores")
