@@ -197,9 +197,7 @@ class Pipeline:
         self.stopping = False
         self.draining = False  # the agent shuts down: frames in flight finish, new ones are refused
         self.broken: str | None = None  # why the pipeline cannot finish frames any more (a peer link broke)
-        self.period = 1
-        for r in manifest.replicas:
-            self.period = self.period * r // int(np.gcd(self.period, r))
+        self.period = manifest.replica_period()
         self._frames: dict[int, _Frame] = {}
         self._lock = threading.Lock()
         self._space = threading.Condition(self._lock)  # a frame left: a slot is free (or the pipeline stops)

@@ -30,7 +30,7 @@ from models.inputs import InputSpec
 from models.onnx_io import LoadedModel
 from models.partition import GroupExtractor, OutputCheck, compare_outputs
 from planner.plan import Plan, validate
-from planner.segments import lower
+from planner.segments import lower, max_inflight
 
 
 @dataclass(frozen=True)
@@ -91,9 +91,7 @@ def compile_plan(
         plan_name=plan.name,
         device=plan.device,
         pipelined=plan.pipelined,
-        max_inflight=(2 * len({(p.stage, p.unit, p.segment) for p in parts if p.group == 0}) + 1)
-        if plan.pipelined
-        else 1,
+        max_inflight=max_inflight(plan, segments),
         replicas=tuple(st.replicas for st in plan.stages),
         inputs=tuple(_tensor_spec(s) for s in loaded.inputs),
         outputs=tuple(TensorSpec(t.name, t.dtype, t.shape) for t in graph.outputs),

@@ -10,6 +10,7 @@ the field that is wrong.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -101,6 +102,10 @@ class Plan:
     version: int = PLAN_VERSION
     notes: tuple[str, ...] = field(default=())
     inputs: tuple[InputSpec, ...] = ()  # the input shapes/dtypes (and how frames are made) it was planned for
+
+    def replica_period(self) -> int:
+        """Frames after which replica groups repeat: frame f runs on group f mod R of each stage."""
+        return math.lcm(*(st.replicas for st in self.stages)) if self.stages else 1
 
     def assignments(self) -> list[tuple[int, int, Assignment]]:
         """(stage index, replica group, assignment) for every assignment."""

@@ -144,3 +144,11 @@ def _run_order(group: tuple, preds: dict[str, set[str]], order: dict[str, int]) 
 def _block_order(plan: Plan, graph: OpGraph) -> dict[str, int]:
     position = {n.name: i for i, n in enumerate(graph.nodes)}
     return {b: max(position[m] for m in ms) for b, ms in plan.blocks.items()}
+
+
+def max_inflight(plan: Plan, segments: list[Segment]) -> int:
+    """Frames admitted at once: one a time for plans that are not pipelined, else one in each of frame 0's
+    partitions and one waiting in front of each, plus the one being fed (the executor's bounded queues)."""
+    if not plan.pipelined:
+        return 1
+    return 2 * len({(s.stage, s.unit, s.index) for s in segments if s.group == 0}) + 1

@@ -21,12 +21,11 @@ import heapq
 import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
-from math import gcd
 
 from models.graph import OpGraph
 from planner.costmodel import CostModel
 from planner.plan import Plan, Predicted
-from planner.segments import Segment, block_edges, lower
+from planner.segments import Segment, block_edges, lower, max_inflight
 
 
 @dataclass(frozen=True)
@@ -58,9 +57,7 @@ class PlanModel:
         self.seg_of_block = seg_of_block
         self.stage_of_block = {b: s.stage for s in self.segments for b in s.blocks}
         self.flows = {k: sum(v.values()) for k, v in block_edges(plan, graph).items()}
-        self.period = 1
-        for st in plan.stages:
-            self.period = self.period * st.replicas // gcd(self.period, st.replicas)
+        self.period = plan.replica_period()
 
     def frame_segments(self, frame: int) -> list[Segment]:
         chosen = {s: frame % st.replicas for s, st in enumerate(self.plan.stages)}
@@ -105,10 +102,7 @@ class PlanModel:
         return pu.active_power_w.value - per_core_idle
 
     def max_inflight(self) -> int:
-        if not self.plan.pipelined:
-            return 1
-        # bounded queues between segments: at most one frame waiting in front of each
-        return 2 * len(self.frame_segments(0)) + 1
+        return max_inflight(self.plan, self.segments)
 
 
 def analytic(model: PlanModel) -> Predicted:
