@@ -10,12 +10,8 @@ agent directly, with no SSH tunnel, and other boards can stream tensors to it.
 
 from __future__ import annotations
 
-import fcntl
-import json
-import os
 import re
 import tomllib
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -23,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from models.errors import ParapipeError
+from models.files import atomic_write, locked
 from parapipe.home import parapipe_home
 
 if TYPE_CHECKING:
@@ -94,14 +91,8 @@ _FIELD_TYPES: dict[str, type | tuple[type, ...]] = {"str": str, "int": int, "flo
 @contextmanager
 def inventory_lock() -> Iterator[None]:
     """Serialise read-modify-write of the inventory between processes (an flock on a file beside it)."""
-    path = inventory_path().with_name("boards.toml.lock")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    with locked(inventory_path()):
+        yield
 
 
 def get_board(name: str) -> Board:
@@ -114,34 +105,13 @@ def get_board(name: str) -> Board:
     return boards[name]
 
 
-def _toml_value(v: object) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int | float):
-        return repr(v)
-    return json.dumps(str(v))  # a JSON string is a valid TOML basic string
-
-
 def save_boards(boards: dict[str, Board]) -> Path:
-    lines = ["# parapipe board inventory (written by `parapipe boards add`)", ""]
-    for name in sorted(boards):
-        lines.append(f"[boards.{json.dumps(name)}]")
-        for k, v in asdict(boards[name]).items():
-            if k != "name":
-                lines.append(f"{k} = {_toml_value(v)}")
-        lines.append("")
-    path = inventory_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    try:
-        with open(tmp, "w") as fh:
-            fh.write("\n".join(lines))
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
+    """Write the inventory atomically (TOML by tomli-w; callers hold ``inventory_lock`` around load-modify-save)."""
+    import tomli_w
+
+    data = {"boards": {name: {k: v for k, v in asdict(boards[name]).items() if k != "name"} for name in sorted(boards)}}
+    text = "# parapipe board inventory (written by `parapipe boards add`)\n\n" + tomli_w.dumps(data)
+    return atomic_write(inventory_path(), text)
 
 
 def add_board(board: Board) -> Path:
