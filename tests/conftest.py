@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from models.zoo import ZOO
+from models.zoo import CORE as ZOO
 
 USER_MODELS = Path(__file__).parent / "data" / "user_models.py"
 HERE = Path(__file__).parent

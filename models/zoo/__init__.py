@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from models.errors import ModelError
-from models.zoo import cnn, transformer
+from models.zoo import cnn, scale, transformer
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,7 @@ class ZooEntry:
     factory: Callable[[], nn.Module]
     inputs: tuple[InputSpec, ...]
     description: str
+    scale: bool = False  # 300-900 operators: planning at real scale (benchmarks and the scale tests only)
 
     def build(self) -> nn.Module:
         return self.factory().eval()
@@ -60,8 +61,22 @@ ZOO: dict[str, ZooEntry] = {
             (InputSpec("input_ids", (1, 128), "int64", 1024),),
             "BERT-like encoder, 12 layers, hidden 256, seq 128 (several hundred ops)",
         ),
+        ZooEntry("inception_v4", scale.inception_v4, _image(299), "Inception-v4 (4/7/3 blocks), the paper's", True),
+        ZooEntry(
+            "inception_resnet_v2", scale.inception_resnet_v2, _image(299), "Inception-ResNet-v2 (10/20/10 blocks)", True
+        ),
+        ZooEntry("yolo_det", scale.yolo_det, _image(320), "YOLOv8-class detector: C2f, SPPF, PAN, 3 heads", True),
+        ZooEntry("dbnet_det", scale.dbnet_det, _image(320), "DBNet-class text detector: ResNet + FPN + heads", True),
+        ZooEntry(
+            "multiview_bev",
+            scale.multiview_bev,
+            (InputSpec("views", (1, 6, 3, 64, 128)),),
+            "six camera views, one shared backbone, transformer head (PETR/BEVFormer shape)",
+            True,
+        ),
     )
 }
+CORE = {name: e for name, e in ZOO.items() if not e.scale}  # the models every test runs through
 
 
 def zoo_entry(name: str) -> ZooEntry:

@@ -9,7 +9,7 @@ import pytest
 
 from agents.executor import InputError, Pipeline, generate_inputs
 from compiler import compile_plan, write_bundle
-from models.zoo import ZOO
+from models.zoo import CORE as ZOO
 from tests.support.plans import executor_plans, model_and_graph
 
 

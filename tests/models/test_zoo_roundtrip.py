@@ -8,7 +8,7 @@ from models.coarsen import coarsen
 from models.graph import build_graph
 from models.onnx_io import load_onnx
 from models.partition import cut_partitions, example_grouping, random_feeds, verify_partitions
-from models.zoo import ZOO
+from models.zoo import CORE as ZOO
 
 # MobileNetV2 is one chain (its skips have no operators), so no two of its operators are independent.
 CHAIN_MODELS = {"mobilenet_v2"}

@@ -8,7 +8,7 @@ from device_profiles.loader import load_profile, shipped_names
 from models.coarsen import coarsen
 from models.graph import build_graph
 from models.onnx_io import load_onnx
-from models.zoo import ZOO
+from models.zoo import CORE as ZOO
 from planner.costmodel import CostModel
 from planner.ilp import Assignment, schedule, solve
 from planner.plan import PlanError, validate
