@@ -116,7 +116,7 @@ def _levels(units: list[int], succ: dict[int, set[int]]) -> dict[int, int]:
     return {u: depth[comp[u]] for u in units}
 
 
-def evaluate(plan: Plan, graph: OpGraph, cost: CostModel, frames: int = 120) -> Plan:
+def evaluate(plan: Plan, graph: OpGraph, cost: CostModel, frames: int = 240) -> Plan:
     """The plan with its analytic prediction and its simulation attached (``frames=0``: analytic only)."""
     model = PlanModel(plan, graph, cost)
     simulated = simulate(model, frames).predicted() if frames else None

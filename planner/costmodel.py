@@ -227,10 +227,17 @@ class CostModel:
         return max(0.0, fit.beta_ms) if fit and fit.partitions_fitted else 0.0
 
     def _spanning_ms(self, members: frozenset[str], pu: str, cores: int) -> Prediction:
-        """One session whose threads span several clusters (``a+b``): onnxruntime splits each
-        operator evenly over its threads, so the slowest cluster's cores set the pace."""
-        parts = pu.split("+")
-        slowest = max(self.group_ms(members, p, 1).ms for p in parts)
+        """One session whose threads span several clusters (``a+b``): measured as such when the table has
+        it; else onnxruntime splits each operator evenly over its threads, so the slowest cluster's
+        cores set the pace. A cluster's core time is taken from its run on all its cores (measured
+        multi-core times where the table has them, so their parallel efficiency counts), not one core."""
+        entry = self.fused.get(((pu, cores), members))
+        if entry is not None:
+            return Prediction(entry.mean_ms, "measured")
+        slowest = 0.0
+        for part in pu.split("+"):
+            n = max(1, len(self.profile.pu(part).cores))
+            slowest = max(slowest, self.group_ms(members, part, n).ms * n)  # core-ms of the work on this cluster
         return Prediction(slowest / max(1, cores), "estimate")
 
     def transfer_ms(self, nbytes: int, src_pu: str, dst_pu: str) -> float:

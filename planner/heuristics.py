@@ -13,6 +13,7 @@ All work on full clusters and non-CPU PUs unless told which units to use.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from collections.abc import Sequence
 
@@ -148,24 +149,114 @@ def cpop(problem: Problem, units: Sequence[int]) -> Assignment:
 
 
 def pipe_only(problem: Problem, max_stages: int | None = None) -> Assignment | None:
-    """Consecutive blocks per stage, one unit per stage, over unit sets and orders; the smallest period wins."""
+    """Consecutive blocks per stage, one unit per stage, any order of units, every PU considered: for each
+    way to cut the CPU clusters into units, the smallest largest stage load (bisection on the period, a
+    subset DP deciding each), then the candidate whose period in the ILP's model (links, overheads) is best."""
     n = len(problem.blocks)
-    best: tuple[float, Assignment] | None = None
     limit = max_stages or problem.max_stages
+    best: tuple[float, Assignment] | None = None
     for units in _unit_sets(problem):
-        for k in range(1, min(limit, len(units)) + 1):
-            for order in itertools.permutations(units, k):
-                assign = _split(problem, list(order), n)
-                if assign is None:
-                    continue
-                period = schedule(problem, assign).period_ms
-                if best is None or period < best[0]:
-                    best = (period, assign)
+        assign = _pipe_split(problem, units, limit, n)
+        if assign is None:
+            continue
+        period = schedule(problem, assign).period_ms
+        if best is None or period < best[0] - 1e-12:
+            best = (period, assign)
     return best[1] if best else None
 
 
+def _pipe_split(problem: Problem, units: list[int], limit: int, n: int) -> Assignment | None:
+    prefix: dict[int, list[float]] = {}
+    blocked_next: dict[int, list[int]] = {}  # first block at or after b that u cannot run
+    for u in units:
+        acc = [0.0]
+        for b in range(n):
+            acc.append(acc[-1] + problem.cost.get((b, u), 0.0))
+        prefix[u] = acc
+        nxt = [n] * (n + 1)
+        for b in reversed(range(n)):
+            nxt[b] = b if (b, u) not in problem.cost else nxt[b + 1]
+        blocked_next[u] = nxt
+    masks = [m for m in range(1, 1 << len(units)) if bin(m).count("1") <= limit]
+    masks.sort(key=lambda m: bin(m).count("1"))
+
+    def furthest(u: int, start: int, period: float) -> int:
+        """The end of the longest chunk from ``start`` that u runs within the period."""
+        end = bisect.bisect_right(prefix[u], prefix[u][start] + period * (1 + 1e-12)) - 1
+        return max(start, min(end, blocked_next[u][start]))
+
+    def cover(period: float) -> list[tuple[int, int, int]] | None:
+        """Chunks (unit, start, end) covering every block, each within the period, or None."""
+        reach = {0: 0}
+        parent: dict[int, tuple[int, int]] = {}
+        for m in masks:
+            best_end, how = -1, None
+            for k, u in enumerate(units):
+                prev = m & ~(1 << k)
+                if not (m >> k) & 1 or prev not in reach:
+                    continue
+                end = furthest(u, reach[prev], period)
+                if end > best_end:
+                    best_end, how = end, (prev, k)
+            if how is None:
+                continue
+            reach[m], parent[m] = best_end, how
+            if best_end == n:
+                chunks = []
+                while m:
+                    prev, k = parent[m]
+                    if reach[m] > reach[prev]:
+                        chunks.append((units[k], reach[prev], reach[m]))
+                    m = prev
+                return chunks
+        return None
+
+    singles = [prefix[u][n] for u in units if blocked_next[u][0] == n]
+    hi = min(singles) if singles else sum(max(v for (b, _), v in problem.cost.items() if b == c) for c in range(n))
+    lo = max(min(problem.cost[(b, u)] for u in units if (b, u) in problem.cost) for b in range(n))
+    if cover(hi) is None:
+        return None
+    for _ in range(60):
+        if hi - lo <= 1e-9 * hi:
+            break
+        mid = (lo + hi) / 2
+        if cover(mid) is None:
+            lo = mid
+        else:
+            hi = mid
+    chunks = cover(hi)
+    assert chunks is not None
+    assign = [0] * n
+    for u, start, end in chunks:
+        for b in range(start, end):
+            assign[b] = u
+    return Assignment(tuple(assign))
+
+
 def _unit_sets(problem: Problem) -> list[list[int]]:
-    """Ways to cut the board into units: clusters whole, clusters split into halves, into cores."""
+    """Ways to cut the board into units: each CPU cluster whole, in halves or in single cores (every
+    combination over the clusters), with every non-CPU PU."""
+    others = [u for u, x in enumerate(problem.units) if x.kind != "cpu"]
+    per_cluster: list[list[list[int]]] = []
+    for pu, n in problem.cluster_cores.items():
+        options: list[list[int]] = []
+        for want in dict.fromkeys((n, max(1, n // 2), 1)):
+            chosen = [
+                u for u, x in enumerate(problem.units) if x.pu == pu and x.cores == want and x.instance < n // want
+            ]
+            if chosen and chosen not in options:
+                options.append(chosen)
+        per_cluster.append(options)
+    sets = []
+    for combo in itertools.product(*per_cluster):
+        chosen = sorted(others + [u for part in combo for u in part])
+        if chosen not in sets:
+            sets.append(chosen)
+    return sets
+
+
+def _uniform_unit_sets(problem: Problem) -> list[list[int]]:
+    """Every CPU cluster cut the same way (whole, halves, single cores), with every non-CPU PU."""
     sets = []
     for split in ("whole", "halves", "cores"):
         chosen = []
@@ -179,48 +270,13 @@ def _unit_sets(problem: Problem) -> list[list[int]]:
                 chosen.append(u)
         if chosen not in sets:
             sets.append(chosen)
-    return [s[:6] for s in sets]  # permutations of more than six units are not worth their time here
-
-
-def _split(problem: Problem, order: list[int], n: int) -> Assignment | None:
-    """DP: blocks 0..n-1 cut into len(order) consecutive non-empty chunks minimising the largest chunk."""
-    k = len(order)
-    inf = float("inf")
-    prefix = [[0.0] * (n + 1) for _ in order]
-    blocked = [[0] * (n + 1) for _ in order]  # prefix count of blocks the unit cannot run
-    for s, u in enumerate(order):
-        for b in range(n):
-            c = problem.cost.get((b, u))
-            prefix[s][b + 1] = prefix[s][b] + (c or 0.0)
-            blocked[s][b + 1] = blocked[s][b] + (c is None)
-    best = [[inf] * (n + 1) for _ in range(k + 1)]
-    cut = [[0] * (n + 1) for _ in range(k + 1)]
-    best[0][0] = 0.0
-    for s in range(1, k + 1):
-        for end in range(s, n + 1):
-            for start in range(s - 1, end):
-                if best[s - 1][start] == inf or blocked[s - 1][end] != blocked[s - 1][start]:
-                    continue
-                load = prefix[s - 1][end] - prefix[s - 1][start]
-                value = max(best[s - 1][start], load)
-                if value < best[s][end]:
-                    best[s][end], cut[s][end] = value, start
-    if best[k][n] == inf:
-        return None
-    assign = [0] * n
-    end = n
-    for s in range(k, 0, -1):
-        start = cut[s][end]
-        for b in range(start, end):
-            assign[b] = order[s - 1]
-        end = start
-    return Assignment(tuple(assign))
+    return sets
 
 
 def balanced(problem: Problem) -> Assignment | None:
     """Throughput warm start: longest block first onto the least-loaded unit, then improving moves and swaps."""
     best: tuple[float, Assignment] | None = None
-    for units in _unit_sets(problem):
+    for units in _uniform_unit_sets(problem):
         n = len(problem.blocks)
         order = sorted(range(n), key=lambda b: -min(problem.cost.get((b, u), float("inf")) for u in units))
         load = {u: 0.0 for u in units}

@@ -8,7 +8,8 @@ figures, memory. Everything after this is a pure function of these arrays.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from models.graph import OpGraph
 from planner.costmodel import CostModel
@@ -48,6 +49,8 @@ class Problem:
     independent: tuple[tuple[int, int], ...]  # block pairs with no path between them
     regions: tuple[tuple[int, int, tuple[int, ...]], ...]  # (fork, join, blocks strictly between them)
     max_stages: int
+    # what is derived from the problem alone (baselines, warm starts), computed once per problem
+    derived: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def pus(self) -> list[str]:
         return list(dict.fromkeys(u.pu for u in self.units))

@@ -135,7 +135,7 @@ def simulate(model: PlanModel, frames: int = 200, max_inflight: int | None = Non
     """
     window = max_inflight or model.max_inflight()
     enter, leave, busy, extra_mj = _run(model, frames, window, None)
-    warm = min(frames - 1, max(1, frames // 10))
+    warm = min(frames - 1, max(1, frames // 2))  # steady state: the pipeline fills over many frames
     span = leave[-1] - leave[warm - 1] if frames > 1 else leave[0] - enter[0]
     done = frames - warm if frames > 1 else 1
     throughput = 1000.0 * done / span if span > 0 else float("inf")

@@ -83,7 +83,9 @@ def _table(rows: list[dict[str, Any]], title: str = "") -> Table:
         how = (
             r["method"]
             if not r["solver"]
-            else f"{r['solver']} {r['status']}" + (f", gap {r['gap']:.2%}" if r["gap"] is not None else "")
+            else ("" if r["method"] == "ilp" else f"{r['method']}; ")
+            + f"{r['solver']} {r['status']}"
+            + (f", gap {r['gap']:.2%}" if r["gap"] is not None else "")
         )
         t.add_row(
             r["plan"],

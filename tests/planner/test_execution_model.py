@@ -8,8 +8,6 @@ links whose latency, bandwidth and conversion cost make transfers matter.
 
 from __future__ import annotations
 
-import math
-
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -17,7 +15,7 @@ from hypothesis import strategies as st
 from device_profiles.schema import OP_CLASSES, DeviceProfile, Host, Link, ProcessingUnit, Quantity
 from models.graph import Edge, OpGraph, OpNode, TensorInfo
 from planner.build import evaluate, to_plan
-from planner.costmodel import CostModel
+from planner.costmodel import CostModel, Fit
 from planner.ilp import schedule, solve
 from planner.plan import Plan, Provenance, validate
 from planner.problem import build_problem
@@ -64,32 +62,31 @@ def dags(draw) -> tuple[list[int], list[tuple[int, int]]]:
 
 
 def _graph(flops: list[int], edges: list[tuple[int, int]], nbytes: list[int]) -> tuple[OpGraph, OpGraph]:
+    """The operator graph (two operators per block, so every partition is a fused group) and its blocks."""
     n = len(flops)
-    names = [f"n{i}" for i in range(n)]
     tensors = {"x": TensorInfo("x", (1, 3, 32, 32), "float32", 12288)}
     for i in range(n):
         tensors[f"t{i}"] = TensorInfo(f"t{i}", (nbytes[i] // 4,), "float32", nbytes[i])
+        tensors[f"m{i}"] = TensorInfo(f"m{i}", (nbytes[i] // 4,), "float32", nbytes[i])
     preds = {j: [i for i, k in edges if k == j] for j in range(n)}
     succs = {i: [k for j, k in edges if j == i] for i in range(n)}
-    nodes = tuple(
-        OpNode(
-            name=names[i],
-            op_type="Conv",
-            members=(names[i],),
-            inputs=tuple(f"t{p}" for p in preds[i]) or ("x",),
-            outputs=(f"t{i}",),
-            flops=flops[i],
-            param_bytes=4096,
-            flops_by_class=(("conv", flops[i]),),
-            op_types=("Conv",),
-        )
-        for i in range(n)
-    )
-    graph_edges = tuple(Edge(names[i], names[j], f"t{i}", nbytes[i]) for i, j in edges)
+
+    def node(name: str, members: tuple[str, ...], inputs: tuple[str, ...], output: str, f: int) -> OpNode:
+        return OpNode(name, "Conv", members, inputs, (output,), f, 4096, (("conv", f),), ("Conv",))
+
+    ops, op_edges, block_nodes = [], [], []
+    for i in range(n):
+        inputs = tuple(f"t{p}" for p in preds[i]) or ("x",)
+        ops.append(node(f"n{i}a", (f"n{i}a",), inputs, f"m{i}", flops[i] * 4 // 5))
+        ops.append(node(f"n{i}b", (f"n{i}b",), (f"m{i}",), f"t{i}", flops[i] // 5))
+        op_edges.append(Edge(f"n{i}a", f"n{i}b", f"m{i}", nbytes[i]))
+        block_nodes.append(node(f"b{i}", (f"n{i}a", f"n{i}b"), inputs, f"t{i}", flops[i]))
+    op_edges += [Edge(f"n{i}b", f"n{j}a", f"t{i}", nbytes[i]) for i, j in edges]
     outputs = tuple(tensors[f"t{i}"] for i in range(n) if not succs[i])
-    common = dict(nodes=nodes, edges=graph_edges, inputs=(tensors["x"],), outputs=outputs, tensors=tensors)
-    op = OpGraph(name="dag", granularity="op", model_sha256="0" * 64, **common)
-    return op, OpGraph(name="dag", granularity="coarse", model_sha256="0" * 64, **common)
+    common = dict(inputs=(tensors["x"],), outputs=outputs, tensors=tensors, model_sha256="0" * 64)
+    op = OpGraph(name="dag", granularity="op", nodes=tuple(ops), edges=tuple(op_edges), **common)
+    block_edges_ = tuple(Edge(f"b{i}", f"b{j}", f"t{i}", nbytes[i]) for i, j in edges)
+    return op, OpGraph(name="dag", granularity="coarse", nodes=tuple(block_nodes), edges=block_edges_, **common)
 
 
 @st.composite
@@ -146,7 +143,16 @@ def boards(draw) -> DeviceProfile:
 def cases(draw):
     flops, edges = draw(dags())
     nbytes = draw(st.lists(st.integers(1_000, 2_000_000), min_size=len(flops), max_size=len(flops)))
-    return _graph(flops, edges, nbytes), draw(boards()), draw(st.sampled_from(["latency", "throughput", "energy"]))
+    calibration = draw(st.none() | st.tuples(st.floats(0.7, 1.6), st.floats(0.0, 1.0)))  # (alpha, beta ms)
+    objective = draw(st.sampled_from(["latency", "throughput", "energy"]))
+    return _graph(flops, edges, nbytes), draw(boards()), objective, calibration
+
+
+def _calibrate(cost: CostModel, alpha: float, beta: float) -> None:
+    """What ``parapipe tune`` learns on a board: partition = alpha * sum(blocks) + beta, for every config."""
+    for p in cost.profile.pus:
+        for k in range(1, len(p.cores) + 1) if p.kind == "cpu" else (1,):
+            cost.fits[(p.name, k)] = Fit({}, 0.0, 1.0, alpha, beta, 3)
 
 
 def _check_partitions(plan: Plan, graph: OpGraph, profile: DeviceProfile) -> None:
@@ -194,17 +200,32 @@ def _one_transfer_per_link(plan: Plan, graph: OpGraph, cost: CostModel) -> bool:
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(cases())
 def test_solver_analytic_and_simulation_are_one_model(case) -> None:
-    (graph, blocks), profile, objective = case
+    (graph, blocks), profile, objective, calibration = case
     cost = CostModel(profile, graph)
+    if calibration is not None:
+        _calibrate(cost, *calibration)
     problem = build_problem(blocks, graph, cost, 4)
     solution = solve(problem, objective, time_limit=20, gap=1e-6)
     assert solution.status == "optimal"
     plan = to_plan(problem, solution.assignment, blocks, profile, Provenance("ilp"), "p")
     validate(plan, graph, profile)
     _check_partitions(plan, graph, profile)
-    plan = evaluate(plan, graph, cost, frames=400)
+    plan = evaluate(plan, graph, cost, frames=240)
     predicted, simulated = plan.predicted, plan.simulated
     figures = schedule(problem, solution.assignment)
+    exact_links = _one_transfer_per_link(plan, graph, cost)
+    # the ILP's model of the plan it returns: the same partitions, overheads, order and transfers
+    assert 1000.0 / figures.period_ms == pytest.approx(predicted.throughput_fps, rel=0.01)
+    assert figures.energy_mj == pytest.approx(predicted.energy_mj, rel=0.01)
+    assert figures.latency_ms <= predicted.latency_ms * (1 + 1e-6)
+    if exact_links:
+        assert figures.latency_ms == pytest.approx(predicted.latency_ms, rel=0.01)
+    assert simulated.throughput_fps == pytest.approx(predicted.throughput_fps, rel=0.02)
+    if calibration is not None and calibration[1] > 0:
+        # the solver counts partitions (for their overhead) from a lower bound: it may only be optimistic
+        value = {"latency": predicted.latency_ms, "throughput": 1000 / predicted.throughput_fps}
+        assert solution.value <= value.get(objective, predicted.energy_mj) * (1 + 1e-6)
+        return
     if objective == "throughput":
         assert 1000.0 / solution.value == pytest.approx(predicted.throughput_fps, rel=0.01)
     elif objective == "energy":
@@ -213,10 +234,5 @@ def test_solver_analytic_and_simulation_are_one_model(case) -> None:
         # The ILP does not model two transfers queueing on one link (they overlap in its schedule), so
         # where a link carries more than one block edge per frame it may only be optimistic.
         assert solution.value <= predicted.latency_ms * (1 + 1e-6)
-        if _one_transfer_per_link(plan, graph, cost):
+        if exact_links:
             assert solution.value == pytest.approx(predicted.latency_ms, rel=0.01)
-    # the ILP's figures of the plan it returns (period and energy do not depend on the order on a unit)
-    assert 1000.0 / figures.period_ms == pytest.approx(predicted.throughput_fps, rel=0.01)
-    assert figures.energy_mj == pytest.approx(predicted.energy_mj, rel=0.01)
-    assert simulated.throughput_fps == pytest.approx(predicted.throughput_fps, rel=0.02)
-    assert math.isfinite(predicted.latency_ms)

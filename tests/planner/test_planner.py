@@ -1,4 +1,5 @@
-"""The planner: every zoo model on every shipped profile, Pareto properties, baselines, infeasible requests."""
+"""The planner: Pareto properties, analytic against simulated figures, honest status, infeasible requests
+(every zoo model on every profile against every baseline: test_baselines)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,11 @@ from device_profiles.loader import load_profile, shipped_names
 from models.coarsen import coarsen
 from models.graph import build_graph
 from models.onnx_io import load_onnx
-from models.zoo import CORE as ZOO
 from planner.costmodel import CostModel
 from planner.ilp import Assignment, schedule, solve
 from planner.plan import PlanError, validate
 from planner.problem import build_problem
-from planner.search import baselines, best_plan, dominates, key, pareto_set
+from planner.search import best_plan, dominates, pareto_set
 from planner.segments import lower
 
 PROFILES = [n for n in shipped_names() if n != "local-biglittle"] + ["local-biglittle"]
@@ -23,28 +23,6 @@ def _load(exported, name: str):
     loaded = load_onnx(exported(name).path)
     graph = build_graph(loaded.proto, loaded.sha256, name)
     return graph, coarsen(graph, "coarse")
-
-
-@pytest.mark.parametrize("name", list(ZOO))
-def test_every_model_plans_on_every_profile_and_beats_pipe_and_para_only(exported, name: str) -> None:
-    graph, blocks = _load(exported, name)
-    for device in PROFILES:
-        try:
-            profile = load_profile(device)
-        except ValueError as exc:  # local-biglittle where throttling is impossible
-            pytest.skip(str(exc))
-        cost = CostModel(profile, graph)
-        problem = build_problem(blocks, graph, cost, 4)
-        base = baselines(blocks, graph, cost, 4, problem)
-        for plan in base.values():
-            validate(plan, graph, profile)
-        for objective in ("latency", "throughput", "energy"):
-            plan = best_plan(blocks, graph, cost, objective, time_limit=0.3, problem=problem)
-            validate(plan, graph, profile)
-            assert plan.predicted is not None and plan.simulated is not None
-            for other in ("pipe-only", "para-only"):
-                if other in base:
-                    assert key(plan, objective) <= key(base[other], objective) * (1 + 1e-9), (device, objective, other)
 
 
 def test_pareto_set_is_non_dominated_and_deduplicated(exported) -> None:
@@ -65,9 +43,11 @@ def test_analytic_and_simulated_throughput_agree(exported) -> None:
     cost = CostModel(profile, graph)
     for objective in ("latency", "throughput", "energy"):
         plan = best_plan(blocks, graph, cost, objective, time_limit=1.0)
-        # the analytic figure is the busiest unit's bound; units trading segments back and forth may
-        # fall a little short of it in the simulation, never above it
-        assert plan.simulated.throughput_fps == pytest.approx(plan.predicted.throughput_fps, rel=0.12)
+        # the analytic figure is the busiest unit's bound; the simulation's steady state reaches it, but a
+        # plan that balances five units exactly fills its 133-frame window slowly: 240 frames see 6% less
+        # (2400 frames: within 0.5%). Known gap, see issue 11.
+        assert plan.predicted.throughput_fps * 0.92 <= plan.simulated.throughput_fps
+        assert plan.simulated.throughput_fps <= plan.predicted.throughput_fps * 1.01
         assert plan.simulated.latency_ms >= plan.predicted.latency_ms * 0.99  # at full rate, never faster than alone
 
 
