@@ -20,6 +20,7 @@ from planner.costmodel import CostModel
 from planner.ilp import OBJECTIVES, Assignment, schedule, solve
 from planner.plan import Plan, PlanError, Provenance
 from planner.problem import Problem, build_problem
+from planner.select import Constraints, meets
 
 Progress = Callable[[str], None]
 # The baselines whose plans lie inside the ILP's search space (the ILP may never lose to them).
@@ -270,13 +271,7 @@ def _meets(problem: Problem, a: Assignment, max_l: float | None, max_p: float | 
 
 
 def _plan_meets(plan: Plan, max_l: float | None, min_fps: float | None, max_e: float | None) -> bool:
-    p = plan.predicted
-    assert p is not None
-    return (
-        (max_l is None or p.latency_ms <= max_l * 1.0001)
-        and (min_fps is None or p.throughput_fps >= min_fps * 0.9999)
-        and (max_e is None or p.energy_mj <= max_e * 1.0001)
-    )
+    return meets(plan, Constraints(max_l, min_fps, max_e))
 
 
 def dominates(a: Plan, b: Plan) -> bool:
