@@ -498,6 +498,10 @@ def main(argv: list[str] | None = None) -> int:
         log.warning("%s", warning)
     if args.insecure and not is_loopback(args.host) and token is None:
         log.warning("serving on %s with --insecure: no token, anyone who can reach it may run models", args.host)
+    problem = service.runtime_problem()
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     keep_large_buffers()
     state = service.AgentState(args.workdir, max_bundle_bytes=args.max_bundle_bytes)
     try:

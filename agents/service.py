@@ -24,6 +24,7 @@ from pathlib import Path
 from agents.benchmark import BenchmarkResult, run_benchmark
 from agents.bundle import MANIFEST, BundleError, Manifest, file_sha256, parse_manifest, verify_bundle
 from agents.executor import Pipeline, PipelineError
+from agents.external_data import check_external_data
 from agents.peers import Peer, PeerLinks
 from agents.proto import parapipe_agent_pb2 as pb
 from agents.tensors import from_message
@@ -39,6 +40,28 @@ MAX_THREADS = 256
 MAX_REPEATS = 10_000
 MAX_WARMUP = 1_000
 MAX_FRAMES = 100_000
+# onnxruntime 1.13 took onnx 1.12.1's checks that external data stays in the model's folder
+# (microsoft/onnxruntime#12915); the agent checks locations itself too, and refuses older releases.
+MIN_ORT_VERSION = (1, 13)
+
+
+def runtime_problem(version: str | None = None) -> str | None:
+    """Why this onnxruntime may not serve (too old), or None."""
+    if version is None:
+        import onnxruntime as ort
+
+        version = ort.__version__
+    numbers = []
+    for part in version.split(".")[:2]:
+        digits = "".join(itertools.takewhile(str.isdigit, part))
+        numbers.append(int(digits) if digits else 0)
+    if tuple(numbers) < MIN_ORT_VERSION:
+        need = ".".join(map(str, MIN_ORT_VERSION))
+        return (
+            f"onnxruntime {version} is older than {need}, the oldest this agent runs: it may read external "
+            f"data outside a model's folder. Install onnxruntime>={need} for the board's Python."
+        )
+    return None
 
 
 class NotFound(LookupError):
@@ -164,6 +187,8 @@ def start_pipeline(state: AgentState, sha: str, max_inflight: int = 0, peers: It
         raise NotFound(f"no bundle {sha[:12]}… on this board; load it first (bundles here: {len(state.bundles())})")
     manifest = verify_bundle(folder)
     check_file_names(manifest)
+    for p in manifest.local_partitions():  # before onnxruntime reads any of them
+        check_external_data(folder / p.file, folder, f"partition file {p.file}")
     given = {p.host: p for p in peers}
     with state.lock:
         # the new pipeline starts beside the running one, which serves until the new one is up
@@ -306,6 +331,7 @@ def profile_ops(request: pb.ProfileRequest) -> pb.ProfileReply:
     import onnxruntime as ort
 
     check_profile_request(request)
+    check_external_data(request.model, None, "the model to profile")
 
     from agents.executor import generate_inputs
     from agents.tensors import arrays_from
