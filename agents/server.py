@@ -518,8 +518,9 @@ def main(argv: list[str] | None = None) -> int:
         tmp = args.port_file.with_name(args.port_file.name + ".tmp")
         tmp.write_text(f"{port}\n")
         os.replace(tmp, args.port_file)
-    log.info("agent serving on %s:%d, workdir %s", args.host, port, state.workdir)
+    log.info("agent serving on %s:%d, workdir %s (start %d here)", args.host, port, state.workdir, state.boots)
     stop = threading.Event()
+    threading.Thread(target=service.resume, args=(state, 5.0, stop), name="pp-resume", daemon=True).start()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     stop.wait()
@@ -538,7 +539,7 @@ def drain(server: grpc.Server, state: service.AgentState, grace: float) -> None:
         left = pipeline.drain(grace)
         if left:
             log.warning("%d frame(s) still in flight after %.0fs; they fail", left, grace)
-    service.stop_pipeline(state)
+    service.stop_pipeline(state, forget=False)  # it comes back when the agent starts again
     stopped.wait(max(0.0, deadline - time.monotonic()))
     log.info("agent stopped")
 
