@@ -246,6 +246,9 @@ class AgentServicer(rpc.AgentServicer):
                 frame_id, fut = pending.popleft()
             try:
                 outputs = _wait(pipeline, fut, context)
+            except PipelineError as exc:  # this frame failed: say so, the stream goes on
+                yield pb.Frame(id=frame_id, error=str(exc))
+                continue
             except Exception as exc:
                 _abort(context, exc)
             yield frame_message(frame_id, outputs)

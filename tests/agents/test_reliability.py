@@ -280,3 +280,21 @@ def test_an_agent_killed_and_started_again_resumes_its_pipeline(tmp_path: Path) 
         time.sleep(1.0)  # a resume would have started by now; nothing asserts on time, only on state
         status = third.client.status()
         assert status.boots == 3 and not status.ready and not status.running_bundle
+
+
+def test_a_stream_reports_failed_frames_one_by_one_and_goes_on(tmp_path: Path) -> None:
+    """Every frame of a stream comes back, in order, either with its outputs or reported failed."""
+    folder = write_tiny_bundle(tmp_path / "b", stages=3, max_inflight=2)
+    indices = [0, TABLE_ROWS, 1, 2, TABLE_ROWS + 3, 3, 0, TABLE_ROWS, TABLE_ROWS, 1]
+    with LocalAgent() as agent:
+        client = agent.client
+        client.start(client.load_bundle(folder).bundle_sha256)
+        results = list(client.infer_stream_results((frame(i) for i in indices), timeout=GUARD_S))
+        assert [i for i, _ in results] == list(range(len(indices)))
+        for idx, (_, got) in zip(indices, results, strict=True):
+            if idx >= TABLE_ROWS:
+                assert isinstance(got, AgentError) and "partition s0" in str(got)
+            else:
+                assert not isinstance(got, AgentError) and np.array_equal(got["t2"], expected(idx, 3))
+        status = client.status()
+        assert (status.frames_done, status.frames_failed) == (6, 4)
