@@ -239,8 +239,10 @@ class AgentServicer(rpc.AgentServicer):
         threading.Thread(target=feed, name="pp-stream-feed", daemon=True).start()
         while True:
             with cond:
-                while not pending and not done[0] and context.is_active():
+                while not pending and not done[0] and context.is_active() and not pipeline.stopping:
                     cond.wait(POLL_S)
+                if not pending and pipeline.stopping and not done[0]:  # ends the call, and so its feed
+                    _abort(context, PipelineError("the pipeline was stopped"))
                 if not pending:
                     break
                 frame_id, fut = pending.popleft()

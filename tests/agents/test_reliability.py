@@ -145,16 +145,26 @@ def test_stop_wakes_callers_waiting_for_a_slot_and_stream_feeds(tmp_path: Path) 
             except grpc.RpcError as exc:
                 codes.append(exc.code())
 
-        threads = [threading.Thread(target=f) for f in (stream, infer, infer)]
+        def idle_requests() -> Iterator[pb.Frame]:
+            hold.wait(GUARD_S)
+            yield from ()
+
+        def idle_stream() -> None:  # open, sending nothing: it ends too
+            try:
+                list(a.client.stub.InferStream(idle_requests(), timeout=4 * GUARD_S))
+            except grpc.RpcError as exc:
+                codes.append(exc.code())
+
+        threads = [threading.Thread(target=f) for f in (stream, idle_stream, infer, infer)]
         for t in threads:
             t.start()
-        _eventually("the stream feed and two Infer calls wait", lambda: a.client.status().stream_feeds == 1)
+        _eventually("two stream feeds and two Infer calls wait", lambda: a.client.status().stream_feeds == 2)
         _eventually("two Infer calls wait", lambda: _calls(a.client)["Infer"].active == 2)
         assert a.client.stop()
         for t in threads:
             t.join(GUARD_S)
             assert not t.is_alive(), "a caller still waits after StopPipeline"
-        assert codes == [grpc.StatusCode.FAILED_PRECONDITION] * 3
+        assert codes == [grpc.StatusCode.FAILED_PRECONDITION] * 4
         _eventually("the stream's feed thread ended", lambda: a.client.status().stream_feeds == 0)
 
 
