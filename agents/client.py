@@ -131,11 +131,28 @@ class AgentClient:
     def infer_stream(
         self, frames: Iterable[Mapping[str, np.ndarray]], timeout: float | None = None
     ) -> Iterator[dict[str, np.ndarray]]:
+        """Outputs of each frame, in order; a failed frame raises AgentError (and ends the stream)."""
+        for _, result in self.infer_stream_results(frames, timeout):
+            if isinstance(result, AgentError):
+                raise result
+            yield result
+
+    def infer_stream_results(
+        self, frames: Iterable[Mapping[str, np.ndarray]], timeout: float | None = None
+    ) -> Iterator[tuple[int, dict[str, np.ndarray] | AgentError]]:
+        """(frame index, outputs or the AgentError saying why that frame failed), in order; the stream
+        goes on past failed frames. Errors of the stream itself raise AgentError."""
         requests = (frame_message(i, f) for i, f in enumerate(frames))
         deadline = timeout if timeout is not None else self._long(600.0)
         try:
             for reply in self.stub.InferStream(requests, timeout=deadline, metadata=self.metadata):
-                yield frame_arrays(reply)
+                if reply.error:
+                    failed = AgentError(
+                        f"infer stream: frame {reply.id} failed: {reply.error}", grpc.StatusCode.FAILED_PRECONDITION
+                    )
+                    yield reply.id, failed
+                else:
+                    yield reply.id, frame_arrays(reply)
         except grpc.RpcError as exc:
             raise _wrap(exc, "infer stream") from None
 

@@ -196,6 +196,8 @@ class Pipeline:
         self.max_inflight = max_inflight or manifest.max_inflight or 1
         self.stopping = False
         self.draining = False  # the agent shuts down: frames in flight finish, new ones are refused
+        self.frames_done = 0
+        self.frames_failed = 0
         self.broken: str | None = None  # why the pipeline cannot finish frames any more (a peer link broke)
         self.period = manifest.replica_period()
         self._frames: dict[int, _Frame] = {}
@@ -258,6 +260,7 @@ class Pipeline:
         with self._lock:
             frames = list(self._frames.values())
             self._frames.clear()
+            self.frames_failed += len(frames)
             self._space.notify_all()
         for f in frames:
             if not f.future.done():
@@ -391,6 +394,7 @@ class Pipeline:
             if len(frame.outputs) < len(self._outputs):
                 return
             del self._frames[frame_id]
+            self.frames_done += 1
             self._space.notify_all()
         if not frame.future.done():
             frame.future.set_result(frame.outputs)
@@ -403,6 +407,7 @@ class Pipeline:
         with self._lock:
             frames = list(self._frames.values())
             self._frames.clear()
+            self.frames_failed += len(frames)
             self._space.notify_all()
         for f in frames:
             if not f.future.done():
@@ -419,6 +424,7 @@ class Pipeline:
                 del self._recent_failures[next(iter(self._recent_failures))]
             frame = self._frames.pop(frame_id, None) if self.entry else None
             if frame is not None:
+                self.frames_failed += 1
                 self._space.notify_all()
         for w in self.workers.values():
             w.skip(frame_id)

@@ -239,13 +239,18 @@ class AgentServicer(rpc.AgentServicer):
         threading.Thread(target=feed, name="pp-stream-feed", daemon=True).start()
         while True:
             with cond:
-                while not pending and not done[0] and context.is_active():
+                while not pending and not done[0] and context.is_active() and not pipeline.stopping:
                     cond.wait(POLL_S)
+                if not pending and pipeline.stopping and not done[0]:  # ends the call, and so its feed
+                    _abort(context, PipelineError("the pipeline was stopped"))
                 if not pending:
                     break
                 frame_id, fut = pending.popleft()
             try:
                 outputs = _wait(pipeline, fut, context)
+            except PipelineError as exc:  # this frame failed: say so, the stream goes on
+                yield pb.Frame(id=frame_id, error=str(exc))
+                continue
             except Exception as exc:
                 _abort(context, exc)
             yield frame_message(frame_id, outputs)
@@ -498,6 +503,10 @@ def main(argv: list[str] | None = None) -> int:
         log.warning("%s", warning)
     if args.insecure and not is_loopback(args.host) and token is None:
         log.warning("serving on %s with --insecure: no token, anyone who can reach it may run models", args.host)
+    problem = service.runtime_problem()
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     keep_large_buffers()
     state = service.AgentState(args.workdir, max_bundle_bytes=args.max_bundle_bytes)
     try:
@@ -514,8 +523,9 @@ def main(argv: list[str] | None = None) -> int:
         tmp = args.port_file.with_name(args.port_file.name + ".tmp")
         tmp.write_text(f"{port}\n")
         os.replace(tmp, args.port_file)
-    log.info("agent serving on %s:%d, workdir %s", args.host, port, state.workdir)
+    log.info("agent serving on %s:%d, workdir %s (start %d here)", args.host, port, state.workdir, state.boots)
     stop = threading.Event()
+    threading.Thread(target=service.resume, args=(state, 5.0, stop), name="pp-resume", daemon=True).start()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     stop.wait()
@@ -534,7 +544,7 @@ def drain(server: grpc.Server, state: service.AgentState, grace: float) -> None:
         left = pipeline.drain(grace)
         if left:
             log.warning("%d frame(s) still in flight after %.0fs; they fail", left, grace)
-    service.stop_pipeline(state)
+    service.stop_pipeline(state, forget=False)  # it comes back when the agent starts again
     stopped.wait(max(0.0, deadline - time.monotonic()))
     log.info("agent stopped")
 

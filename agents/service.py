@@ -7,15 +7,18 @@ is the folder renamed into place, so a cut-off upload never replaces a good bund
 
 from __future__ import annotations
 
+import base64
 import errno
 import hashlib
 import itertools
+import json
 import logging
 import os
 import platform
 import shutil
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -24,6 +27,7 @@ from pathlib import Path
 from agents.benchmark import BenchmarkResult, run_benchmark
 from agents.bundle import MANIFEST, BundleError, Manifest, file_sha256, parse_manifest, verify_bundle
 from agents.executor import Pipeline, PipelineError
+from agents.external_data import check_external_data
 from agents.peers import Peer, PeerLinks
 from agents.proto import parapipe_agent_pb2 as pb
 from agents.tensors import from_message
@@ -39,6 +43,28 @@ MAX_THREADS = 256
 MAX_REPEATS = 10_000
 MAX_WARMUP = 1_000
 MAX_FRAMES = 100_000
+# onnxruntime 1.13 took onnx 1.12.1's checks that external data stays in the model's folder
+# (microsoft/onnxruntime#12915); the agent checks locations itself too, and refuses older releases.
+MIN_ORT_VERSION = (1, 13)
+
+
+def runtime_problem(version: str | None = None) -> str | None:
+    """Why this onnxruntime may not serve (too old), or None."""
+    if version is None:
+        import onnxruntime as ort
+
+        version = ort.__version__
+    numbers = []
+    for part in version.split(".")[:2]:
+        digits = "".join(itertools.takewhile(str.isdigit, part))
+        numbers.append(int(digits) if digits else 0)
+    if tuple(numbers) < MIN_ORT_VERSION:
+        need = ".".join(map(str, MIN_ORT_VERSION))
+        return (
+            f"onnxruntime {version} is older than {need}, the oldest this agent runs: it may read external "
+            f"data outside a model's folder. Install onnxruntime>={need} for the board's Python."
+        )
+    return None
 
 
 class NotFound(LookupError):
@@ -56,11 +82,25 @@ class AgentState:
     running: str = ""
     lock: threading.Lock = field(default_factory=threading.Lock)
     max_bundle_bytes: int = MAX_BUNDLE_BYTES
+    started: float = field(default_factory=time.time)
+    boots: int = 0  # how many times an agent started on this workdir, this time included
+    resumed: bool = False  # the running pipeline was brought back after a restart, not started by a call
+    generation: int = 0  # bumped by every StartPipeline/StopPipeline call: a resume in progress gives way
 
     def __post_init__(self) -> None:
         self.workdir = Path(self.workdir).resolve()
         (self.workdir / "bundles").mkdir(parents=True, exist_ok=True)
         self.clean_partial()
+        self.boots = self._count_boot()
+
+    def _count_boot(self) -> int:
+        path = self.workdir / "boots"
+        try:
+            boots = int(path.read_text().strip() or 0) + 1
+        except (OSError, ValueError):
+            boots = 1
+        _write_atomically(path, f"{boots}\n")
+        return boots
 
     def clean_partial(self) -> None:
         """Remove what uploads cut off by an earlier run of the agent left behind (no upload runs yet)."""
@@ -76,6 +116,75 @@ class AgentState:
 
     def bundles(self) -> list[str]:
         return sorted(p.name for p in (self.workdir / "bundles").iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+PIPELINE_FILE = "pipeline.json"  # the running pipeline, to bring back after a crash or a reboot
+
+
+def _write_atomically(path: Path, text: str, mode: int = 0o644) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _remember(state: AgentState, sha: str, max_inflight: int, peers: list[Peer]) -> None:
+    """Keep what the running pipeline was started with (peers' tokens included: owner-only file)."""
+    record = {
+        "bundle": sha,
+        "max_inflight": max_inflight,
+        "peers": [
+            {"host": p.host, "address": p.address, "token": p.token, "tls_ca": base64.b64encode(p.tls_ca).decode()}
+            for p in peers
+        ],
+    }
+    _write_atomically(state.workdir / PIPELINE_FILE, json.dumps(record), 0o600)
+
+
+def _forget(state: AgentState) -> None:
+    (state.workdir / PIPELINE_FILE).unlink(missing_ok=True)
+
+
+def resume(state: AgentState, retry_s: float = 5.0, stop: threading.Event | None = None) -> None:
+    """Bring back the pipeline that ran before the agent restarted (a crash, a reboot); retry while
+    it cannot start (a peer not back yet), until it runs or a StartPipeline/StopPipeline call decides."""
+    path = state.workdir / PIPELINE_FILE
+    try:
+        record = json.loads(path.read_text())
+        sha, max_inflight = str(record["bundle"]), int(record.get("max_inflight", 0))
+        peers = [
+            Peer(str(p["host"]), str(p["address"]), str(p.get("token", "")), base64.b64decode(p.get("tls_ca", "")))
+            for p in record.get("peers", [])
+        ]
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        log.error("cannot read %s (%s); not resuming", path, exc)
+        return
+    generation = state.generation
+    while not (stop is not None and stop.is_set()):
+        try:
+            start_pipeline(state, sha, max_inflight, peers, resuming=generation)
+            log.info("resumed bundle %s… after a restart", sha[:12])
+            return
+        except _Superseded:
+            return
+        except Exception as exc:
+            log.error("cannot resume bundle %s… yet: %s; retrying in %.0fs", sha[:12], exc, retry_s)
+        if stop is not None:
+            stop.wait(retry_s)
+        else:
+            time.sleep(retry_s)
+
+
+class _Superseded(Exception):
+    """A StartPipeline or StopPipeline call came while the agent was resuming: the call wins."""
 
 
 def check_file_names(manifest: Manifest) -> None:
@@ -153,7 +262,9 @@ def load_bundle(state: AgentState, chunks: Iterable[pb.BundleChunk]) -> pb.LoadB
     return pb.LoadBundleReply(bundle_sha256=sha, already_present=False, bytes_received=received)
 
 
-def start_pipeline(state: AgentState, sha: str, max_inflight: int = 0, peers: Iterable[Peer] = ()) -> Manifest:
+def start_pipeline(
+    state: AgentState, sha: str, max_inflight: int = 0, peers: Iterable[Peer] = (), resuming: int | None = None
+) -> Manifest:
     """Start a bundle's pipeline; a bundle for one host of a multi-host plan needs its peers' addresses.
 
     Start the other hosts' agents first and the entry host's last: this agent checks that
@@ -164,8 +275,15 @@ def start_pipeline(state: AgentState, sha: str, max_inflight: int = 0, peers: It
         raise NotFound(f"no bundle {sha[:12]}… on this board; load it first (bundles here: {len(state.bundles())})")
     manifest = verify_bundle(folder)
     check_file_names(manifest)
+    for p in manifest.local_partitions():  # before onnxruntime reads any of them
+        check_external_data(folder / p.file, folder, f"partition file {p.file}")
+    peers = list(peers)
     given = {p.host: p for p in peers}
     with state.lock:
+        if resuming is not None and state.generation != resuming:
+            raise _Superseded
+        if resuming is None:
+            state.generation += 1
         # the new pipeline starts beside the running one, which serves until the new one is up
         pipeline = Pipeline(manifest, folder, max_inflight)
         missing = [h for h in pipeline.peer_hosts if h not in given]
@@ -190,6 +308,11 @@ def start_pipeline(state: AgentState, sha: str, max_inflight: int = 0, peers: It
             raise
         old = state.pipeline
         state.pipeline, state.running = pipeline, sha
+        state.resumed = resuming is not None
+        try:
+            _remember(state, sha, max_inflight, peers)
+        except OSError as exc:  # the pipeline runs; it just will not come back by itself
+            log.error("cannot record the running pipeline in %s: %s", state.workdir, exc)
     if old is not None:
         old.stop()
     return manifest
@@ -225,8 +348,13 @@ def exchange(state: AgentState, handoffs: Iterable[pb.Handoff]) -> pb.ExchangeRe
     return pb.ExchangeReply(received=received)
 
 
-def stop_pipeline(state: AgentState) -> bool:
+def stop_pipeline(state: AgentState, forget: bool = True) -> bool:
+    """Stop the running pipeline; ``forget`` (a StopPipeline call) also means it does not come back
+    after a restart, while an agent shutting down keeps it to resume."""
     with state.lock:
+        if forget:
+            state.generation += 1
+            _forget(state)
         if state.pipeline is None:
             return False
         state.pipeline.stop()
@@ -281,6 +409,11 @@ def status(state: AgentState) -> pb.StatusReply:
         workdir=str(state.workdir),
         providers=ort.get_available_providers(),
         frames_in_flight=pipeline.in_flight if pipeline is not None else 0,
+        boots=state.boots,
+        up_s=time.time() - state.started,
+        resumed=state.resumed and pipeline is not None,
+        frames_done=pipeline.frames_done if pipeline is not None else 0,
+        frames_failed=pipeline.frames_failed if pipeline is not None else 0,
     )
 
 
@@ -306,6 +439,7 @@ def profile_ops(request: pb.ProfileRequest) -> pb.ProfileReply:
     import onnxruntime as ort
 
     check_profile_request(request)
+    check_external_data(request.model, None, "the model to profile")
 
     from agents.executor import generate_inputs
     from agents.tensors import arrays_from

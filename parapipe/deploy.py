@@ -156,6 +156,7 @@ def _paths(wd: str) -> dict[str, str]:
         "port": f"{wd}/agent.port",
         "log": f"{wd}/agent.log",
         "version": f"{wd}/agent.version",
+        "supervisor": f"{wd}/agent.supervisor.pid",
     }
 
 
@@ -268,10 +269,32 @@ def agent_running(conn: BoardConnection, wd: str) -> bool:
     return agent_pid(conn, wd) is not None
 
 
+# Prints the supervisor's pid if agent.supervisor.pid names it (start time and command line checked).
+_VERIFY_SUPERVISOR = r"""
+f="$1"; [ -f "$f" ] || exit 1
+read pid start < "$f" || [ -n "$pid" ] || exit 1
+case "$pid" in ''|*[!0-9]*) exit 1;; esac
+[ -r "/proc/$pid/stat" ] || exit 1
+now=$(sed 's/^.*) //' "/proc/$pid/stat" | cut -d' ' -f20)
+[ "$now" = "$start" ] || exit 1
+tr '\0' '\n' < "/proc/$pid/cmdline" | grep -qx 'parapipe-agent-supervisor' || exit 1
+echo "$pid"
+"""
+
+
+def supervisor_pid(conn: BoardConnection, wd: str) -> int | None:
+    code, out, _ = conn.run(["sh", "-c", _VERIFY_SUPERVISOR, "sh", _paths(wd)["supervisor"]], check=False)
+    return int(out.strip()) if code == 0 and out.strip().isdigit() else None
+
+
 def stop_agent(conn: BoardConnection, wd: str) -> bool:
-    """SIGTERM the verified agent (it drains), SIGKILL it after 15 s; a pid file naming another process is
-    removed without signalling anything."""
+    """Stop the supervisor (so nothing restarts the agent), then SIGTERM the verified agent (it drains)
+    and SIGKILL it after 15 s; pid files naming other processes are removed without signalling anything."""
     p = _paths(wd)
+    supervisor = supervisor_pid(conn, wd)
+    if supervisor is not None:
+        conn.run(["kill", str(supervisor)], check=False)
+    conn.run(["rm", "-f", p["supervisor"]], check=False)
     pid = agent_pid(conn, wd)
     if pid is None:
         conn.run(["rm", "-f", p["pid"]], check=False)
@@ -284,15 +307,35 @@ def stop_agent(conn: BoardConnection, wd: str) -> bool:
     return True
 
 
+# The agent's supervisor: a restart loop (sh, so it runs on any board). An agent that exits 0 (SIGTERM,
+# drained) or 2 (it refuses its configuration) stays down; any other exit (a crash, SIGKILL, the OOM
+# killer) is restarted a second later, and the agent resumes its last pipeline itself.
+_SUPERVISOR = r"""
+echo "$$ $(sed 's/^.*) //' /proc/$$/stat | cut -d' ' -f20)" > "$1"
+shift
+while :; do
+  "$@"
+  code=$?
+  case "$code" in 0|2) exit "$code";; esac
+  echo "parapipe supervisor: the agent exited with $code; restarting it in 1s" >&2
+  sleep 1
+done
+"""
+SUPERVISOR_NAME = "parapipe-agent-supervisor"
+
+
 def start_agent(conn: BoardConnection, wd: str) -> None:
+    """Start the agent under its supervisor (detached from the SSH session); wait until it listens."""
     p = _paths(wd)
     q = shlex.quote
     conn.run(["rm", "-f", p["port"]], check=False)
-    command = (
-        f"cd {q(wd)} || exit 1; setsid nohup {q(p['venv'] + '/bin/python')} -m agents.server --host 127.0.0.1 "
-        f"--port {int(conn.board.agent_port)} --workdir {q(p['agent_dir'])} --pid-file {q(p['pid'])} "
-        f"--port-file {q(p['port'])} > {q(p['log'])} 2>&1 < /dev/null & exit 0"
-    )
+    agent = [
+        p["venv"] + "/bin/python", "-m", "agents.server", "--host", "127.0.0.1",
+        "--port", str(int(conn.board.agent_port)), "--workdir", p["agent_dir"], "--pid-file", p["pid"],
+        "--port-file", p["port"],
+    ]  # fmt: skip
+    supervised = shlex.join(["sh", "-c", _SUPERVISOR, SUPERVISOR_NAME, p["supervisor"], *agent])
+    command = f"cd {q(wd)} || exit 1; setsid nohup {supervised} > {q(p['log'])} 2>&1 < /dev/null & exit 0"
     conn.shell(command)
     deadline = time.monotonic() + 60
     while conn.run(["test", "-f", p["port"]], check=False)[0] != 0:

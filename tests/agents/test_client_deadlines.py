@@ -56,6 +56,7 @@ def test_every_client_call_has_a_deadline(black_hole: int, tmp_path: Path) -> No
         "stop": lambda c: c.stop(),
         "infer": lambda c: c.infer({"idx": np.zeros(1, np.int64)}),
         "infer_stream": lambda c: list(c.infer_stream([{"idx": np.zeros(1, np.int64)}])),
+        "infer_stream_results": lambda c: list(c.infer_stream_results([{"idx": np.zeros(1, np.int64)}])),
         "benchmark": lambda c: c.benchmark(frames=1),
         "profile_ops": lambda c: c.profile_ops(pb.ProfileRequest(model=b"")),
     }

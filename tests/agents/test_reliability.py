@@ -145,16 +145,26 @@ def test_stop_wakes_callers_waiting_for_a_slot_and_stream_feeds(tmp_path: Path) 
             except grpc.RpcError as exc:
                 codes.append(exc.code())
 
-        threads = [threading.Thread(target=f) for f in (stream, infer, infer)]
+        def idle_requests() -> Iterator[pb.Frame]:
+            hold.wait(GUARD_S)
+            yield from ()
+
+        def idle_stream() -> None:  # open, sending nothing: it ends too
+            try:
+                list(a.client.stub.InferStream(idle_requests(), timeout=4 * GUARD_S))
+            except grpc.RpcError as exc:
+                codes.append(exc.code())
+
+        threads = [threading.Thread(target=f) for f in (stream, idle_stream, infer, infer)]
         for t in threads:
             t.start()
-        _eventually("the stream feed and two Infer calls wait", lambda: a.client.status().stream_feeds == 1)
+        _eventually("two stream feeds and two Infer calls wait", lambda: a.client.status().stream_feeds == 2)
         _eventually("two Infer calls wait", lambda: _calls(a.client)["Infer"].active == 2)
         assert a.client.stop()
         for t in threads:
             t.join(GUARD_S)
             assert not t.is_alive(), "a caller still waits after StopPipeline"
-        assert codes == [grpc.StatusCode.FAILED_PRECONDITION] * 3
+        assert codes == [grpc.StatusCode.FAILED_PRECONDITION] * 4
         _eventually("the stream's feed thread ended", lambda: a.client.status().stream_feeds == 0)
 
 
@@ -252,3 +262,49 @@ def _refused(client: AgentClient) -> bool:
     except AgentError:
         return True
     return False
+
+
+def test_an_agent_killed_and_started_again_resumes_its_pipeline(tmp_path: Path) -> None:
+    """SIGKILL (a crash; a reboot is the same to the agent): started again on its workdir, it brings its
+    last bundle and pipeline back and says so (boots, resumed); after StopPipeline it does not."""
+    folder = write_tiny_bundle(tmp_path / "b", stages=2, max_inflight=2)
+    workdir = tmp_path / "work"
+    with LocalAgent(workdir=workdir) as first:
+        first.client.start(first.client.load_bundle(folder).bundle_sha256)
+        with pytest.raises(AgentError):
+            first.client.infer(frame(TABLE_ROWS))
+        _check_frames_flow(first.client, stages=2, count=2)
+        status = first.client.status()
+        assert (status.boots, status.resumed, status.frames_done, status.frames_failed) == (1, False, 2, 1)
+        assert first.process is not None
+        first.process.kill()
+        first.process.wait()
+    with LocalAgent(workdir=workdir) as second:
+        _eventually("the pipeline is back", second.client.ready)
+        status = second.client.status()
+        assert status.boots == 2 and status.resumed and status.running_bundle == _sha(folder)
+        _check_frames_flow(second.client, stages=2, count=2)
+        assert second.client.stop()
+        assert not (workdir / "pipeline.json").exists()
+    with LocalAgent(workdir=workdir) as third:
+        time.sleep(1.0)  # a resume would have started by now; nothing asserts on time, only on state
+        status = third.client.status()
+        assert status.boots == 3 and not status.ready and not status.running_bundle
+
+
+def test_a_stream_reports_failed_frames_one_by_one_and_goes_on(tmp_path: Path) -> None:
+    """Every frame of a stream comes back, in order, either with its outputs or reported failed."""
+    folder = write_tiny_bundle(tmp_path / "b", stages=3, max_inflight=2)
+    indices = [0, TABLE_ROWS, 1, 2, TABLE_ROWS + 3, 3, 0, TABLE_ROWS, TABLE_ROWS, 1]
+    with LocalAgent() as agent:
+        client = agent.client
+        client.start(client.load_bundle(folder).bundle_sha256)
+        results = list(client.infer_stream_results((frame(i) for i in indices), timeout=GUARD_S))
+        assert [i for i, _ in results] == list(range(len(indices)))
+        for idx, (_, got) in zip(indices, results, strict=True):
+            if idx >= TABLE_ROWS:
+                assert isinstance(got, AgentError) and "partition s0" in str(got)
+            else:
+                assert not isinstance(got, AgentError) and np.array_equal(got["t2"], expected(idx, 3))
+        status = client.status()
+        assert (status.frames_done, status.frames_failed) == (6, 4)

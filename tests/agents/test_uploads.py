@@ -216,3 +216,87 @@ def test_a_peer_that_stops_answering_breaks_the_link_by_keepalive(tmp_path: Path
         with pytest.raises(AgentError, match="host 'b'"):
             a.client.infer(frame(TABLE_ROWS - 1))
         assert a.client.health() == "SERVING"
+
+
+def _with_external_weights(model: bytes, location: str) -> bytes:
+    """The Relu stage with an extra initializer whose data is said to live at ``location``."""
+    import onnx
+    from onnx import TensorProto
+
+    proto = onnx.load_from_string(model)
+    t = onnx.TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[4])
+    t.data_location = TensorProto.EXTERNAL
+    for k, v in (("location", location), ("offset", "0"), ("length", "16")):
+        t.external_data.add(key=k, value=v)
+    proto.graph.initializer.append(t)
+    return proto.SerializeToString()
+
+
+@pytest.mark.parametrize("location", ["/etc/hostname", "../../../../etc/hostname", "sub/../../x.bin"])
+def test_external_data_outside_the_bundle_is_refused_before_onnxruntime_reads_it(tmp_path: Path, location) -> None:
+    folder = write_tiny_bundle(tmp_path / "b")
+    manifest = json.loads((folder / MANIFEST).read_text())
+    data = _with_external_weights((folder / "s1.onnx").read_bytes(), location)
+    (folder / "s1.onnx").write_bytes(data)
+    manifest["partitions"][1]["sha256"] = hashlib.sha256(data).hexdigest()
+    (folder / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    with LocalAgent() as agent:
+        sha = agent.client.load_bundle(folder).bundle_sha256
+        with pytest.raises(AgentError) as info:
+            agent.client.start(sha)
+        assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert "outside the bundle" in str(info.value) and "'w'" in str(info.value)
+        with pytest.raises(grpc.RpcError) as raw:
+            agent.client.stub.ProfileOps(pb.ProfileRequest(model=data), timeout=GUARD_S)
+        assert raw.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "carry its weights" in raw.value.details()
+
+
+def test_an_agent_refuses_an_onnxruntime_older_than_it_supports(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    fake = tmp_path / "old" / "onnxruntime"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text('__version__ = "1.12.1"\n')
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), str(fake.parent)]))
+    result = subprocess.run(
+        [sys.executable, "-m", "agents.server", "--port", "0", "--workdir", str(tmp_path / "w")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=GUARD_S,
+    )
+    assert result.returncode == 2 and "onnxruntime 1.12.1 is older than 1.13" in result.stderr
+
+
+def test_external_locations_are_found_in_subgraphs_and_attributes() -> None:
+    """The agent's own protobuf walk finds what onnx finds: initializers, Constant tensors, If branches."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from agents.external_data import external_locations
+
+    def ext(name: str, location: str) -> onnx.TensorProto:
+        t = onnx.TensorProto(name=name, data_type=TensorProto.FLOAT, dims=[1])
+        t.data_location = TensorProto.EXTERNAL
+        t.external_data.add(key="location", value=location)
+        return t
+
+    branch = helper.make_graph(
+        [helper.make_node("Constant", [], ["c"], value=ext("in_then", "then.bin"))],
+        "then",
+        [],
+        [helper.make_tensor_value_info("c", TensorProto.FLOAT, [1])],
+    )
+    other = helper.make_graph([], "else", [], [helper.make_tensor_value_info("w", TensorProto.FLOAT, [1])])
+    graph = helper.make_graph(
+        [helper.make_node("If", ["cond"], ["y"], then_branch=branch, else_branch=other)],
+        "g",
+        [helper.make_tensor_value_info("cond", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+        [ext("w", "w.bin")],
+    )
+    model = helper.make_model(graph).SerializeToString()
+    assert sorted(external_locations(model)) == [("in_then", "then.bin"), ("w", "w.bin")]
+    assert external_locations(helper.make_model(helper.make_graph([], "e", [], [])).SerializeToString()) == []

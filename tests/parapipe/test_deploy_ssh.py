@@ -339,3 +339,38 @@ def test_deploy_refuses_a_workdir_holding_files_it_did_not_create(board, bundle,
     undeploy(board)
     assert (workdir / "venv" / "mine.txt").read_text() == "the user's"
     assert (workdir / "agent.log").read_text() == "the user's log"
+
+
+def test_a_crashed_agent_is_restarted_by_its_supervisor_and_resumes(board, bundle, monkeypatch, tmp_path) -> None:
+    import time
+
+    from parapipe.deploy import agent_pid, supervisor_pid
+
+    monkeypatch.setenv("PARAPIPE_HOME", str(tmp_path / "home"))
+    folder, _ = bundle
+    result = deploy(board, folder)
+    with BoardConnection(board) as conn:
+        wd = conn.path(board.workdir)
+        first = agent_pid(conn, wd)
+        supervisor = supervisor_pid(conn, wd)
+        assert first is not None and supervisor is not None
+        os.kill(first, signal.SIGKILL)  # a crash, the OOM killer
+        deadline = time.monotonic() + 60
+        while agent_pid(conn, wd) in (None, first):
+            assert time.monotonic() < deadline, "the supervisor did not restart the agent"
+            time.sleep(0.2)
+        with agent_client(conn) as client:
+            while not client.ready():
+                assert time.monotonic() < deadline, "the restarted agent did not resume its pipeline"
+                time.sleep(0.2)
+            status = client.status()
+            assert status.running_bundle == result.bundle_sha256 and status.resumed and status.boots == 2
+        assert "restarting it" in (Path(wd) / "agent.log").read_text()
+        second = agent_pid(conn, wd)
+    undeploy(board)
+    for pid in (second, supervisor):
+        assert pid is not None
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]:
+            assert time.monotonic() < deadline, f"process {pid} still runs after undeploy"
+            time.sleep(0.2)
