@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
@@ -80,6 +81,24 @@ class AgentClient:
     def health(self, service: str = "", timeout: float = 2.0) -> str:
         reply = self._call("health", self.health_stub.Check, health_pb2.HealthCheckRequest(service=service), timeout)
         return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+
+    def wait_serving(self, timeout: float) -> None:
+        """Block until the channel connects (``grpc.channel_ready_future``) and the agent is live; AgentError after
+        ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        try:
+            grpc.channel_ready_future(self.channel).result(timeout=timeout)
+        except grpc.FutureTimeoutError:
+            raise AgentError(f"no agent answered within {timeout:g} s", grpc.StatusCode.UNAVAILABLE) from None
+        last: AgentError | None = None
+        while time.monotonic() < deadline:  # connected: liveness answers at once unless it is still starting
+            try:
+                if self.health(timeout=max(0.1, deadline - time.monotonic())) == "SERVING":
+                    return
+            except AgentError as exc:
+                last = exc
+            time.sleep(0.05)
+        raise last or AgentError(f"the agent was not live within {timeout:g} s", grpc.StatusCode.UNAVAILABLE)
 
     def ready(self) -> bool:
         return self.health(AGENT_SERVICE) == "SERVING"

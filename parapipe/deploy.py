@@ -348,16 +348,12 @@ def start_agent(conn: BoardConnection, wd: str) -> None:
 @contextlib.contextmanager
 def agent_client(conn: BoardConnection) -> Iterator[AgentClient]:
     with conn.forward(conn.board.agent_port) as fwd, AgentClient(f"127.0.0.1:{fwd.port}", timeout=60) as client:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if client.health() == "SERVING":
-                    break
-            except AgentError:
-                pass
-            if time.monotonic() > deadline:
-                raise DeployError(f"the agent on {conn.board.name} never answered SERVING through the SSH tunnel")
-            time.sleep(0.2)
+        try:
+            client.wait_serving(30)
+        except AgentError as exc:
+            raise DeployError(
+                f"the agent on {conn.board.name} never answered SERVING through the SSH tunnel: {exc}"
+            ) from None
         yield client
 
 

@@ -69,16 +69,11 @@ class LocalAgent:
             token=self.token,
             tls=(self.tls[2].read_bytes(), None, None) if self.tls else None,
         )
-        while True:
-            try:
-                if self.client.health() == "SERVING":
-                    break
-            except AgentError:
-                pass
-            if time.monotonic() > deadline:
-                self.__exit__()
-                raise DeployError("the local agent never reported SERVING")
-            time.sleep(0.05)
+        try:
+            self.client.wait_serving(max(1.0, deadline - time.monotonic()))
+        except AgentError as exc:
+            self.__exit__()
+            raise DeployError(f"the local agent never reported SERVING: {exc}") from None
         return self
 
     def __exit__(self, *exc: object) -> None:
