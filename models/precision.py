@@ -1,0 +1,568 @@
+"""Precision variants of blocks and partitions (fp32, int8, fp16), and their accuracy, measured.
+
+A *group* is a set of ONNX node names cut out of a loaded model the way
+``GroupExtractor`` cuts blocks and partitions. Its variants:
+
+* ``fp32``: the group as cut, unchanged.
+* ``int8``: onnxruntime's static quantisation in QDQ format, weights per channel
+  (int8, symmetric), activations uint8 (what onnxruntime advises for x86 CPUs with or
+  without VNNI; ``reduce_range`` off since VNNI accumulates without saturating).
+  Calibrated with MinMax on the group's *boundary values*: the tensors entering the
+  group, computed by running the fp32 model (``models.inputs.tensor_values``) on the
+  user's sample frames, fed through a ``CalibrationDataReader``.
+* ``fp16``: ``onnxruntime.transformers.float16.convert_float_to_float16`` with
+  ``keep_io_types=True`` (it ships with onnxruntime, which we already depend on, keeps
+  ops without fp16 kernels in fp32 by its block list, and inserts the boundary Casts);
+  onnxconverter-common is not needed.
+
+Every variant reads and returns the same tensors with the same dtypes as the fp32
+group: the QuantizeLinear/DequantizeLinear or Cast at its boundary are part of it (and
+of its measured cost), so variants of neighbouring partitions chain in any mix.
+
+Accuracy is measured, never assumed: ``measure_accuracy`` compares outputs against
+fp32 with the metrics of ``METRICS`` (``top1``, ``cosine``, ``relerr``; every one a
+*loss*, 0 = identical, compared with a budget such as 0.01). ``sensitivity`` gives
+each group the end-to-end loss of the model with only that group in int8: the
+per-block figure a planner sums under the budget. ``check_mix`` measures an assembled
+mix end to end on held-back frames and ``repair`` puts the most sensitive int8 groups
+back to fp32 until the budget holds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from models.errors import ModelError
+from models.graph import OpGraph, build_graph
+from models.inputs import tensor_values
+from models.onnx_io import LoadedModel
+
+PRECISIONS = ("fp32", "fp16", "int8")
+QUANTIZABLE = ("Conv", "ConvTranspose", "MatMul", "Gemm")  # where int8 pays; the rest follows their Q/DQ
+Frame = Mapping[str, np.ndarray]
+
+
+class PrecisionError(ModelError):
+    """A variant cannot be made or checked as asked."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One group (or the whole model) in one precision, as a self-contained ONNX model.
+
+    ``precision`` is fp32 | fp16 | int8, or ``mixed`` for a whole model whose
+    ``int8_nodes`` alone are quantised. ``inputs``/``outputs`` are the boundary tensors,
+    with the fp32 model's dtypes.
+    """
+
+    precision: str
+    model: bytes = field(repr=False)
+    name: str
+    members: tuple[str, ...]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    method: str
+    calibration_frames: int = 0
+    int8_nodes: tuple[str, ...] = ()
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.model).hexdigest()
+
+    def session(self, threads: int = 0):  # -> onnxruntime.InferenceSession
+        return _session(self.model, threads)
+
+    def run(self, frames: Sequence[Frame], threads: int = 0) -> list[dict[str, np.ndarray]]:
+        """Outputs for each frame (a frame may hold more tensors than the variant reads)."""
+        return run_model(self.model, frames, self.inputs, self.outputs, threads)
+
+
+def _session(model: bytes, threads: int = 0):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.log_severity_level = 3
+    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+
+
+def run_model(
+    model: bytes, frames: Sequence[Frame], inputs: Sequence[str], outputs: Sequence[str], threads: int = 0
+) -> list[dict[str, np.ndarray]]:
+    session = _session(model, threads)
+    out = []
+    for frame in frames:
+        result = session.run(list(outputs), {t: frame[t] for t in inputs})
+        out.append(dict(zip(outputs, result, strict=True)))
+    return out
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """onnxruntime's quantisation tools warn through the root logger (pre-processing advice, etc.)."""
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        root.setLevel(level)
+
+
+class FrameReader:
+    """A ``CalibrationDataReader`` over a list of frames (dicts of input arrays), restartable."""
+
+    def __init__(self, frames: Sequence[Frame], inputs: Sequence[str]) -> None:
+        self.frames = [{t: np.asarray(f[t]) for t in inputs} for f in frames]
+        self.start, self.end, self.i = 0, len(self.frames), 0
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        if self.start + self.i >= self.end:
+            return None
+        self.i += 1
+        return self.frames[self.start + self.i - 1]
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        while (f := self.get_next()) is not None:
+            yield f
+
+    def __len__(self) -> int:
+        return len(self.frames)
+
+    def set_range(self, start_index: int, end_index: int) -> None:
+        self.start, self.end, self.i = start_index, min(end_index, len(self.frames)), 0
+
+    def rewind(self) -> None:
+        self.set_range(0, len(self.frames))
+
+
+# --------------------------------------------------------------------------------------------- variants
+
+
+class VariantMaker:
+    """Makes variants of groups of one model; keeps the operator graph and boundary values it computed."""
+
+    def __init__(self, model: LoadedModel, graph: OpGraph | None = None) -> None:
+        from models.partition import GroupExtractor
+
+        self.model = model
+        self.graph = graph if graph is not None else build_graph(model.proto, model.sha256)
+        self.extractor = GroupExtractor(model.proto, self.graph)
+        self._values: dict[tuple[int, str], dict[str, np.ndarray]] = {}
+
+    # ---- boundary values
+    def boundary_values(
+        self, frames: Sequence[Frame], tensors: Iterable[str], tag: str = ""
+    ) -> list[dict[str, np.ndarray]]:
+        """For each frame (model inputs), the values of ``tensors`` in the fp32 model; with a ``tag`` naming the
+        frame set (e.g. "calibration"), values are kept for later calls with the same tag."""
+        wanted = list(dict.fromkeys(tensors))
+        out = []
+        for i, frame in enumerate(frames):
+            key = (i, tag)
+            have = self._values.get(key) if tag else None
+            if have is None or any(t not in have for t in wanted):
+                values = tensor_values(self.model.ort_proto, {s.name: frame[s.name] for s in self.model.inputs})
+                keep = set(wanted) | set(have or {})
+                have = {t: values[t] for t in keep if t in values}
+                if tag:
+                    self._values[key] = have
+            missing = [t for t in wanted if t not in have]
+            if missing:
+                raise PrecisionError(f"tensor {missing[0]!r} is not computed by the model; cannot feed a group with it")
+            out.append({t: have[t] for t in wanted})
+        return out
+
+    def cut(self, members: Sequence[str], name: str = "group"):  # -> models.partition.Partition
+        return self.extractor.extract(name, list(members))
+
+    # ---- variants of one group
+    def fp32(self, members: Sequence[str], name: str = "group") -> Variant:
+        part = self.cut(members, name)
+        return Variant("fp32", part.model.SerializeToString(), name, part.nodes, part.inputs, part.outputs, "as cut")
+
+    def int8(self, members: Sequence[str], frames: Sequence[Frame], name: str = "group", tag: str = "") -> Variant:
+        """Static QDQ int8 of the group, calibrated on its boundary values for ``frames``."""
+        if not frames:
+            raise PrecisionError("int8 needs calibration frames (the user's sample inputs)")
+        part = self.cut(members, name)
+        values = self.boundary_values(frames, part.inputs, tag)
+        model = quantize_qdq(part.model, FrameReader(values, part.inputs))
+        return Variant(
+            "int8",
+            model,
+            name,
+            part.nodes,
+            part.inputs,
+            part.outputs,
+            INT8_METHOD + f", MinMax over {len(frames)} frames of boundary values",
+            calibration_frames=len(frames),
+        )
+
+    def fp16(self, members: Sequence[str], name: str = "group") -> Variant:
+        part = self.cut(members, name)
+        return Variant("fp16", to_fp16(part.model), name, part.nodes, part.inputs, part.outputs, FP16_METHOD)
+
+    def variants(
+        self,
+        members: Sequence[str],
+        frames: Sequence[Frame],
+        precisions: Iterable[str] = ("fp32", "int8"),
+        name: str = "group",
+        tag: str = "",
+    ) -> dict[str, Variant]:
+        out: dict[str, Variant] = {}
+        for p in precisions:
+            if p == "fp32":
+                out[p] = self.fp32(members, name)
+            elif p == "int8":
+                out[p] = self.int8(members, frames, name, tag)
+            elif p == "fp16":
+                out[p] = self.fp16(members, name)
+            else:
+                raise PrecisionError(f"unknown precision {p!r}; choose from {', '.join(PRECISIONS)}")
+        return out
+
+
+INT8_METHOD = "onnxruntime static QDQ, per-channel int8 weights, uint8 activations"
+FP16_METHOD = "onnxruntime.transformers.float16, fp32 I/O kept with boundary Casts, op block list in fp32"
+
+
+def quantize_qdq(
+    model: onnx.ModelProto,
+    reader: FrameReader | None = None,
+    *,
+    nodes_to_quantize: Sequence[str] | None = None,
+    ranges: Path | None = None,
+) -> bytes:
+    """onnxruntime ``quantize_static`` (QDQ, per-channel) of ``model``; ``ranges`` is a calibration cache
+    (``calibrate``) used instead of (or written by) the reader. Returns the quantised model's bytes."""
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+
+    with tempfile.TemporaryDirectory(prefix="parapipe-q-") as tmp, _quiet():
+        out, src = Path(tmp) / "q.onnx", Path(tmp) / "in.onnx"
+        # A path, not the proto: given a ModelProto, quantize_static rewrites it in place to point at
+        # external data in a temporary folder it then deletes.
+        onnx.save_model(model, str(src))
+        try:
+            quantize_static(
+                src,
+                out,
+                reader,
+                quant_format=QuantFormat.QDQ,
+                per_channel=True,
+                reduce_range=False,
+                activation_type=QuantType.QUInt8,
+                weight_type=QuantType.QInt8,
+                nodes_to_quantize=list(nodes_to_quantize) if nodes_to_quantize else None,
+                calibrate_method=CalibrationMethod.MinMax,
+                calibration_cache_path=ranges,
+            )
+        except Exception as exc:  # onnxruntime's tools raise many types
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise PrecisionError(f"onnxruntime could not quantise the model: {first}") from None
+        q = onnx.load(str(out))  # may have written weights as external data beside it
+        return q.SerializeToString()
+
+
+def to_fp16(model: onnx.ModelProto) -> bytes:
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    with _quiet():
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)
+        half = convert_float_to_float16(copy, keep_io_types=True)
+    return half.SerializeToString()
+
+
+# --------------------------------------------------------------------------------------------- whole model
+
+
+def calibrate(model: LoadedModel, frames: Sequence[Frame], path: Path) -> Path:
+    """Activation ranges of every tensor of the fp32 model over ``frames`` (MinMax), cached in ``path``
+    (onnxruntime's calibration cache, JSON). Reused by ``whole_model_int8`` and ``assemble``."""
+    if path.exists():
+        path.unlink()
+    names = [s.name for s in model.inputs]
+    quantize_qdq(model.ort_proto, FrameReader(frames, names), ranges=path)
+    return path
+
+
+def whole_model_int8(model: LoadedModel, frames: Sequence[Frame], ranges: Path | None = None) -> Variant:
+    """The whole model in static int8: what users do by hand (the baseline)."""
+    names = [s.name for s in model.inputs]
+    reader = None if ranges is not None and ranges.exists() else FrameReader(frames, names)
+    q = quantize_qdq(model.ort_proto, reader, ranges=ranges)
+    return _whole("int8", q, model, INT8_METHOD + f", MinMax over {len(frames)} frames", len(frames))
+
+
+def assemble(model: LoadedModel, int8_nodes: Iterable[str], ranges: Path, frames: int = 0) -> Variant:
+    """The whole model with only ``int8_nodes`` quantised (a precision mix in one session), from a
+    calibration cache made by ``calibrate``. No int8 node: the fp32 model."""
+    nodes = tuple(dict.fromkeys(int8_nodes))
+    if not nodes:
+        return _whole("fp32", model.ort_proto.SerializeToString(), model, "as loaded", 0)
+    q = quantize_qdq(model.ort_proto, None, nodes_to_quantize=nodes, ranges=ranges)
+    v = _whole("mixed", q, model, INT8_METHOD + " on the int8 nodes only", frames)
+    return Variant(v.precision, v.model, v.name, v.members, v.inputs, v.outputs, v.method, frames, nodes)
+
+
+def _whole(precision: str, data: bytes, model: LoadedModel, method: str, frames: int) -> Variant:
+    return Variant(
+        precision,
+        data,
+        model.path.stem,
+        tuple(n.name for n in model.proto.graph.node),
+        tuple(s.name for s in model.inputs),
+        tuple(o.name for o in model.proto.graph.output),
+        method,
+        frames,
+    )
+
+
+def run_chain(variants: Sequence[Variant], frames: Sequence[Frame], outputs: Sequence[str]) -> list[dict]:
+    """Variants of consecutive partitions run chained (each in its own session), as agents run a plan."""
+    sessions = [(v, v.session()) for v in variants]
+    out = []
+    for frame in frames:
+        values: dict[str, np.ndarray] = dict(frame)
+        for v, s in sessions:
+            values.update(zip(v.outputs, s.run(list(v.outputs), {t: values[t] for t in v.inputs}), strict=True))
+        out.append({t: values[t] for t in outputs})
+    return out
+
+
+# --------------------------------------------------------------------------------------------- accuracy
+
+
+@dataclass(frozen=True)
+class Metric:
+    """An accuracy loss against fp32 over frames: 0 = identical; compared with a budget (0.01 = 1%)."""
+
+    name: str
+    description: str
+    loss: Callable[[Sequence[Frame], Sequence[Frame]], float] = field(repr=False)
+
+
+def _float_outputs(ref: Sequence[Frame]) -> list[str]:
+    return [k for k, v in ref[0].items() if np.asarray(v).dtype.kind == "f" and np.asarray(v).size]
+
+
+def _top1(ref: Sequence[Frame], got: Sequence[Frame]) -> float:
+    """1 - the share of rows whose argmax over the last axis agrees (per position for sequences, e.g. CTC)."""
+    agree = total = 0
+    for name in _float_outputs(ref):
+        if np.asarray(ref[0][name]).shape[-1] < 2:
+            continue
+        for r, g in zip(ref, got, strict=True):
+            a, b = np.argmax(r[name], axis=-1), np.argmax(g[name], axis=-1)
+            agree += int(np.sum(a == b))
+            total += a.size
+    if not total:
+        raise PrecisionError("top1 needs an output with classes on its last axis (size >= 2)")
+    return 1.0 - agree / total
+
+
+def _cosine(ref: Sequence[Frame], got: Sequence[Frame]) -> float:
+    """1 - the cosine similarity of flattened outputs, averaged over frames, worst output."""
+    worst = 0.0
+    for name in _float_outputs(ref):
+        sims = []
+        for r, g in zip(ref, got, strict=True):
+            a, b = np.asarray(r[name], np.float64).ravel(), np.asarray(g[name], np.float64).ravel()
+            na, nb = np.linalg.norm(a), np.linalg.norm(b)
+            sims.append(1.0 if na == nb == 0 else float(a @ b / (na * nb)) if na and nb else 0.0)
+        worst = max(worst, 1.0 - float(np.mean(sims)))
+    return worst
+
+
+def _relerr(ref: Sequence[Frame], got: Sequence[Frame]) -> float:
+    """||got - ref|| / ||ref|| (L2 over each output), averaged over frames, worst output."""
+    worst = 0.0
+    for name in _float_outputs(ref):
+        errs = []
+        for r, g in zip(ref, got, strict=True):
+            a, b = np.asarray(r[name], np.float64), np.asarray(g[name], np.float64)
+            errs.append(float(np.linalg.norm(b - a) / max(np.linalg.norm(a), 1e-12)))
+        worst = max(worst, float(np.mean(errs)))
+    return worst
+
+
+METRICS: dict[str, Metric] = {
+    "top1": Metric("top1", "top-1 disagreement (argmax over the last axis, per row/time step)", _top1),
+    "cosine": Metric("cosine", "1 - cosine similarity of the outputs", _cosine),
+    "relerr": Metric("relerr", "relative L2 error of the outputs", _relerr),
+}
+
+
+def metric(name: str) -> Metric:
+    try:
+        return METRICS[name]
+    except KeyError:
+        raise PrecisionError(f"unknown metric {name!r}; choose from {', '.join(METRICS)}") from None
+
+
+@dataclass(frozen=True)
+class Accuracy:
+    """Losses against fp32 by metric name, over ``frames`` frames."""
+
+    frames: int
+    losses: tuple[tuple[str, float], ...]
+
+    def loss(self, name: str) -> float:
+        return dict(self.losses)[name]
+
+    def describe(self) -> str:
+        return ", ".join(f"{k} {v:.4g}" for k, v in self.losses) + f" ({self.frames} frames)"
+
+
+def measure_accuracy(
+    reference: Sequence[Frame], got: Sequence[Frame], metrics: Iterable[str] = ("relerr", "cosine", "top1")
+) -> Accuracy:
+    """Outputs of a variant against fp32's, frame by frame; metrics that do not apply (top1 on an output
+    with no class axis) are left out."""
+    if len(reference) != len(got) or not reference:
+        raise PrecisionError(f"compare the same frames: {len(reference)} reference, {len(got)} measured")
+    losses = []
+    for name in metrics:
+        m = metric(name)
+        try:
+            losses.append((name, m.loss(reference, got)))
+        except PrecisionError:
+            continue
+    return Accuracy(len(reference), tuple(losses))
+
+
+@dataclass(frozen=True)
+class VariantAccuracy:
+    """A variant's error against its fp32 group on calibration frames and on held-back frames."""
+
+    precision: str
+    calibration: Accuracy
+    held_out: Accuracy
+
+
+def variant_accuracy(
+    maker: VariantMaker,
+    variant: Variant,
+    calibration: Sequence[Frame],
+    held_out: Sequence[Frame],
+    metrics: Iterable[str] = ("relerr", "cosine", "top1"),
+) -> VariantAccuracy:
+    """Per-group error: the variant and fp32 fed the same fp32 boundary values."""
+    metrics = tuple(metrics)
+    fp32 = maker.fp32(variant.members, variant.name)
+    results = []
+    for frames, tag in ((calibration, "calibration"), (held_out, "held-out")):
+        values = maker.boundary_values(frames, variant.inputs, tag)
+        results.append(measure_accuracy(fp32.run(values), variant.run(values), metrics))
+    return VariantAccuracy(variant.precision, results[0], results[1])
+
+
+# --------------------------------------------------------------------------------------------- mixes
+
+
+def int8_nodes(groups: Mapping[str, Sequence[str]], int8: Iterable[str]) -> tuple[str, ...]:
+    return tuple(n for g in int8 for n in groups[g])
+
+
+@dataclass
+class MixEvaluator:
+    """End-to-end loss of the model with a set of groups in int8 (one assembled session), on ``frames``."""
+
+    model: LoadedModel
+    groups: Mapping[str, Sequence[str]]
+    frames: Sequence[Frame]
+    metric: str
+    ranges: Path
+    reference: list[dict[str, np.ndarray]] = field(default_factory=list)
+    cache: dict[frozenset[str], float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        metric(self.metric)
+        if not self.reference:
+            fp32 = _whole("fp32", self.model.ort_proto.SerializeToString(), self.model, "as loaded", 0)
+            self.reference = fp32.run(self.frames)
+
+    def accuracy(self, int8: Iterable[str], metrics: Iterable[str] | None = None) -> Accuracy:
+        v = assemble(self.model, int8_nodes(self.groups, int8), self.ranges)
+        return measure_accuracy(self.reference, v.run(self.frames), metrics or (self.metric,))
+
+    def __call__(self, int8: Iterable[str]) -> float:
+        key = frozenset(int8)
+        if key not in self.cache:
+            self.cache[key] = self.accuracy(key).loss(self.metric)
+        return self.cache[key]
+
+
+def sensitivity(evaluate: Callable[[Iterable[str]], float], groups: Iterable[str]) -> dict[str, float]:
+    """Per group: the end-to-end loss with that group alone in int8 (the planner sums these under a budget)."""
+    return {g: evaluate([g]) for g in groups}
+
+
+def choose_mix(
+    sensitivities: Mapping[str, float], budget: float, gains: Mapping[str, float] | None = None
+) -> tuple[str, ...]:
+    """Greedy: int8 groups by least sensitivity per unit of gain (e.g. ms saved or FLOPs), while the
+    summed sensitivity stays within the budget."""
+    eps = 1e-12
+
+    def order(g: str) -> float:
+        gain = (gains or {}).get(g, 1.0)
+        return sensitivities[g] / max(gain, eps) if gain > 0 else float("inf")
+
+    chosen, total = [], 0.0
+    for g in sorted(sensitivities, key=order):
+        if gains is not None and gains.get(g, 0.0) <= 0:
+            continue
+        if total + max(sensitivities[g], 0.0) <= budget:
+            chosen.append(g)
+            total += max(sensitivities[g], 0.0)
+    return tuple(chosen)
+
+
+@dataclass(frozen=True)
+class Repair:
+    """A mix after repair: the int8 groups kept, those put back to fp32 (in order), the measured loss."""
+
+    int8: tuple[str, ...]
+    reverted: tuple[str, ...]
+    loss: float
+    budget: float
+
+    @property
+    def ok(self) -> bool:
+        return self.loss <= self.budget
+
+
+def repair(
+    int8: Iterable[str],
+    sensitivities: Mapping[str, float],
+    evaluate: Callable[[Iterable[str]], float],
+    budget: float,
+) -> Repair:
+    """Measure the mix end to end; while over budget, put its most sensitive int8 group back to fp32."""
+    kept = list(dict.fromkeys(int8))
+    reverted: list[str] = []
+    loss = evaluate(kept)
+    while loss > budget and kept:
+        worst = max(kept, key=lambda g: sensitivities.get(g, 0.0))
+        kept.remove(worst)
+        reverted.append(worst)
+        loss = evaluate(kept)
+    return Repair(tuple(kept), tuple(reverted), loss, budget)
+
+
+def quantizable_groups(graph: OpGraph, groups: Mapping[str, Sequence[str]]) -> dict[str, tuple[str, ...]]:
+    """The groups holding an op worth quantising (Conv, MatMul, Gemm): the only ones a precision choice changes."""
+    op_type = {n.name: n.op_type for n in graph.nodes}
+    return {g: tuple(m) for g, m in groups.items() if any(op_type.get(n) in QUANTIZABLE for n in m)}
