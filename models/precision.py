@@ -245,17 +245,34 @@ def quantize_qdq(
     ranges: Path | None = None,
 ) -> bytes:
     """onnxruntime ``quantize_static`` (QDQ, per-channel) of ``model``; ``ranges`` is a calibration cache
-    (``calibrate``) used instead of (or written by) the reader. Returns the quantised model's bytes."""
+    (``calibrate``) used instead of (or written by) the reader. Returns the quantised model's bytes.
+
+    The model is first pre-processed as onnxruntime advises (``quant_pre_process``: shape inference and
+    basic graph optimisation, which folds BatchNormalization into Conv; without it every BN sits in fp32
+    between a DequantizeLinear and a QuantizeLinear). Fusions keep the first node's name or prefix it
+    (``MatMul.0/MatMulAddFusion``), so ``nodes_to_quantize`` still finds the nodes it names."""
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
 
     with tempfile.TemporaryDirectory(prefix="parapipe-q-") as tmp, _quiet():
-        out, src = Path(tmp) / "q.onnx", Path(tmp) / "in.onnx"
+        out, src, pre = Path(tmp) / "q.onnx", Path(tmp) / "in.onnx", Path(tmp) / "pre.onnx"
         # A path, not the proto: given a ModelProto, quantize_static rewrites it in place to point at
         # external data in a temporary folder it then deletes.
         onnx.save_model(model, str(src))
         try:
+            quant_pre_process(str(src), str(pre), skip_symbolic_shape=True)
+        except Exception:  # pre-processing is an optimisation; quantise the model as it is
+            pre = src
+        selected = None
+        if nodes_to_quantize:
+            wanted = set(nodes_to_quantize)
+            names = [n.name for n in onnx.load(str(pre), load_external_data=False).graph.node]
+            selected = [n for n in names if n in wanted or n.split("/")[0] in wanted]
+            if not selected:
+                return onnx.load(str(pre)).SerializeToString()
+        try:
             quantize_static(
-                src,
+                pre,
                 out,
                 reader,
                 quant_format=QuantFormat.QDQ,
@@ -263,7 +280,7 @@ def quantize_qdq(
                 reduce_range=False,
                 activation_type=QuantType.QUInt8,
                 weight_type=QuantType.QInt8,
-                nodes_to_quantize=list(nodes_to_quantize) if nodes_to_quantize else None,
+                nodes_to_quantize=selected,
                 calibrate_method=CalibrationMethod.MinMax,
                 calibration_cache_path=ranges,
             )
@@ -485,7 +502,7 @@ class MixEvaluator:
     metric: str
     ranges: Path
     reference: list[dict[str, np.ndarray]] = field(default_factory=list)
-    cache: dict[frozenset[str], float] = field(default_factory=dict)
+    cache: dict[frozenset[str], Accuracy] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         metric(self.metric)
@@ -493,19 +510,27 @@ class MixEvaluator:
             fp32 = _whole("fp32", self.model.ort_proto.SerializeToString(), self.model, "as loaded", 0)
             self.reference = fp32.run(self.frames)
 
-    def accuracy(self, int8: Iterable[str], metrics: Iterable[str] | None = None) -> Accuracy:
-        v = assemble(self.model, int8_nodes(self.groups, int8), self.ranges)
-        return measure_accuracy(self.reference, v.run(self.frames), metrics or (self.metric,))
-
-    def __call__(self, int8: Iterable[str]) -> float:
+    def accuracy(self, int8: Iterable[str], metrics: Iterable[str] = ("top1", "cosine", "relerr")) -> Accuracy:
+        """Every metric that applies, for the model with ``int8`` groups in int8 (measured once per set)."""
         key = frozenset(int8)
         if key not in self.cache:
-            self.cache[key] = self.accuracy(key).loss(self.metric)
-        return self.cache[key]
+            v = assemble(self.model, int8_nodes(self.groups, key), self.ranges)
+            self.cache[key] = measure_accuracy(self.reference, v.run(self.frames), METRICS)
+        acc = self.cache[key]
+        return Accuracy(acc.frames, tuple((k, v) for k, v in acc.losses if k in set(metrics)))
+
+    def loss(self, int8: Iterable[str], metric: str | None = None) -> float:
+        return self.accuracy(int8).loss(metric or self.metric)
+
+    def __call__(self, int8: Iterable[str]) -> float:
+        return self.loss(int8)
 
 
 def sensitivity(evaluate: Callable[[Iterable[str]], float], groups: Iterable[str]) -> dict[str, float]:
-    """Per group: the end-to-end loss with that group alone in int8 (the planner sums these under a budget)."""
+    """Per group: the end-to-end loss with that group alone in int8 (the planner sums these under a budget).
+
+    With a ``MixEvaluator`` the runs are kept, so ``sensitivity(lambda s: ev.loss(s, "relerr"), groups)``
+    afterwards costs nothing: a continuous figure to rank groups that a discrete metric (top1) ties at 0."""
     return {g: evaluate([g]) for g in groups}
 
 
@@ -549,13 +574,15 @@ def repair(
     sensitivities: Mapping[str, float],
     evaluate: Callable[[Iterable[str]], float],
     budget: float,
+    tie_break: Mapping[str, float] | None = None,
 ) -> Repair:
-    """Measure the mix end to end; while over budget, put its most sensitive int8 group back to fp32."""
+    """Measure the mix end to end; while over budget, put its most sensitive int8 group back to fp32
+    (ties, e.g. top1 sensitivities all 0, broken by ``tie_break``, e.g. each group's relerr sensitivity)."""
     kept = list(dict.fromkeys(int8))
     reverted: list[str] = []
     loss = evaluate(kept)
     while loss > budget and kept:
-        worst = max(kept, key=lambda g: sensitivities.get(g, 0.0))
+        worst = max(kept, key=lambda g: (sensitivities.get(g, 0.0), (tie_break or {}).get(g, 0.0)))
         kept.remove(worst)
         reverted.append(worst)
         loss = evaluate(kept)
