@@ -43,6 +43,7 @@ from models.coarsen import coarsen
 from models.graph import build_graph
 from models.onnx_io import LoadedModel, load_onnx
 from models.precision import (
+    QUANTIZABLE,
     MixEvaluator,
     Variant,
     assemble,
@@ -136,8 +137,8 @@ def _orientation(split: str, n: int) -> list[np.ndarray]:  # PP-LCNet text orien
     return [((_chw(c) - IMAGENET_MEAN) / IMAGENET_STD).astype(np.float32) for c in crops]
 
 
-def _dbnet(split: str, n: int) -> list[np.ndarray]:  # PP-OCRv4 det: ImageNet mean/std
-    names = ["page", "coffee", "astronaut"] if split == "cal" else ["text", "rocket", "page"]
+def _dbnet(split: str, n: int) -> list[np.ndarray]:  # PP-OCRv4 det: ImageNet mean/std, pages of text
+    names = ["page"] if split == "cal" else ["text"]
     crops = _crops(names, n, (320, 320), seed=7 if split == "cal" else 8)
     return [((_chw(c) - IMAGENET_MEAN) / IMAGENET_STD).astype(np.float32) for c in crops]
 
@@ -179,7 +180,12 @@ def run_case(
     held = [{case.input: x} for x in case.frames("held", n_held)]
     graph = build_graph(model.proto, model.sha256)
     blocks = coarsen(graph, granularity)
-    groups = quantizable_groups(graph, {b.name: b.members for b in blocks.nodes})
+    op_type = {n.name: n.op_type for n in graph.nodes}
+    # each block named by its first Conv/MatMul/Gemm node, as the model's file names it
+    groups = {
+        next(m for m in members if op_type[m] in QUANTIZABLE): members
+        for members in quantizable_groups(graph, {b.name: b.members for b in blocks.nodes}).values()
+    }
     ranges = calibrate(model, cal, tmp / f"{case.key}.ranges.json")
     whole = whole_model_int8(model, cal, ranges)
 

@@ -40,6 +40,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnx.version_converter
 
 from models.errors import ModelError
 from models.graph import OpGraph, build_graph
@@ -258,7 +259,7 @@ def quantize_qdq(
         out, src, pre = Path(tmp) / "q.onnx", Path(tmp) / "in.onnx", Path(tmp) / "pre.onnx"
         # A path, not the proto: given a ModelProto, quantize_static rewrites it in place to point at
         # external data in a temporary folder it then deletes.
-        onnx.save_model(model, str(src))
+        onnx.save_model(_opset_for_per_channel(model), str(src))
         try:
             quant_pre_process(str(src), str(pre), skip_symbolic_shape=True)
         except Exception:  # pre-processing is an optimisation; quantise the model as it is
@@ -289,6 +290,21 @@ def quantize_qdq(
             raise PrecisionError(f"onnxruntime could not quantise the model: {first}") from None
         q = onnx.load(str(out))  # may have written weights as external data beside it
         return q.SerializeToString()
+
+
+def _opset_for_per_channel(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Per-channel QuantizeLinear/DequantizeLinear (their ``axis``) need opset 13; older models are
+    converted (onnx's version converter), else onnxruntime's quantiser writes a model ORT refuses."""
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
+    if opset >= 13:
+        return model
+    try:
+        return onnx.version_converter.convert_version(model, 13)
+    except Exception as exc:  # the converter raises several types
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise PrecisionError(
+            f"the model uses opset {opset}; per-channel int8 needs opset 13 and onnx could not convert it: {first}"
+        ) from None
 
 
 def to_fp16(model: onnx.ModelProto) -> bytes:
@@ -403,21 +419,23 @@ def _cosine(ref: Sequence[Frame], got: Sequence[Frame]) -> float:
 
 
 def _relerr(ref: Sequence[Frame], got: Sequence[Frame]) -> float:
-    """||got - ref|| / ||ref|| (L2 over each output), averaged over frames, worst output."""
+    """||got - ref|| / ||ref|| (L2) pooled over frames, worst output. Pooled rather than averaged per
+    frame, so that frames whose reference is near zero (a detector's empty map) do not dominate."""
     worst = 0.0
     for name in _float_outputs(ref):
-        errs = []
+        num = den = 0.0
         for r, g in zip(ref, got, strict=True):
             a, b = np.asarray(r[name], np.float64), np.asarray(g[name], np.float64)
-            errs.append(float(np.linalg.norm(b - a) / max(np.linalg.norm(a), 1e-12)))
-        worst = max(worst, float(np.mean(errs)))
+            num += float(np.sum((b - a) ** 2))
+            den += float(np.sum(a**2))
+        worst = max(worst, float(np.sqrt(num / max(den, 1e-24))))
     return worst
 
 
 METRICS: dict[str, Metric] = {
     "top1": Metric("top1", "top-1 disagreement (argmax over the last axis, per row/time step)", _top1),
     "cosine": Metric("cosine", "1 - cosine similarity of the outputs", _cosine),
-    "relerr": Metric("relerr", "relative L2 error of the outputs", _relerr),
+    "relerr": Metric("relerr", "relative L2 error of the outputs, pooled over frames", _relerr),
 }
 
 
@@ -575,14 +593,22 @@ def repair(
     evaluate: Callable[[Iterable[str]], float],
     budget: float,
     tie_break: Mapping[str, float] | None = None,
+    gains: Mapping[str, float] | None = None,
 ) -> Repair:
     """Measure the mix end to end; while over budget, put its most sensitive int8 group back to fp32
-    (ties, e.g. top1 sensitivities all 0, broken by ``tie_break``, e.g. each group's relerr sensitivity)."""
+    (ties, e.g. top1 sensitivities all 0, broken by ``tie_break``, e.g. each group's relerr sensitivity).
+    With ``gains`` (what int8 saves per group, e.g. ms), the group with the most sensitivity per unit of
+    gain goes back first."""
     kept = list(dict.fromkeys(int8))
     reverted: list[str] = []
     loss = evaluate(kept)
+
+    def rank(g: str) -> tuple[float, float]:
+        per = 1.0 if gains is None else max(gains.get(g, 0.0), 1e-12)
+        return (sensitivities.get(g, 0.0) / per, (tie_break or {}).get(g, 0.0) / per)
+
     while loss > budget and kept:
-        worst = max(kept, key=lambda g: (sensitivities.get(g, 0.0), (tie_break or {}).get(g, 0.0)))
+        worst = max(kept, key=rank)
         kept.remove(worst)
         reverted.append(worst)
         loss = evaluate(kept)
