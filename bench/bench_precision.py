@@ -6,8 +6,9 @@ corpus test), on ``local`` (this host's CPU), side by side in one run:
 * ``fp32``: plain onnxruntime, best thread configuration;
 * ``int8``: onnxruntime's whole-model static int8 (QDQ, per-channel), what users do by hand;
 * ``mix``: our per-block precision mix under the accuracy budget (1% by default): every (fine) block
-  holding a Conv/MatMul/Gemm starts in int8, each block's sensitivity (end-to-end loss with that
-  block alone in int8) is measured on calibration frames, the most sensitive blocks go back to
+  holding a Conv/MatMul/Gemm starts a unit of choice, the others join their producer's unit
+  (``precision_units``: all units int8 is whole-model int8); every unit starts in int8, each unit's
+  sensitivity (end-to-end loss with that unit alone in int8) is measured on calibration frames, the most sensitive blocks go back to
   fp32 until the mix holds the budget end to end on calibration frames, then the mix is checked
   on held-back frames and repaired again if it exceeds the budget there.
 
@@ -43,13 +44,10 @@ from models.coarsen import coarsen
 from models.graph import build_graph
 from models.onnx_io import LoadedModel, load_onnx
 from models.precision import (
-    QUANTIZABLE,
     MixEvaluator,
     Variant,
-    assemble,
     calibrate,
-    int8_nodes,
-    quantizable_groups,
+    precision_units,
     repair,
     sensitivity,
     whole_model_int8,
@@ -180,12 +178,7 @@ def run_case(
     held = [{case.input: x} for x in case.frames("held", n_held)]
     graph = build_graph(model.proto, model.sha256)
     blocks = coarsen(graph, granularity)
-    op_type = {n.name: n.op_type for n in graph.nodes}
-    # each block named by its first Conv/MatMul/Gemm node, as the model's file names it
-    groups = {
-        next(m for m in members if op_type[m] in QUANTIZABLE): members
-        for members in quantizable_groups(graph, {b.name: b.members for b in blocks.nodes}).values()
-    }
+    groups = precision_units(graph, blocks)
     ranges = calibrate(model, cal, tmp / f"{case.key}.ranges.json")
     whole = whole_model_int8(model, cal, ranges)
 
@@ -196,7 +189,7 @@ def run_case(
     rel = sensitivity(lambda s: probe.loss(s, "relerr"), groups)  # same runs, ranks what top1 ties
     fixed = repair(list(groups), sens, on_cal, budget, rel)
     checked = repair(fixed.int8, sens, on_held, budget, rel)
-    mix = assemble(model, int8_nodes(groups, checked.int8), ranges, len(cal))
+    mix = on_held.assemble(checked.int8, len(cal))
     prep_s = time.perf_counter() - t0
 
     fp32 = Variant("fp32", model.ort_proto.SerializeToString(), "fp32", (), (), (), "as loaded")
@@ -206,11 +199,11 @@ def run_case(
     times = best_times({"fp32": fp32, "int8": whole, "mix": mix}, held[0], rounds, repeats)
 
     f, w, m = (times[k][0] for k in ("fp32", "int8", "mix"))
-    n_int8_nodes = len(int8_nodes(groups, checked.int8))
+    n_int8_nodes = len(mix.int8_nodes)
     print(f"\n== {case.key}: {case.file} ({case.kind}, {case.input}={list(case.shape)}, metric {case.metric}) ==")
     print(
         f"  frames: {len(cal)} calibration, {len(held)} held-back (other images); "
-        f"{len(groups)} quantisable blocks of {len(blocks.nodes)} {granularity} blocks; preparation {prep_s:.0f} s"
+        f"{len(groups)} units of choice (one per {granularity} block with a Conv/MatMul/Gemm); preparation {prep_s:.0f} s"
     )
     print(f"  {'variant':8} {'ms/frame':>9} {'threads':>8} {'x fp32':>7} {'x int8':>7}   held-back accuracy vs fp32")
     for key, acc in (("fp32", None), ("int8", acc_whole), ("mix", acc_mix)):
@@ -223,7 +216,7 @@ def run_case(
     )
     reverted = list(fixed.reverted) + list(checked.reverted)
     print(
-        f"  mix: {len(checked.int8)}/{len(groups)} blocks int8 ({n_int8_nodes} nodes), "
+        f"  mix: {len(checked.int8)}/{len(groups)} units int8 ({n_int8_nodes} of {len(graph.nodes)} nodes int8), "
         f"{len(reverted)} back to fp32: {', '.join(reverted) or 'none'}"
     )
     print(
@@ -233,7 +226,7 @@ def run_case(
     )
     top = sorted(sens, key=lambda g: (-sens[g], -rel[g]))[:5]
     print(
-        f"  most sensitive blocks ({case.metric} / relerr alone in int8): "
+        f"  most sensitive units ({case.metric} / relerr alone in int8): "
         + ", ".join(f"{g} {sens[g]:.4f}/{rel[g]:.4f}" for g in top)
     )
     goal_fp32 = f / m >= 2.0

@@ -31,6 +31,7 @@ back to fp32 until the budget holds.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import logging
 import tempfile
@@ -243,6 +244,7 @@ def quantize_qdq(
     reader: FrameReader | None = None,
     *,
     nodes_to_quantize: Sequence[str] | None = None,
+    nodes_to_exclude: Sequence[str] | None = None,
     ranges: Path | None = None,
 ) -> bytes:
     """onnxruntime ``quantize_static`` (QDQ, per-channel) of ``model``; ``ranges`` is a calibration cache
@@ -264,13 +266,16 @@ def quantize_qdq(
             quant_pre_process(str(src), str(pre), skip_symbolic_shape=True)
         except Exception:  # pre-processing is an optimisation; quantise the model as it is
             pre = src
-        selected = None
-        if nodes_to_quantize:
-            wanted = set(nodes_to_quantize)
-            names = [n.name for n in onnx.load(str(pre), load_external_data=False).graph.node]
-            selected = [n for n in names if n in wanted or n.split("/")[0] in wanted]
-            if not selected:
-                return onnx.load(str(pre)).SerializeToString()
+        names = [n.name for n in onnx.load(str(pre), load_external_data=False).graph.node]
+
+        def find(given: Sequence[str]) -> list[str]:
+            wanted = set(given)
+            return [n for n in names if n in wanted or n.split("/")[0] in wanted]
+
+        selected = find(nodes_to_quantize) if nodes_to_quantize else None
+        excluded = find(nodes_to_exclude) if nodes_to_exclude else None
+        if nodes_to_quantize and not selected:
+            return onnx.load(str(pre)).SerializeToString()
         try:
             quantize_static(
                 pre,
@@ -282,6 +287,7 @@ def quantize_qdq(
                 activation_type=QuantType.QUInt8,
                 weight_type=QuantType.QInt8,
                 nodes_to_quantize=selected,
+                nodes_to_exclude=excluded,
                 calibrate_method=CalibrationMethod.MinMax,
                 calibration_cache_path=ranges,
             )
@@ -338,15 +344,36 @@ def whole_model_int8(model: LoadedModel, frames: Sequence[Frame], ranges: Path |
     return _whole("int8", q, model, INT8_METHOD + f", MinMax over {len(frames)} frames", len(frames))
 
 
-def assemble(model: LoadedModel, int8_nodes: Iterable[str], ranges: Path, frames: int = 0) -> Variant:
-    """The whole model with only ``int8_nodes`` quantised (a precision mix in one session), from a
-    calibration cache made by ``calibrate``. No int8 node: the fp32 model."""
-    nodes = tuple(dict.fromkeys(int8_nodes))
-    if not nodes:
-        return _whole("fp32", model.ort_proto.SerializeToString(), model, "as loaded", 0)
-    q = quantize_qdq(model.ort_proto, None, nodes_to_quantize=nodes, ranges=ranges)
-    v = _whole("mixed", q, model, INT8_METHOD + " on the int8 nodes only", frames)
-    return Variant(v.precision, v.model, v.name, v.members, v.inputs, v.outputs, v.method, frames, nodes)
+def assemble(
+    model: LoadedModel,
+    ranges: Path,
+    *,
+    int8_nodes: Iterable[str] | None = None,
+    fp32_nodes: Iterable[str] | None = None,
+    frames: int = 0,
+) -> Variant:
+    """The whole model as one precision mix (one session), from a calibration cache made by ``calibrate``:
+    only ``int8_nodes`` quantised, or everything but ``fp32_nodes`` (give one of the two). No int8 node:
+    the fp32 model; no fp32 node: whole-model int8."""
+    if (int8_nodes is None) == (fp32_nodes is None):
+        raise PrecisionError("assemble takes int8_nodes or fp32_nodes, not both")
+    if int8_nodes is not None:
+        nodes = tuple(dict.fromkeys(int8_nodes))
+        if not nodes:
+            return _whole("fp32", model.ort_proto.SerializeToString(), model, "as loaded", 0)
+        q = quantize_qdq(model.ort_proto, None, nodes_to_quantize=nodes, ranges=ranges)
+        method = INT8_METHOD + " on the int8 nodes only"
+    else:
+        kept = set(fp32_nodes or ())
+        nodes = tuple(n.name for n in model.proto.graph.node if n.name not in kept)
+        q = quantize_qdq(model.ort_proto, None, nodes_to_exclude=tuple(kept), ranges=ranges)
+        method = INT8_METHOD + (f", {len(kept)} nodes kept in fp32" if kept else "")
+    v = _whole("mixed" if kept_fp32(model, nodes) else "int8", q, model, method, frames)
+    return dataclasses.replace(v, int8_nodes=nodes)
+
+
+def kept_fp32(model: LoadedModel, int8: Sequence[str]) -> bool:
+    return len(set(int8)) < len(model.proto.graph.node)
 
 
 def _whole(precision: str, data: bytes, model: LoadedModel, method: str, frames: int) -> Variant:
@@ -512,18 +539,25 @@ def int8_nodes(groups: Mapping[str, Sequence[str]], int8: Iterable[str]) -> tupl
 
 @dataclass
 class MixEvaluator:
-    """End-to-end loss of the model with a set of groups in int8 (one assembled session), on ``frames``."""
+    """End-to-end loss of the model with a set of groups in int8 (one assembled session), on ``frames``.
+
+    ``rest`` is the precision of nodes in no group: ``fp32``, or ``int8`` when the groups are only the
+    blocks worth choosing for (``quantizable_groups``) and everything else follows onnxruntime's
+    whole-model quantisation (so that no group in fp32 is exactly whole-model int8)."""
 
     model: LoadedModel
     groups: Mapping[str, Sequence[str]]
     frames: Sequence[Frame]
     metric: str
     ranges: Path
+    rest: str = "fp32"
     reference: list[dict[str, np.ndarray]] = field(default_factory=list)
     cache: dict[frozenset[str], Accuracy] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         metric(self.metric)
+        if self.rest not in ("fp32", "int8"):
+            raise PrecisionError(f"rest must be fp32 or int8, not {self.rest!r}")
         if not self.reference:
             fp32 = _whole("fp32", self.model.ort_proto.SerializeToString(), self.model, "as loaded", 0)
             self.reference = fp32.run(self.frames)
@@ -532,10 +566,18 @@ class MixEvaluator:
         """Every metric that applies, for the model with ``int8`` groups in int8 (measured once per set)."""
         key = frozenset(int8)
         if key not in self.cache:
-            v = assemble(self.model, int8_nodes(self.groups, key), self.ranges)
+            v = self.assemble(key)
             self.cache[key] = measure_accuracy(self.reference, v.run(self.frames), METRICS)
         acc = self.cache[key]
         return Accuracy(acc.frames, tuple((k, v) for k, v in acc.losses if k in set(metrics)))
+
+    def assemble(self, int8: Iterable[str], frames: int = 0) -> Variant:
+        """The mix as one model."""
+        chosen = set(int8)
+        if self.rest == "fp32":
+            return assemble(self.model, self.ranges, int8_nodes=int8_nodes(self.groups, chosen), frames=frames)
+        fp32 = [g for g in self.groups if g not in chosen]
+        return assemble(self.model, self.ranges, fp32_nodes=int8_nodes(self.groups, fp32), frames=frames)
 
     def loss(self, int8: Iterable[str], metric: str | None = None) -> float:
         return self.accuracy(int8).loss(metric or self.metric)
@@ -545,11 +587,14 @@ class MixEvaluator:
 
 
 def sensitivity(evaluate: Callable[[Iterable[str]], float], groups: Iterable[str]) -> dict[str, float]:
-    """Per group: the end-to-end loss with that group alone in int8 (the planner sums these under a budget).
+    """Per group: how much the end-to-end loss grows when that group alone goes to int8 (over the loss
+    with none of them in int8: 0 when everything else is fp32). The planner sums these under a budget;
+    every mix is then measured end to end (``repair``), since losses do not add up exactly.
 
     With a ``MixEvaluator`` the runs are kept, so ``sensitivity(lambda s: ev.loss(s, "relerr"), groups)``
     afterwards costs nothing: a continuous figure to rank groups that a discrete metric (top1) ties at 0."""
-    return {g: evaluate([g]) for g in groups}
+    base = evaluate([])
+    return {g: max(0.0, evaluate([g]) - base) for g in groups}
 
 
 def choose_mix(
@@ -594,11 +639,13 @@ def repair(
     budget: float,
     tie_break: Mapping[str, float] | None = None,
     gains: Mapping[str, float] | None = None,
+    refill: bool = True,
 ) -> Repair:
     """Measure the mix end to end; while over budget, put its most sensitive int8 group back to fp32
     (ties, e.g. top1 sensitivities all 0, broken by ``tie_break``, e.g. each group's relerr sensitivity).
     With ``gains`` (what int8 saves per group, e.g. ms), the group with the most sensitivity per unit of
-    gain goes back first."""
+    gain goes back first. With ``refill``, each group put back is then tried in int8 again (least
+    sensitive first) and kept there if the budget still holds: one more measurement per group put back."""
     kept = list(dict.fromkeys(int8))
     reverted: list[str] = []
     loss = evaluate(kept)
@@ -612,6 +659,14 @@ def repair(
         kept.remove(worst)
         reverted.append(worst)
         loss = evaluate(kept)
+    if refill and loss <= budget:
+        # losses do not add up: a group put back early may fit again now that worse ones are fp32
+        for g in reversed(list(reverted)):
+            trial = evaluate([*kept, g])
+            if trial <= budget:
+                kept.append(g)
+                reverted.remove(g)
+                loss = trial
     return Repair(tuple(kept), tuple(reverted), loss, budget)
 
 
@@ -619,3 +674,36 @@ def quantizable_groups(graph: OpGraph, groups: Mapping[str, Sequence[str]]) -> d
     """The groups holding an op worth quantising (Conv, MatMul, Gemm): the only ones a precision choice changes."""
     op_type = {n.name: n.op_type for n in graph.nodes}
     return {g: tuple(m) for g, m in groups.items() if any(op_type.get(n) in QUANTIZABLE for n in m)}
+
+
+def precision_units(graph: OpGraph, blocks: OpGraph) -> dict[str, tuple[str, ...]]:
+    """The model cut into units of precision choice covering every node, from its operator graph and a
+    block graph of it (``coarsen``): each block holding a Conv, MatMul or Gemm starts a unit (named by that
+    node), every other block joins the unit of its nearest producer (the last unit made, for blocks nothing
+    inside the model feeds; blocks before any unit join the first). All units in int8 is whole-model int8;
+    a unit back in fp32 takes its activations, concats and heads with it."""
+    op_type = {n.name: n.op_type for n in graph.nodes}
+    units: dict[str, list[str]] = {}
+    unit_of: dict[str, str] = {}
+    pending: list[str] = []
+    order = {b.name: i for i, b in enumerate(blocks.nodes)}
+    for b in blocks.nodes:
+        first = next((m for m in b.members if op_type.get(m) in QUANTIZABLE), None)
+        if first is not None:
+            units[first] = [*pending, *b.members]
+            unit_of[b.name] = first
+            pending = []
+            continue
+        producers = sorted((p for p in blocks.predecessors[b.name] if p in unit_of), key=order.__getitem__)
+        if producers:
+            unit = unit_of[producers[-1]]
+        elif units:
+            unit = next(reversed(units))
+        else:
+            pending.extend(b.members)
+            continue
+        units[unit].extend(b.members)
+        unit_of[b.name] = unit
+    if pending:  # no Conv/MatMul/Gemm anywhere: one unit
+        units[pending[0]] = pending
+    return {k: tuple(v) for k, v in units.items()}

@@ -207,9 +207,26 @@ def test_choose_mix_and_repair_are_greedy_by_sensitivity() -> None:
     # with gains: most sensitivity per unit of gain goes back first (d saves little)
     r = repair(sens, sens, evaluate, 0.02, gains={"a": 1.0, "b": 1.0, "c": 100.0, "d": 0.01})
     assert r.reverted[0] == "d"
+    # refill: losses do not add up, so a group put back early may fit again once a worse one is fp32
+    table = {frozenset(): 0.0, frozenset("x"): 0.05, frozenset("y"): 0.4, frozenset("xy"): 1.0}
+    r = repair(["x", "y"], {"x": 0.5, "y": 0.4}, lambda s: table[frozenset(s)], 0.1)
+    assert r.int8 == ("x",) and r.reverted == ("y",) and r.loss == 0.05
+    assert repair(["x", "y"], {"x": 0.5, "y": 0.4}, lambda s: table[frozenset(s)], 0.1, refill=False).int8 == ()
     # ties (a discrete metric) broken by a continuous figure
     r = repair(["a", "b"], {"a": 0.0, "b": 0.0}, lambda s: 1.0 if "b" in set(s) else 0.0, 0.5, {"a": 0.1, "b": 0.2})
     assert r.reverted == ("b",) and r.int8 == ("a",)
+
+
+def test_precision_units_cover_every_node(tiny: LoadedModel) -> None:
+    from models.coarsen import coarsen
+    from models.precision import precision_units
+
+    graph = build_graph(tiny.proto, tiny.sha256)
+    units = precision_units(graph, coarsen(graph, "fine"))
+    assert set(units) == {"conv1", "conv2", "fc"}  # one per Conv/MatMul/Gemm, named by it
+    members = [m for ms in units.values() for m in ms]
+    assert sorted(members) == sorted(n.name for n in graph.nodes)  # every node once
+    assert {"relu2", "pool"} <= set(units["conv2"])  # activations and pools join their producer
 
 
 def test_repair_restores_the_budget_end_to_end(tiny: LoadedModel, tmp_path: Path) -> None:
@@ -230,16 +247,24 @@ def test_repair_restores_the_budget_end_to_end(tiny: LoadedModel, tmp_path: Path
     assert r.reverted[0] == max(sens, key=sens.__getitem__)
     assert repair(groups, sens, ev, 1.0).reverted == ()
     # the assembled mix is one model taking and giving fp32
-    mix = assemble(tiny, int8_nodes(groups, r.int8), ranges, len(cal))
+    mix = assemble(tiny, ranges, int8_nodes=int8_nodes(groups, r.int8), frames=len(cal))
     assert _io_types(mix.model) == _io_types(tiny.ort_proto.SerializeToString())
-    none = assemble(tiny, [], ranges)
+    none = assemble(tiny, ranges, int8_nodes=[])
     assert none.precision == "fp32"
     assert measure_accuracy(_fp32_outputs(tiny, held), none.run(held), ("relerr",)).loss("relerr") < 1e-6
     # whole-model int8 from the same calibration is the mix of every group
     whole = whole_model_int8(tiny, cal, ranges)
     assert whole.precision == "int8"
-    every = assemble(tiny, int8_nodes(groups, groups), ranges)
+    every = assemble(tiny, ranges, int8_nodes=int8_nodes(groups, groups))
     assert measure_accuracy(whole.run(held), every.run(held), ("relerr",)).loss("relerr") < 1e-6
+    # everything but the fp32 groups: with none kept, whole-model int8; with the head kept, its Conv stays fp32
+    assert assemble(tiny, ranges, fp32_nodes=[]).model == whole.model
+    kept = assemble(tiny, ranges, fp32_nodes=GROUPS["head"])
+    assert kept.precision == "mixed" and "conv1" not in kept.int8_nodes and "conv2" in kept.int8_nodes
+    conv1 = next(n for n in onnx.load_from_string(kept.model).graph.node if n.name == "conv1")
+    assert conv1.input[1] == "w1"  # fp32 weight, not a dequantised one
+    rest = MixEvaluator(tiny, {"head": GROUPS["head"]}, held, "relerr", ranges, rest="int8")
+    assert rest([]) > 0 and rest(["head"]) == pytest.approx(ev(groups))
 
 
 # ---------------------------------------------------------------------------------------------- profiles
