@@ -8,8 +8,10 @@ corpus test), on ``local`` (this host's CPU), side by side in one run:
 * ``mix``: our per-block precision mix under the accuracy budget (1% by default): every (fine) block
   holding a Conv/MatMul/Gemm starts a unit of choice, the others join their producer's unit
   (``precision_units``: all units int8 is whole-model int8); every unit starts in int8, each unit's
-  sensitivity (end-to-end loss with that unit alone in int8) is measured on calibration frames, the most sensitive blocks go back to
-  fp32 until the mix holds the budget end to end on calibration frames, then the mix is checked
+  sensitivity (end-to-end loss with that unit alone in int8) is measured on calibration frames; each
+  unit's fp32 and int8 variants are timed alone (``profiler.variants``) and units int8 does not speed up
+  stay fp32; the units with the most sensitivity per ms saved go back to fp32 until the mix holds the
+  budget end to end on calibration frames, then the mix is checked
   on held-back frames and repaired again if it exceeds the budget there.
 
 Inputs are real images that ship with scikit-image, resized and normalised as each model's package
@@ -54,6 +56,7 @@ from models.precision import (
 )
 from profiler.measure import time_model
 from profiler.session import pu_configs
+from profiler.variants import saved_ms, time_variants
 
 CORPUS = Path.home() / ".cache" / "parapipe-corpus" / "models"
 IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], np.float32).reshape(3, 1, 1)
@@ -170,7 +173,15 @@ def best_times(variants: dict[str, Variant], feeds: dict[str, np.ndarray], round
 
 
 def run_case(
-    case: Case, budget: float, n_cal: int, n_held: int, rounds: int, repeats: int, tmp: Path, granularity: str
+    case: Case,
+    budget: float,
+    n_cal: int,
+    n_held: int,
+    rounds: int,
+    repeats: int,
+    tmp: Path,
+    granularity: str,
+    time_units: bool,
 ) -> None:
     t0 = time.perf_counter()
     model: LoadedModel = load_onnx(CORPUS / case.file, {case.input: case.shape})
@@ -187,8 +198,19 @@ def run_case(
     probe = MixEvaluator(model, groups, cal[: max(4, n_cal // 2)], case.metric, ranges)
     sens = sensitivity(probe, groups)
     rel = sensitivity(lambda s: probe.loss(s, "relerr"), groups)  # same runs, ranks what top1 ties
-    fixed = repair(list(groups), sens, on_cal, budget, rel)
-    checked = repair(fixed.int8, sens, on_held, budget, rel)
+    start, gains, slower = list(groups), None, []
+    if time_units:
+        # each unit's fp32 and int8 variants timed alone (profiler.variants): units int8 does not speed
+        # up start in fp32, and repair puts back the most sensitivity per ms saved first
+        profile = load_profile("local")
+        cfg = pu_configs(profile)[-1]
+        unit_times = time_variants(model, groups, cal[:2], profile, [cfg], ("fp32", "int8"), repeats=20)
+        saved = saved_ms(unit_times)
+        slower = [g for g in groups if saved.get(g, 0.0) <= 0]
+        start = [g for g in groups if g not in slower]
+        gains = {g: max(saved.get(g, 0.0), 1e-6) for g in groups}
+    fixed = repair(start, sens, on_cal, budget, rel, gains=gains)
+    checked = repair(fixed.int8, sens, on_held, budget, rel, gains=gains)
     mix = on_held.assemble(checked.int8, len(cal))
     prep_s = time.perf_counter() - t0
 
@@ -216,12 +238,14 @@ def run_case(
     )
     reverted = list(fixed.reverted) + list(checked.reverted)
     print(
-        f"  mix: {len(checked.int8)}/{len(groups)} units int8 ({n_int8_nodes} of {len(graph.nodes)} nodes int8), "
-        f"{len(reverted)} back to fp32: {', '.join(reverted) or 'none'}"
+        f"  mix: {len(checked.int8)}/{len(groups)} units int8 ({n_int8_nodes} of {len(graph.nodes)} nodes int8); "
+        f"{len(slower)} kept fp32 as int8 was not faster alone; {len(reverted)} put back to fp32 for accuracy: "
+        f"{', '.join(reverted) or 'none'}"
     )
     print(
         f"  mix {case.metric} loss: calibration {fixed.loss:.4f}, held-back {checked.loss:.4f} "
-        f"(budget {budget:g}: {'holds' if checked.ok else 'MISSED'}); summed block sensitivities of the mix "
+        f"(budget {budget:g}: {'holds' if checked.ok else 'MISSED'}; {len(checked.reverted)} put back on the "
+        f"held-back check itself); summed unit sensitivities of the mix "
         f"{sum(sens[g] for g in checked.int8):.4f}"
     )
     top = sorted(sens, key=lambda g: (-sens[g], -rel[g]))[:5]
@@ -244,11 +268,17 @@ def run_case(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", nargs="+", default=["nudenet", "rec", "orientation"], choices=list(CASES))
+    parser.add_argument("--models", nargs="+", default=["nudenet", "rec", "orientation", "det"], choices=list(CASES))
     parser.add_argument("--budget", type=float, default=0.01, help="accuracy-loss budget (0.01 = 1%%)")
     parser.add_argument("--calibration", type=int, default=16, help="calibration frames")
     parser.add_argument("--held-out", type=int, default=24, help="held-back frames")
     parser.add_argument("--granularity", default="fine", choices=["fine", "coarse"], help="blocks to choose among")
+    parser.add_argument(
+        "--no-time-units",
+        dest="time_units",
+        action="store_false",
+        help="do not time each unit's fp32 and int8 variants (by default units int8 does not speed up stay fp32)",
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=30)
     args = parser.parse_args()
@@ -275,6 +305,7 @@ def main() -> None:
                 args.repeats,
                 Path(tmp),
                 args.granularity,
+                args.time_units,
             )
 
 

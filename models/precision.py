@@ -679,31 +679,32 @@ def quantizable_groups(graph: OpGraph, groups: Mapping[str, Sequence[str]]) -> d
 def precision_units(graph: OpGraph, blocks: OpGraph) -> dict[str, tuple[str, ...]]:
     """The model cut into units of precision choice covering every node, from its operator graph and a
     block graph of it (``coarsen``): each block holding a Conv, MatMul or Gemm starts a unit (named by that
-    node), every other block joins the unit of its nearest producer (the last unit made, for blocks nothing
-    inside the model feeds; blocks before any unit join the first). All units in int8 is whole-model int8;
-    a unit back in fp32 takes its activations, concats and heads with it."""
+    node); every other block joins the latest-started unit among its producers' (blocks nothing feeds,
+    such as Constants, join the first unit). All units in int8 is whole-model int8; a unit back in fp32
+    takes its activations, concats and heads with it.
+
+    Units are convex (each can be cut out as a partition): every member's ancestors lie in its own unit
+    or in units started before it, so no path leaves a unit and comes back."""
     op_type = {n.name: n.op_type for n in graph.nodes}
     units: dict[str, list[str]] = {}
+    started: dict[str, int] = {}
     unit_of: dict[str, str] = {}
-    pending: list[str] = []
-    order = {b.name: i for i, b in enumerate(blocks.nodes)}
+    pending: list[str] = []  # blocks before the first unit, or fed by nothing: they join the first unit
     for b in blocks.nodes:
         first = next((m for m in b.members if op_type.get(m) in QUANTIZABLE), None)
+        producers = [unit_of[p] for p in blocks.predecessors[b.name] if p in unit_of]
         if first is not None:
-            units[first] = [*pending, *b.members]
+            units[first] = list(b.members)
+            started[first] = len(started)
             unit_of[b.name] = first
-            pending = []
-            continue
-        producers = sorted((p for p in blocks.predecessors[b.name] if p in unit_of), key=order.__getitem__)
-        if producers:
-            unit = unit_of[producers[-1]]
-        elif units:
-            unit = next(reversed(units))
+        elif producers:
+            unit = max(producers, key=started.__getitem__)
+            units[unit].extend(b.members)
+            unit_of[b.name] = unit
         else:
             pending.extend(b.members)
-            continue
-        units[unit].extend(b.members)
-        unit_of[b.name] = unit
-    if pending:  # no Conv/MatMul/Gemm anywhere: one unit
-        units[pending[0]] = pending
+    if not units:  # no Conv/MatMul/Gemm anywhere: one unit
+        return {pending[0]: tuple(pending)} if pending else {}
+    first_unit = next(iter(units))
+    units[first_unit][:0] = pending
     return {k: tuple(v) for k, v in units.items()}

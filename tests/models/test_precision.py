@@ -227,6 +227,9 @@ def test_precision_units_cover_every_node(tiny: LoadedModel) -> None:
     members = [m for ms in units.values() for m in ms]
     assert sorted(members) == sorted(n.name for n in graph.nodes)  # every node once
     assert {"relu2", "pool"} <= set(units["conv2"])  # activations and pools join their producer
+    maker = VariantMaker(tiny, graph)
+    for name, members in units.items():  # each cuts out as a partition (convex)
+        assert maker.fp32(members, name).members
 
 
 def test_repair_restores_the_budget_end_to_end(tiny: LoadedModel, tmp_path: Path) -> None:
