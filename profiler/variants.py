@@ -68,6 +68,9 @@ def time_variants(
     timer = timer or LocalTimer()
     precisions = tuple(precisions)
     flops = {n.name: n.flops for n in maker.graph.nodes}
+    # one fp32 run per frame for every group's boundary values, not one per group
+    entering = {t for members in groups.values() for t in maker.extractor.boundary(list(members))[0]}
+    maker.boundary_values(calibration, entering, "calibration")
     out: list[VariantTime] = []
     for name, members in groups.items():
         members = tuple(members)
