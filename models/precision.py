@@ -246,6 +246,7 @@ def quantize_qdq(
     nodes_to_quantize: Sequence[str] | None = None,
     nodes_to_exclude: Sequence[str] | None = None,
     ranges: Path | None = None,
+    preprocess_only: bool = False,
 ) -> bytes:
     """onnxruntime ``quantize_static`` (QDQ, per-channel) of ``model``; ``ranges`` is a calibration cache
     (``calibrate``) used instead of (or written by) the reader. Returns the quantised model's bytes.
@@ -274,7 +275,7 @@ def quantize_qdq(
 
         selected = find(nodes_to_quantize) if nodes_to_quantize else None
         excluded = find(nodes_to_exclude) if nodes_to_exclude else None
-        if nodes_to_quantize and not selected:
+        if preprocess_only or (nodes_to_quantize and not selected):
             return onnx.load(str(pre)).SerializeToString()
         try:
             quantize_static(
@@ -374,6 +375,14 @@ def assemble(
 
 def kept_fp32(model: LoadedModel, int8: Sequence[str]) -> bool:
     return len(set(int8)) < len(model.proto.graph.node)
+
+
+def preprocessed(model: LoadedModel) -> Variant:
+    """The fp32 model as every int8 variant is built from: opset >= 13 and onnxruntime's quantisation
+    pre-processing (shape inference, basic optimisation: BN folded into Conv), no int8. Comparing a mix
+    with it separates what int8 gains from what pre-processing does."""
+    data = quantize_qdq(model.ort_proto, None, preprocess_only=True)
+    return _whole("fp32", data, model, "onnxruntime quantisation pre-processing, no int8", 0)
 
 
 def _whole(precision: str, data: bytes, model: LoadedModel, method: str, frames: int) -> Variant:

@@ -29,6 +29,7 @@ from models.precision import (
     choose_mix,
     int8_nodes,
     measure_accuracy,
+    preprocessed,
     quantizable_groups,
     repair,
     run_chain,
@@ -266,6 +267,11 @@ def test_repair_restores_the_budget_end_to_end(tiny: LoadedModel, tmp_path: Path
     assert kept.precision == "mixed" and "conv1" not in kept.int8_nodes and "conv2" in kept.int8_nodes
     conv1 = next(n for n in onnx.load_from_string(kept.model).graph.node if n.name == "conv1")
     assert conv1.input[1] == "w1"  # fp32 weight, not a dequantised one
+    pre = preprocessed(tiny)
+    assert pre.precision == "fp32" and "QuantizeLinear" not in {
+        n.op_type for n in onnx.load_from_string(pre.model).graph.node
+    }
+    assert measure_accuracy(_fp32_outputs(tiny, held), pre.run(held), ("relerr",)).loss("relerr") < 1e-5
     rest = MixEvaluator(tiny, {"head": GROUPS["head"]}, held, "relerr", ranges, rest="int8")
     assert rest([]) > 0 and rest(["head"]) == pytest.approx(ev(groups))
 
