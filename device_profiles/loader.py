@@ -14,6 +14,7 @@ from typing import Any
 
 from device_profiles.schema import (
     OP_CLASSES,
+    PRECISIONS,
     PU_KINDS,
     SCHEMA_VERSION,
     SOURCES,
@@ -21,6 +22,7 @@ from device_profiles.schema import (
     Host,
     Link,
     NetworkLink,
+    Precisions,
     ProcessingUnit,
     ProfileError,
     Quantity,
@@ -157,6 +159,7 @@ def _pu(raw: Any, path: str, hosts: list[str]) -> ProcessingUnit:
             raise ProfileError(f"{path}.throttle.quota_percent: at most 100, got {pct}")
         throttle = Throttle(pct, t.get("method", str, "cgroup-v1-cfs"))
         t.finish()
+    precisions = parse_precisions(r.get("precisions", dict), f"{path}.precisions") if "precisions" in r.data else None
     pu = ProcessingUnit(
         name=name,
         kind=kind,
@@ -173,9 +176,31 @@ def _pu(raw: Any, path: str, hosts: list[str]) -> ProcessingUnit:
         supported_ops=tuple(ops),
         cluster=r.get("cluster", str, ""),
         throttle=throttle,
+        precisions=precisions,
     )
     r.finish()
     return pu
+
+
+def parse_precisions(raw: Any, path: str) -> Precisions:
+    """``precisions = { value = ["fp32", "int8"], source = "spec-sheet", cite = "..." }``."""
+    r = _Reader(raw, path)
+    values = r.get("value", list)
+    if not values or not all(isinstance(v, str) for v in values):
+        raise ProfileError(f"{path}.value: expected a non-empty list of {', '.join(PRECISIONS)}")
+    unknown = [v for v in values if v not in PRECISIONS]
+    if unknown:
+        raise ProfileError(f"{path}.value: {unknown[0]!r} is not one of {', '.join(PRECISIONS)}")
+    if len(set(values)) != len(values):
+        raise ProfileError(f"{path}.value: precisions repeat: {values}")
+    source = r.get("source", str)
+    if source not in SOURCES:
+        raise ProfileError(f"{path}.source: {source!r} is not one of {', '.join(SOURCES)}")
+    cite = r.get("cite", str, "")
+    if source != "measured" and not cite.strip():
+        raise ProfileError(f"{path}.cite: a {source} entry needs a short citation saying where it comes from")
+    r.finish()
+    return Precisions(tuple(values), source, cite)
 
 
 def _link(raw: Any, path: str, pus: dict[str, ProcessingUnit] | None) -> Link:

@@ -16,6 +16,10 @@ SCHEMA_VERSION = 1
 SOURCES = ("measured", "spec-sheet", "estimate")
 PU_KINDS = ("cpu", "gpu", "npu", "dsp")
 OP_CLASSES = ("conv", "depthwise", "matmul", "elementwise", "pooling", "other")
+PRECISIONS = ("fp32", "fp16", "int8")
+# What a PU computes in when its profile does not say: CPUs run fp32 and int8 (onnxruntime's QDQ
+# kernels), GPUs fp32 and fp16, NPUs and DSPs int8 only (float models fall back to another PU).
+DEFAULT_PRECISIONS = {"cpu": ("fp32", "int8"), "gpu": ("fp32", "fp16"), "npu": ("int8",), "dsp": ("int8",)}
 
 
 class ProfileError(ValueError):
@@ -30,6 +34,19 @@ class Quantity:
 
     def __float__(self) -> float:
         return self.value
+
+
+@dataclass(frozen=True)
+class Precisions:
+    """The number formats a PU computes in (``fp32``, ``fp16``, ``int8``), with where that comes from."""
+
+    values: tuple[str, ...]
+    source: str
+    cite: str = ""
+
+    @staticmethod
+    def default(kind: str) -> Precisions:
+        return Precisions(DEFAULT_PRECISIONS[kind], "estimate", f"default for a {kind} PU")
 
 
 @dataclass(frozen=True)
@@ -57,9 +74,19 @@ class ProcessingUnit:
     supported_ops: tuple[str, ...] = ()  # empty = every op
     cluster: str = ""
     throttle: Throttle | None = None
+    precisions: Precisions | None = None  # None: DEFAULT_PRECISIONS of its kind
 
     def supports(self, op_type: str) -> bool:
         return not self.supported_ops or op_type in self.supported_ops
+
+    @property
+    def precision_set(self) -> Precisions:
+        """The precisions this PU computes in: the profile's, else its kind's default."""
+        return self.precisions if self.precisions is not None else Precisions.default(self.kind)
+
+    def computes(self, precision: str) -> bool:
+        """True if a block in ``precision`` may be placed on this PU (an NPU: int8 only)."""
+        return precision in self.precision_set.values
 
 
 @dataclass(frozen=True)
@@ -129,6 +156,9 @@ class DeviceProfile:
     def content_hash(self) -> str:
         data = asdict(self)
         data.pop("origin")
+        for pu in data["pus"]:  # profiles that say nothing of precisions keep the hash they had
+            if pu.get("precisions") is None:
+                pu.pop("precisions", None)
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
 
     def quantities(self) -> list[tuple[str, Quantity]]:

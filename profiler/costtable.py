@@ -35,6 +35,16 @@ class Conditions:
     ort_version: str
     opt_level: str  # "disable" for per-op profiles, "all" for fused blocks and partitions
     throttle_percent: float | None = None
+    precision: str = "fp32"  # fp32 | fp16 | int8: the variant timed (models.precision)
+
+
+def _conditions_json(cond: Conditions) -> dict[str, object]:
+    """Conditions as stored and hashed: ``precision`` only when not fp32, so tables and keys written
+    before precisions existed stay valid and readable both ways."""
+    data = asdict(cond)
+    if data["precision"] == "fp32":
+        del data["precision"]
+    return data
 
 
 @dataclass(frozen=True)
@@ -63,7 +73,8 @@ class CostEntry:
 
 def entry_key(model_sha256: str, kind: str, members: Iterable[str], cond: Conditions) -> str:
     payload = json.dumps(
-        {"model": model_sha256, "kind": kind, "members": sorted(members), "cond": asdict(cond)}, sort_keys=True
+        {"model": model_sha256, "kind": kind, "members": sorted(members), "cond": _conditions_json(cond)},
+        sort_keys=True,
     )
     return hashlib.sha256(payload.encode()).hexdigest()
 
@@ -87,20 +98,30 @@ class CostTable:
         self.entries[entry.key] = entry
 
     def select(
-        self, model_sha256: str | None = None, kind: str | None = None, board: str | None = None
+        self,
+        model_sha256: str | None = None,
+        kind: str | None = None,
+        board: str | None = None,
+        precision: str | None = "fp32",
     ) -> list[CostEntry]:
+        """Entries matching every filter given. ``precision`` defaults to fp32 so that callers written
+        before precisions existed see the entries they were written for; ``None`` selects every precision."""
         return [
             e
             for e in self.entries.values()
             if (model_sha256 is None or e.model_sha256 == model_sha256)
             and (kind is None or e.kind == kind)
             and (board is None or e.conditions.board == board)
+            and (precision is None or e.conditions.precision == precision)
         ]
 
     def to_json(self) -> dict[str, object]:
         return {
             "version": TABLE_VERSION,
-            "entries": [asdict(e) for e in sorted(self.entries.values(), key=lambda e: e.key)],
+            "entries": [
+                {**asdict(e), "conditions": _conditions_json(e.conditions)}
+                for e in sorted(self.entries.values(), key=lambda e: e.key)
+            ],
         }
 
     @staticmethod

@@ -1,0 +1,128 @@
+"""Timing the precision variants of blocks and partitions, into the cost table.
+
+Each group (a block's or a partition's ONNX node names) is cut out, made into its
+fp32 / int8 / fp16 variants (``models.precision``), fed the group's boundary values
+for the first calibration frame and timed fused (ORT_ENABLE_ALL) like
+``profiler.session`` times fp32 blocks, with the same timer. Variants whose precision
+the PU does not compute in (``ProcessingUnit.computes``) are not made for it.
+
+Entries are keyed like every other cost-table entry, with the precision in their
+``Conditions`` (fp32 entries keep the keys they always had, so an fp32 variant of a
+block already profiled is not timed again). The quantise/dequantise or cast at a
+variant's boundary is inside the variant, hence inside its time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from device_profiles.schema import DeviceProfile
+from models.onnx_io import LoadedModel
+from models.precision import Frame, VariantMaker
+from profiler.costtable import Conditions, CostEntry, CostTable, entry_key
+from profiler.measure import PuConfig
+from profiler.session import LocalTimer, Timer
+
+
+@dataclass(frozen=True)
+class VariantTime:
+    """One group in one precision on one PU configuration: its cost-table entry and variant's hash."""
+
+    group: str
+    precision: str
+    config: str  # PuConfig.label
+    entry: CostEntry
+    variant_sha256: str
+    reused: bool
+
+
+def variant_conditions(board: str, cfg: PuConfig, ort_version: str, precision: str) -> Conditions:
+    return Conditions(
+        board, cfg.pu, len(cfg.cores), cfg.threads, cfg.provider, ort_version, "all", cfg.throttle_percent, precision
+    )
+
+
+def time_variants(
+    model: LoadedModel,
+    groups: Mapping[str, Sequence[str]],
+    calibration: Sequence[Frame],
+    profile: DeviceProfile,
+    configs: Sequence[PuConfig],
+    precisions: Iterable[str] = ("fp32", "int8"),
+    kind: str = "block",
+    table: CostTable | None = None,
+    warmup: int = 3,
+    repeats: int = 10,
+    maker: VariantMaker | None = None,
+    timer: Timer | None = None,
+    ort_version: str | None = None,
+) -> list[VariantTime]:
+    """Time each group's variants on each configuration; entries go into ``table`` (when given), and
+    entries already there are reused, not measured again."""
+    import onnxruntime as ort
+
+    ort_version = ort_version or ort.__version__
+    maker = maker or VariantMaker(model)
+    timer = timer or LocalTimer()
+    precisions = tuple(precisions)
+    flops = {n.name: n.flops for n in maker.graph.nodes}
+    # one fp32 run per frame for every group's boundary values, not one per group
+    entering = {t for members in groups.values() for t in maker.extractor.boundary(list(members))[0]}
+    maker.boundary_values(calibration, entering, "calibration")
+    out: list[VariantTime] = []
+    for name, members in groups.items():
+        members = tuple(members)
+        made = maker.variants(members, calibration, precisions, name=name, tag="calibration")
+        feeds = maker.boundary_values(calibration[:1], made[precisions[0]].inputs, "calibration")[0]
+        for cfg in configs:
+            pu = profile.pu(cfg.pu)
+            for precision, variant in made.items():
+                if not pu.computes(precision):
+                    continue
+                cond = variant_conditions(profile.name, cfg, ort_version, precision)
+                key = entry_key(model.sha256, kind, members, cond)
+                if table is not None and key in table:
+                    out.append(VariantTime(name, precision, cfg.label, table.entries[key], variant.sha256, True))
+                    continue
+                t = timer.time(variant.model, feeds, cfg, warmup, repeats, pu)
+                entry = CostEntry(
+                    key=key,
+                    kind=kind,
+                    model_sha256=model.sha256,
+                    name=name,
+                    members=members,
+                    conditions=cond,
+                    median_ms=t.median_ms,
+                    mean_ms=t.mean_ms,
+                    p10_ms=t.p10_ms,
+                    p90_ms=t.p90_ms,
+                    repeats=t.repeats,
+                    energy_mj=t.energy_mj_per_run,
+                    energy_source=t.energy_source or "none",
+                    flops=sum(flops.get(m, 0) for m in members),
+                    measured_at=time.time(),
+                )
+                if table is not None:
+                    table.add(entry)
+                out.append(VariantTime(name, precision, cfg.label, entry, variant.sha256, False))
+    return out
+
+
+def speedups(times: Iterable[VariantTime], baseline: str = "fp32") -> dict[tuple[str, str, str], float]:
+    """(group, config, precision) -> baseline median / variant median, for every non-baseline variant."""
+    times = list(times)
+    base = {(t.group, t.config): t.entry.median_ms for t in times if t.precision == baseline}
+    return {
+        (t.group, t.config, t.precision): base[(t.group, t.config)] / max(t.entry.median_ms, 1e-9)
+        for t in times
+        if t.precision != baseline and (t.group, t.config) in base
+    }
+
+
+def saved_ms(times: Iterable[VariantTime], precision: str = "int8", config: str | None = None) -> dict[str, float]:
+    """Per group: fp32 median minus the ``precision`` variant's (what the group gains; may be negative)."""
+    times = [t for t in times if config is None or t.config == config]
+    fp32 = {t.group: t.entry.median_ms for t in times if t.precision == "fp32"}
+    return {t.group: fp32[t.group] - t.entry.median_ms for t in times if t.precision == precision and t.group in fp32}
