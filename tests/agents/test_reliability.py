@@ -10,7 +10,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -18,7 +18,6 @@ import grpc
 import numpy as np
 import pytest
 
-from agents.bundle import MANIFEST, parse_manifest
 from agents.client import AgentClient, AgentError
 from agents.peers import Peer
 from agents.proto import health_pb2, health_pb2_grpc
@@ -26,39 +25,20 @@ from agents.proto import parapipe_agent_pb2 as pb
 from agents.server import CALL_LIMITS
 from agents.tensors import frame_message
 from parapipe.local_agent import LocalAgent
-from tests.agents.tiny import TABLE_ROWS, expected, frame, write_tiny_bundle
-
-GUARD_S = 30.0  # hang guard: a call that should return at once gets this long
-
-
-def _sha(folder: Path) -> str:
-    return parse_manifest((folder / MANIFEST).read_text()).sha256()
-
-
-def _eventually(what: str, check: Callable[[], bool], timeout: float = GUARD_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"never happened: {what}")
-        time.sleep(0.1)
+from tests.agents.tiny import (
+    GUARD_S,
+    TABLE_ROWS,
+    bundle_sha,
+    eventually,
+    expected,
+    frame,
+    start_two_hosts,
+    write_tiny_bundle,
+)
 
 
 def _calls(client: AgentClient) -> dict[str, pb.CallStats]:
     return {c.kind: c for c in client.status().calls}
-
-
-def _start_two_hosts(
-    stack: ExitStack, tmp_path: Path, stages: int, max_inflight: int, extra_env: dict[str, str] | None = None
-) -> tuple[LocalAgent, LocalAgent]:
-    """Agents for hosts a (entry, stage 0) and b (the other stages) of a tiny plan, started b first."""
-    a = stack.enter_context(LocalAgent(extra_env=extra_env))
-    b = stack.enter_context(LocalAgent(extra_env=extra_env))
-    parts = {h: write_tiny_bundle(tmp_path / h, stages, max_inflight, host=h) for h in ("a", "b")}
-    for agent, h in ((a, "a"), (b, "b")):
-        agent.client.load_bundle(parts[h])
-    b.client.start(_sha(parts["b"]), peers=[Peer("a", f"127.0.0.1:{a.port}")])
-    a.client.start(_sha(parts["a"]), peers=[Peer("b", f"127.0.0.1:{b.port}")])
-    return a, b
 
 
 def _check_frames_flow(client: AgentClient, stages: int, count: int = 6) -> None:
@@ -79,12 +59,12 @@ def test_a_frame_failing_in_stage_0_does_not_wedge_later_stages(tmp_path: Path) 
             assert info.value.code == grpc.StatusCode.FAILED_PRECONDITION and "partition s0" in str(info.value)
             _check_frames_flow(client, stages=3, count=3)
         assert client.ready()
-        _eventually("no frame left in flight", lambda: client.status().frames_in_flight == 0)
+        eventually("no frame left in flight", lambda: client.status().frames_in_flight == 0)
 
 
 def test_a_frame_failing_on_the_entry_host_is_skipped_on_the_other_host(tmp_path: Path) -> None:
     with ExitStack() as stack:
-        a, _ = _start_two_hosts(stack, tmp_path, stages=3, max_inflight=2)
+        a, _ = start_two_hosts(stack, tmp_path, stages=3, max_inflight=2)
         a.client.timeout = GUARD_S
         for _ in range(3):
             with pytest.raises(AgentError, match="partition s0"):
@@ -97,7 +77,7 @@ def test_expired_deadlines_free_their_frame_and_server_thread(tmp_path: Path) ->
     """Host b stops answering (SIGSTOP): every Infer on a ends at its deadline with DEADLINE_EXCEEDED,
     gives its frame up, and holds no server thread; once b is back, frames flow again."""
     with ExitStack() as stack:
-        a, b = _start_two_hosts(stack, tmp_path, stages=2, max_inflight=2)
+        a, b = start_two_hosts(stack, tmp_path, stages=2, max_inflight=2)
         a.client.timeout = GUARD_S
         _check_frames_flow(a.client, stages=2, count=2)
         assert b.process is not None
@@ -107,8 +87,8 @@ def test_expired_deadlines_free_their_frame_and_server_thread(tmp_path: Path) ->
                 with pytest.raises(grpc.RpcError) as raw:
                     a.client.stub.Infer(frame_message(100 + i, frame(1)), timeout=1.0)
                 assert raw.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-            _eventually("every Infer thread released", lambda: _calls(a.client)["Infer"].active == 0)
-            _eventually("every given-up frame freed", lambda: a.client.status().frames_in_flight == 0)
+            eventually("every Infer thread released", lambda: _calls(a.client)["Infer"].active == 0)
+            eventually("every given-up frame freed", lambda: a.client.status().frames_in_flight == 0)
         finally:
             os.kill(b.process.pid, signal.SIGCONT)
         _check_frames_flow(a.client, stages=2, count=3)
@@ -117,7 +97,7 @@ def test_expired_deadlines_free_their_frame_and_server_thread(tmp_path: Path) ->
 
 def test_stop_wakes_callers_waiting_for_a_slot_and_stream_feeds(tmp_path: Path) -> None:
     with ExitStack() as stack:
-        a, b = _start_two_hosts(stack, tmp_path, stages=2, max_inflight=2)
+        a, b = start_two_hosts(stack, tmp_path, stages=2, max_inflight=2)
         a.client.timeout = GUARD_S
         _check_frames_flow(a.client, stages=2, count=1)
         assert b.process is not None
@@ -158,14 +138,14 @@ def test_stop_wakes_callers_waiting_for_a_slot_and_stream_feeds(tmp_path: Path) 
         threads = [threading.Thread(target=f) for f in (stream, idle_stream, infer, infer)]
         for t in threads:
             t.start()
-        _eventually("two stream feeds and two Infer calls wait", lambda: a.client.status().stream_feeds == 2)
-        _eventually("two Infer calls wait", lambda: _calls(a.client)["Infer"].active == 2)
+        eventually("two stream feeds and two Infer calls wait", lambda: a.client.status().stream_feeds == 2)
+        eventually("two Infer calls wait", lambda: _calls(a.client)["Infer"].active == 2)
         assert a.client.stop()
         for t in threads:
             t.join(GUARD_S)
             assert not t.is_alive(), "a caller still waits after StopPipeline"
         assert codes == [grpc.StatusCode.FAILED_PRECONDITION] * 4
-        _eventually("the stream's feed thread ended", lambda: a.client.status().stream_feeds == 0)
+        eventually("the stream's feed thread ended", lambda: a.client.status().stream_feeds == 0)
 
 
 def test_health_is_answered_with_every_stream_kind_at_its_limit(tmp_path: Path) -> None:
@@ -193,7 +173,7 @@ def test_health_is_answered_with_every_stream_kind_at_its_limit(tmp_path: Path) 
             s = client.stub.InferStream(idle(), timeout=4 * GUARD_S)
             streams.append(s)
             stack.callback(s.cancel)
-        _eventually("every stream runs", lambda: _calls(client)["InferStream"].active == CALL_LIMITS["InferStream"])
+        eventually("every stream runs", lambda: _calls(client)["InferStream"].active == CALL_LIMITS["InferStream"])
 
         assert client.health(timeout=GUARD_S) == "SERVING"  # liveness answers
         assert client.ready()
@@ -209,7 +189,7 @@ def test_health_is_answered_with_every_stream_kind_at_its_limit(tmp_path: Path) 
 
         for call in (*watches, *streams):
             call.cancel()
-        _eventually(
+        eventually(
             "cancelled streams give their places back",
             lambda: _calls(client)["Watch"].active == 0 and _calls(client)["InferStream"].active == 0,
         )
@@ -227,8 +207,8 @@ def test_sigterm_lets_frames_in_flight_finish_then_exits_0(tmp_path: Path) -> No
         parts = {h: write_tiny_bundle(tmp_path / h, 2, 2, host=h) for h in ("a", "b")}
         a.client.load_bundle(parts["a"])
         b.client.load_bundle(parts["b"])
-        b.client.start(_sha(parts["b"]), peers=[Peer("a", f"127.0.0.1:{a.port}")])
-        a.client.start(_sha(parts["a"]), peers=[Peer("b", f"127.0.0.1:{b.port}")])
+        b.client.start(bundle_sha(parts["b"]), peers=[Peer("a", f"127.0.0.1:{a.port}")])
+        a.client.start(bundle_sha(parts["a"]), peers=[Peer("b", f"127.0.0.1:{b.port}")])
         a.client.timeout = 2 * GUARD_S
         _check_frames_flow(a.client, stages=2, count=1)
         assert a.process is not None and b.process is not None
@@ -245,9 +225,9 @@ def test_sigterm_lets_frames_in_flight_finish_then_exits_0(tmp_path: Path) -> No
         threads = [threading.Thread(target=infer, args=(i,)) for i in (1, 2)]
         for t in threads:
             t.start()
-        _eventually("two frames in flight", lambda: a.client.status().frames_in_flight == 2)
+        eventually("two frames in flight", lambda: a.client.status().frames_in_flight == 2)
         a.process.send_signal(signal.SIGTERM)
-        _eventually("a refuses new calls", lambda: _refused(a.client))
+        eventually("a refuses new calls", lambda: _refused(a.client))
         os.kill(b.process.pid, signal.SIGCONT)
         for t in threads:
             t.join(2 * GUARD_S)
@@ -280,9 +260,9 @@ def test_an_agent_killed_and_started_again_resumes_its_pipeline(tmp_path: Path) 
         first.process.kill()
         first.process.wait()
     with LocalAgent(workdir=workdir) as second:
-        _eventually("the pipeline is back", second.client.ready)
+        eventually("the pipeline is back", second.client.ready)
         status = second.client.status()
-        assert status.boots == 2 and status.resumed and status.running_bundle == _sha(folder)
+        assert status.boots == 2 and status.resumed and status.running_bundle == bundle_sha(folder)
         _check_frames_flow(second.client, stages=2, count=2)
         assert second.client.stop()
         assert not (workdir / "pipeline.json").exists()

@@ -23,8 +23,16 @@ from agents.bundle import MANIFEST, parse_manifest
 from agents.client import AgentError
 from agents.proto import parapipe_agent_pb2 as pb
 from parapipe.local_agent import LocalAgent
-from tests.agents.test_reliability import GUARD_S, _eventually, _sha, _start_two_hosts
-from tests.agents.tiny import TABLE_ROWS, expected, frame, write_tiny_bundle
+from tests.agents.tiny import (
+    GUARD_S,
+    TABLE_ROWS,
+    bundle_sha,
+    eventually,
+    expected,
+    frame,
+    start_two_hosts,
+    write_tiny_bundle,
+)
 
 
 def _chunks(sha: str, manifest_text: str, files: dict[str, bytes]) -> Iterator[pb.BundleChunk]:
@@ -125,10 +133,10 @@ def test_concurrent_uploads_of_one_bundle_both_succeed(tmp_path: Path) -> None:
         for t in threads:
             t.join(2 * GUARD_S)
         assert not errors, errors
-        assert len(replies) == 2 and {r.bundle_sha256 for r in replies} == {_sha(folder)}
-        agent.client.start(_sha(folder))
+        assert len(replies) == 2 and {r.bundle_sha256 for r in replies} == {bundle_sha(folder)}
+        agent.client.start(bundle_sha(folder))
         assert np.array_equal(agent.client.infer(frame(1))["t1"], expected(1, 2))
-        assert [p.name for p in (Path(agent.workdir) / "bundles").iterdir()] == [_sha(folder)]
+        assert [p.name for p in (Path(agent.workdir) / "bundles").iterdir()] == [bundle_sha(folder)]
 
 
 def test_uploads_cut_off_before_a_restart_are_cleaned_up(tmp_path: Path) -> None:
@@ -176,7 +184,7 @@ def test_a_failed_start_leaves_the_running_pipeline_serving(tmp_path: Path) -> N
         with pytest.raises(AgentError) as info:
             client.start(client.load_bundle(broken).bundle_sha256)
         assert info.value.code == grpc.StatusCode.FAILED_PRECONDITION and "s2" in str(info.value)
-        assert client.ready() and client.status().running_bundle == _sha(good)
+        assert client.ready() and client.status().running_bundle == bundle_sha(good)
         assert np.array_equal(client.infer(frame(3))["t1"], expected(3, 2))
 
 
@@ -207,12 +215,12 @@ def test_a_peer_that_stops_answering_breaks_the_link_by_keepalive(tmp_path: Path
     a stops being ready and refuses frames naming b, instead of holding them for the stream's week."""
     env = {"PARAPIPE_PEER_KEEPALIVE_S": "2", "PARAPIPE_PEER_KEEPALIVE_TIMEOUT_S": "2"}
     with ExitStack() as stack:
-        a, b = _start_two_hosts(stack, tmp_path, stages=2, max_inflight=2, extra_env=env)
+        a, b = start_two_hosts(stack, tmp_path, stages=2, max_inflight=2, extra_env=env)
         assert np.array_equal(a.client.infer(frame(0))["t1"], expected(0, 2))
         assert b.process is not None
         os.kill(b.process.pid, signal.SIGSTOP)
         stack.callback(os.kill, b.process.pid, signal.SIGCONT)
-        _eventually("a is no longer ready", lambda: not a.client.ready(), timeout=2 * GUARD_S)
+        eventually("a is no longer ready", lambda: not a.client.ready(), timeout=2 * GUARD_S)
         with pytest.raises(AgentError, match="host 'b'"):
             a.client.infer(frame(TABLE_ROWS - 1))
         assert a.client.health() == "SERVING"

@@ -1,4 +1,4 @@
-"""Tiny hand-made bundles for agent reliability tests: a chain of one-node stages, built in milliseconds.
+"""Tiny hand-made bundles and agent helpers for reliability tests: a chain of one-node stages, built in milliseconds.
 
 Stage 0 is ``Gather(table[4, 8], idx)``: an index of 4 or more fails in onnxruntime, which
 is how the tests send a frame that fails in an early stage. Every later stage is a Relu.
@@ -9,13 +9,18 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
+from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from agents.bundle import MANIFEST, Manifest, PartitionSpec, TensorSpec
+from agents.bundle import MANIFEST, Manifest, PartitionSpec, TensorSpec, parse_manifest
+from agents.peers import Peer
+from parapipe.local_agent import LocalAgent
 
 TABLE_ROWS = 4
 
@@ -104,3 +109,32 @@ def frame(idx: int) -> dict[str, np.ndarray]:
 def expected(idx: int, stages: int) -> np.ndarray:
     row = np.arange(TABLE_ROWS * 8, dtype=np.float32).reshape(TABLE_ROWS, 8)[[idx]]
     return np.maximum(row, 0) if stages > 1 else row
+
+
+GUARD_S = 30.0  # hang guard: a call that should return at once gets this long
+
+
+def bundle_sha(folder: Path) -> str:
+    return parse_manifest((folder / MANIFEST).read_text()).sha256()
+
+
+def eventually(what: str, check: Callable[[], bool], timeout: float = GUARD_S) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"never happened: {what}")
+        time.sleep(0.1)
+
+
+def start_two_hosts(
+    stack: ExitStack, tmp_path: Path, stages: int, max_inflight: int, extra_env: dict[str, str] | None = None
+) -> tuple[LocalAgent, LocalAgent]:
+    """Agents for hosts a (entry, stage 0) and b (the other stages) of a tiny plan, started b first."""
+    a = stack.enter_context(LocalAgent(extra_env=extra_env))
+    b = stack.enter_context(LocalAgent(extra_env=extra_env))
+    parts = {h: write_tiny_bundle(tmp_path / h, stages, max_inflight, host=h) for h in ("a", "b")}
+    for agent, h in ((a, "a"), (b, "b")):
+        agent.client.load_bundle(parts[h])
+    b.client.start(bundle_sha(parts["b"]), peers=[Peer("a", f"127.0.0.1:{a.port}")])
+    a.client.start(bundle_sha(parts["a"]), peers=[Peer("b", f"127.0.0.1:{b.port}")])
+    return a, b
