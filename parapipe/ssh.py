@@ -46,7 +46,13 @@ class BoardConnection:
         self.client = paramiko.SSHClient()
         known = board.known_hosts and Path(board.known_hosts).expanduser()
         if known:
-            self.client.load_host_keys(str(known))
+            try:
+                self.client.load_host_keys(str(known))
+            except OSError as exc:
+                raise DeployError(
+                    f"board {board.name}: cannot read its known_hosts file {board.known_hosts} ({exc.strerror}); "
+                    "restore it or re-add the board with --known-hosts FILE or --host-key SHA256:..."
+                ) from None
         if board.host_key_sha256:
             self.client.set_missing_host_key_policy(_PinnedKey(board.host_key_sha256))
         else:

@@ -195,10 +195,10 @@ def plan_from_json(data: Any, origin: str = "plan") -> Plan:
         solver=str(prov_raw.get("solver", "")),
         status=str(prov_raw.get("status", "")),
         objective=str(prov_raw.get("objective", "")),
-        gap=prov_raw.get("gap"),
-        bound=prov_raw.get("bound"),
-        seconds=float(prov_raw.get("seconds", 0.0)),
-        solver_value=prov_raw.get("solver_value"),
+        gap=_number(prov_raw.get("gap"), "provenance.gap"),
+        bound=_number(prov_raw.get("bound"), "provenance.bound"),
+        seconds=_number(prov_raw.get("seconds", 0.0), "provenance.seconds") or 0.0,
+        solver_value=_number(prov_raw.get("solver_value"), "provenance.solver_value"),
     )
     return Plan(
         model_sha256=_need(data, "model_sha256", str, ""),
@@ -215,9 +215,23 @@ def plan_from_json(data: Any, origin: str = "plan") -> Plan:
         pipelined=bool(data.get("pipelined", True)),
         model_path=str(data.get("model_path", "")),
         version=version,
-        notes=tuple(data.get("notes", ())),
+        notes=_notes(data.get("notes", [])),
         inputs=_inputs(data.get("inputs", [])),
     )
+
+
+def _number(raw: Any, where: str) -> float | None:
+    if raw is None:
+        return None
+    if isinstance(raw, bool) or not isinstance(raw, int | float):
+        raise PlanError(f"{where}: expected a number, got {raw!r}")
+    return float(raw)
+
+
+def _notes(raw: Any) -> tuple[str, ...]:
+    if not isinstance(raw, list) or not all(isinstance(n, str) for n in raw):
+        raise PlanError(f"notes: expected a list of strings, got {raw!r}")
+    return tuple(raw)
 
 
 def _inputs(raw: Any) -> tuple[InputSpec, ...]:

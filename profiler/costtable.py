@@ -131,13 +131,21 @@ class CostTable:
         if data["version"] != TABLE_VERSION:
             raise CostTableError(f"{origin} has version {data['version']}; this parapipe reads version {TABLE_VERSION}")
         table = CostTable()
-        try:
-            for raw in data["entries"]:
+        entries = data.get("entries")
+        if not isinstance(entries, list):
+            raise CostTableError(f"{origin}: 'entries' must be a list; move the file away to start a new table")
+        for i, raw in enumerate(entries):
+            try:
+                if not isinstance(raw, dict) or not isinstance(raw.get("conditions"), dict):
+                    raise TypeError("expected an object with conditions")
+                raw = dict(raw)
                 cond = Conditions(**raw.pop("conditions"))
                 raw["members"] = tuple(raw["members"])
                 table.add(CostEntry(conditions=cond, **raw))
-        except (KeyError, TypeError) as exc:
-            raise CostTableError(f"{origin} has a malformed entry: {exc}") from None
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                raise CostTableError(
+                    f"{origin} has a malformed entry (entries[{i}]: {exc}); move the file away to start a new table"
+                ) from None
         return table
 
     @staticmethod
@@ -146,7 +154,7 @@ class CostTable:
             return CostTable()
         try:
             data = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise CostTableError(f"cannot read cost table {path}: {exc}; move it away to start a new one") from None
         return CostTable.from_json(data, str(path))
 

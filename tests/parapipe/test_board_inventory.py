@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -75,3 +76,31 @@ def test_agent_status_with_a_missing_token_file(tmp_path: Path) -> None:
         app, ["agent", "status", "--address", "127.0.0.1:1", "--token-file", str(tmp_path / "nope")]
     )
     assert result.exit_code == 2 and "cannot read" in result.output
+
+
+@pytest.mark.parametrize(
+    ("kind", "content", "needle"),
+    [
+        ("plan", {"version": 1, "model_sha256": "x", "device": "local", "blocks": {"b": ["n"]},
+                  "stages": [{"groups": [[{"pu": "cpu", "cores": 1, "blocks": ["b"]}]]}],
+                  "provenance": {"seconds": "fast"}}, "provenance.seconds"),
+        ("plan", {"version": 1, "model_sha256": "x", "device": "local", "blocks": {"b": ["n"]},
+                  "stages": [{"groups": [[{"pu": "cpu", "cores": 1, "blocks": ["b"]}]]}], "notes": 5}, "notes"),
+        ("plan", {"version": 1, "model_sha256": "x", "device": "local", "blocks": [[1]], "stages": []}, "blocks"),
+    ],
+)  # fmt: skip
+def test_bad_plan_files_are_one_line_errors(tmp_path, kind: str, content: dict, needle: str) -> None:
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(content))
+    done = subprocess.run([sys.executable, "-m", "parapipe", "show", str(path)], capture_output=True, text=True)
+    assert done.returncode == 2 and needle in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("content", [b'{"version": 1, "entries": [5]}', b"\xff\xfe not utf-8", b'{"version": 1}'])
+def test_bad_cost_tables_are_one_line_errors(tmp_path, content: bytes) -> None:
+    costs = tmp_path / "costs.json"
+    costs.write_bytes(content)
+    from profiler.costtable import CostTable, CostTableError
+
+    with pytest.raises(CostTableError, match="move"):
+        CostTable.load(costs)
