@@ -26,7 +26,11 @@ sys.path.insert(0, str(ROOT))
 BENCH = ROOT / "bench"
 DOCS = ROOT / "docs"
 IMG = DOCS / "img"
-ORDER = ("graph", "costmodel", "planner", "paper", "agent", "tune", "precision")
+ORDER = ("graph", "costmodel", "planner", "paper", "agent", "tune", "precision", "soak")
+
+
+def _script(name: str) -> Path:
+    return BENCH / (f"{name}.py" if name == "soak" else f"bench_{name}.py")
 
 
 def _git(*args: str) -> str:
@@ -63,7 +67,7 @@ def machine() -> dict[str, str]:
 
 
 def run_bench(name: str, extra: list[str]) -> Path:
-    script = BENCH / f"bench_{name}.py"
+    script = _script(name)
     if not script.exists():
         raise SystemExit(f"no benchmark {script.name}; choose from {', '.join(ORDER)}")
     cmd = [sys.executable, str(script), *extra]
@@ -192,7 +196,7 @@ def write_page(plots: list[Path]) -> Path:
         results = BENCH / f"results_{name}.txt"
         if not results.exists():
             continue
-        script = BENCH / f"bench_{name}.py"
+        script = _script(name)
         doc = ""
         if script.exists():
             text = script.read_text()
