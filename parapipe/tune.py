@@ -424,7 +424,8 @@ def noise_verdict(noise: Noise, target: float) -> tuple[float, bool, str]:
     floor = NOISE_MARGIN * noise.pct
     grown = f"; --frames raised to {noise.frames}" if noise.grown else ""
     if target >= floor:
-        return target, False, f"measurement noise {noise.pct:.1f}% at {noise.frames} frames{grown}"
+        capped = ", the cap: above a third of the target" if noise.capped else ""
+        return target, False, f"measurement noise {noise.pct:.1f}% at {noise.frames} frames{capped}{grown}"
     return (
         floor,
         True,

@@ -18,6 +18,7 @@ from parapipe.records import Figures, PartitionMeasurement
 from parapipe.tune import (
     NOISE_MARGIN,
     Noise,
+    feed_back,
     merge_runs,
     noise_verdict,
     recalibrate,
@@ -135,7 +136,7 @@ def test_a_calibration_that_predicts_the_measured_plans_better_is_kept(tuned, ex
     costs = _fresh(tuned, tmp_path)
     plan, real = tuned["last"][0]
     scratch = CostTable.load(costs)
-    recalibrate(scratch, [(plan, real)], [(plan, real)], graph, profile, ort.__version__)
+    assert feed_back(scratch, plan, real, graph, profile, ort.__version__) > 0  # fed back unconditionally
     agreed = evaluate(plan, graph, CostModel(profile, graph, scratch), frames=0).predicted
     consistent = dataclasses.replace(
         real,
