@@ -3,9 +3,20 @@
 Each run on the board reports every partition's busy time per frame (frames back to
 back; for units split into several segments, which overlap on their cores, frames run one
 at a time); those become measured ``partition`` entries in the cost table (keyed like the profiler's), so the
-next round's cost model predicts those partitions from what the board did. Rounds stop
-when predicted and measured latency and throughput agree within the target (RMSPE) or
-the rounds run out; energy enters the error only where a sensor measured it.
+next round's cost model predicts those partitions from what the board did.
+
+A recalibration is kept only if the new table predicts every plan measured so far (each
+re-evaluated under both tables) better than the table before it; otherwise this model's
+and board's entries go back to what they were. So the table's error on what was measured
+never grows from round to round, and a noisy run cannot make the model worse.
+
+The first plan of round 1 is measured more than once: the spread of those runs is the
+measurement noise, reported with every round. While it is above a third of the target,
+the frames per measurement double (up to a cap). Where the target is still below what the
+noise resolves (1.5x the noise), tune says so and stops once the error is within that
+instead of chasing the target. Rounds stop when predicted and measured latency and
+throughput agree within the target (RMSPE), within the noise, or the rounds run out;
+energy enters the error only where a sensor measured it.
 """
 
 from __future__ import annotations
@@ -14,7 +25,7 @@ import dataclasses
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from device_profiles.loader import load_profile
@@ -25,6 +36,7 @@ from models.onnx_io import LoadedModel
 from parapipe.intake import open_model
 from parapipe.profiling import profile_on_board
 from parapipe.reach import board_device
+from parapipe.records import Figures, PartitionMeasurement
 from parapipe.run import RunResult, run_plan
 from planner.costmodel import CostModel
 from planner.plan import Plan
@@ -32,17 +44,76 @@ from planner.search import best_plan, pareto_set
 from planner.segments import lower
 from profiler.costtable import Conditions, CostEntry, CostTable, entry_key
 
+NOISE_FRACTION = 1 / 3  # a measurement's noise is "well below" the target at a third of it or less
+NOISE_MARGIN = 1.5  # errors within 1.5x the measured noise cannot be told from noise
+MAX_FRAMES_FACTOR = 8  # --frames grows up to 8x when the noise is large
 
-@dataclass
+
+@dataclass(frozen=True)
+class Noise:
+    """The spread of repeated measurements of one plan: the relative std (%) of one measurement."""
+
+    plan: str
+    runs: int
+    frames: int  # frames per measurement the noise was measured at (what every later run uses)
+    latency_pct: float
+    throughput_pct: float
+    grown: bool = False  # --frames was raised because the noise was large
+    capped: bool = False  # frames reached the cap with the noise still above a third of the target
+
+    @property
+    def pct(self) -> float:
+        return max(self.latency_pct, self.throughput_pct)
+
+    def to_json(self) -> dict[str, object]:
+        return {**dataclasses.asdict(self), "pct": self.pct}
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Whether this round's recalibration was kept: the new and previous tables on every plan measured so far."""
+
+    kept: bool
+    rmspe_before: float  # the previous table's RMSPE (latency, throughput and measured energy together)
+    rmspe_after: float  # the recalibrated table's
+    measured_plans: int
+
+    def to_json(self) -> dict[str, object]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
 class Round:
+    """One round: its plans as predicted (by the table they were planned with) vs measured."""
+
     index: int
     plans: int
     rmspe_latency: float
     rmspe_throughput: float
     rmspe_energy: float | None  # None: energy was modelled, not measured
-    rows: list[dict] = field(default_factory=list)
+    rows: tuple[dict, ...] = ()
     handoff_ms: float | None = None  # the handoff delay learnt from this round's runs (None: none to learn)
     power_scale: tuple[float, float] | None = None  # (busy, idle) power scales learnt from measured energy
+    frames: int = 0  # frames per measurement
+    noise: Noise | None = None
+    target_pct: float = 0.0  # the target asked for
+    effective_target_pct: float = 0.0  # max(target, 1.5x noise): what the loop stops at
+    noise_limited: bool = False  # the target is below what the measurement noise can resolve
+    calibration: Calibration | None = None  # None: not recalibrated after this round (the loop stopped)
+    stop: str | None = None  # why the loop stopped after this round: target | noise | rounds
+    note: str = ""
+
+    @property
+    def rmspe(self) -> float:
+        """The larger of latency's, throughput's and (where a sensor measured it) energy's RMSPE."""
+        return max(self.rmspe_latency, self.rmspe_throughput, self.rmspe_energy or 0.0)
+
+    def to_json(self) -> dict[str, object]:
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        data["rows"] = list(self.rows)
+        data["noise"] = self.noise.to_json() if self.noise else None
+        data["calibration"] = self.calibration.to_json() if self.calibration else None
+        return data
 
 
 def rmspe(pairs: list[tuple[float, float]]) -> float:
@@ -227,6 +298,143 @@ def fit_power(
     return (float(a), float(b))
 
 
+def spread_pct(values: list[float]) -> float:
+    """Relative standard deviation (%) of one measurement, from repeated measurements (sample std)."""
+    if len(values) < 2:
+        return float("nan")
+    mean = sum(values) / len(values)
+    var = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
+    return math.sqrt(var) / mean * 100 if mean else float("nan")
+
+
+def merge_runs(runs: list[RunResult]) -> RunResult:
+    """Repeated runs of one plan as one measurement: figures averaged, partition counters summed."""
+    if len(runs) == 1:
+        return runs[0]
+
+    def mean(get: Callable[[Figures], float | None]) -> float | None:
+        vals = [get(r.measured) for r in runs]
+        return None if any(v is None for v in vals) else sum(vals) / len(vals)  # type: ignore[misc,arg-type]
+
+    measured = Figures(
+        latency_ms=mean(lambda f: f.latency_ms) or 0.0,
+        throughput_fps=mean(lambda f: f.throughput_fps) or 0.0,
+        energy_mj=mean(lambda f: f.energy_mj) or 0.0,
+        latency_p50_at_rate_ms=mean(lambda f: f.latency_p50_at_rate_ms),
+        latency_p99_at_rate_ms=mean(lambda f: f.latency_p99_at_rate_ms),
+    )
+    parts: dict[tuple[str, str], PartitionMeasurement] = {}
+    for r in runs:
+        for p in r.partitions:
+            k = (p.host, p.name)
+            q = parts.get(k)
+            parts[k] = (
+                p
+                if q is None
+                else dataclasses.replace(
+                    q,
+                    busy_ms=q.busy_ms + p.busy_ms,
+                    queue_wait_ms=q.queue_wait_ms + p.queue_wait_ms,
+                    frames=q.frames + p.frames,
+                    alone_busy_ms=q.alone_busy_ms + p.alone_busy_ms,
+                    alone_frames=q.alone_frames + p.alone_frames,
+                )
+            )
+    first = runs[0]
+    return dataclasses.replace(
+        first,
+        measured=measured,
+        errors_pct=first.predicted.errors_pct(measured) if first.predicted else {},
+        partitions=tuple(parts.values()),
+    )
+
+
+def table_errors(
+    table: CostTable, runs: list[tuple[Plan, RunResult]], graph: OpGraph, profile: DeviceProfile
+) -> tuple[float, float, float]:
+    """RMSPE (latency, throughput, all figures together) of ``table``'s predictions of measured plans.
+
+    Every plan is re-evaluated (analytic model) under ``table``; "all together" pools the
+    latency, throughput and, where a sensor measured it, energy errors into one RMSPE.
+    """
+    from planner.build import evaluate
+
+    cost = CostModel(profile, graph, table)
+    lat, thr, every = [], [], []
+    for plan, res in runs:
+        pred = evaluate(plan, graph, cost, frames=0).predicted
+        assert pred is not None
+        lat.append((pred.latency_ms, res.measured.latency_ms))
+        thr.append((pred.throughput_fps, res.measured.throughput_fps))
+        every += [lat[-1], thr[-1]]
+        if res.energy_source == "measured" and res.measured.energy_mj:
+            every.append((pred.energy_mj, res.measured.energy_mj))
+    return rmspe(lat), rmspe(thr), rmspe(every)
+
+
+def _entries_of(table: CostTable, model_sha256: str, board: str) -> dict[str, CostEntry]:
+    return {e.key: e for e in table.select(model_sha256=model_sha256, board=board)}
+
+
+def _restore(table: CostTable, model_sha256: str, board: str, previous: dict[str, CostEntry]) -> None:
+    """Put back exactly ``previous`` as the table's entries for this model and board."""
+    for key in list(_entries_of(table, model_sha256, board)):
+        del table.entries[key]
+    table.entries.update(previous)
+
+
+def recalibrate(
+    table: CostTable,
+    runs: list[tuple[Plan, RunResult]],
+    measured: list[tuple[Plan, RunResult]],
+    graph: OpGraph,
+    profile: DeviceProfile,
+    ort_version: str,
+) -> tuple[Calibration, float | None, tuple[float, float] | None]:
+    """Feed ``runs`` back into ``table``; keep that only if it predicts ``measured`` (all so far) better.
+
+    Returns the verdict and the handoff and power scales learnt (None where reverted or nothing learnt).
+    The table is changed in memory only; the caller saves it.
+    """
+    previous = _entries_of(table, graph.model_sha256, profile.name)
+    before = table_errors(table, measured, graph, profile)[2]
+    for plan, res in runs:
+        feed_back(table, plan, res, graph, profile, ort_version)
+    handoff = fit_handoff(table, runs, graph, profile, ort_version)
+    power = fit_power(table, runs, graph, profile, ort_version)
+    after = table_errors(table, measured, graph, profile)[2]
+    kept = after < before
+    if not kept:
+        _restore(table, graph.model_sha256, profile.name, previous)
+        handoff = power = None
+    return Calibration(kept, before, after, len(measured)), handoff, power
+
+
+def stop_reason(round_rmspe: float, target: float, effective_target: float, last: bool) -> str | None:
+    """Why the loop stops after a round with this RMSPE (the larger of latency's and throughput's)."""
+    if round_rmspe <= target:
+        return "target"
+    if round_rmspe <= effective_target:
+        return "noise"
+    return "rounds" if last else None
+
+
+def noise_verdict(noise: Noise, target: float) -> tuple[float, bool, str]:
+    """(the target the loop stops at, whether the noise limits it, what to tell the user)."""
+    floor = NOISE_MARGIN * noise.pct
+    grown = f"; --frames raised to {noise.frames}" if noise.grown else ""
+    if target >= floor:
+        capped = ", the cap: above a third of the target" if noise.capped else ""
+        return target, False, f"measurement noise {noise.pct:.1f}% at {noise.frames} frames{capped}{grown}"
+    return (
+        floor,
+        True,
+        f"target {target:g}% is below what the measurements resolve (noise {noise.pct:.1f}% at "
+        f"{noise.frames} frames{', the cap' if noise.capped else ''}{grown}): not chasing it, stopping "
+        f"when RMSPE <= {floor:.1f}% ({NOISE_MARGIN:g}x the noise)",
+    )
+
+
 def tune(
     model: Path,
     board: str,
@@ -239,7 +447,12 @@ def tune(
     progress: Callable[[str], None] | None = None,
     input_shape: list[str] | None = None,
     input_data: Path | None = None,
+    max_frames: int | None = None,
+    noise_runs: int = 2,
 ) -> tuple[list[Round], list[tuple[Plan, RunResult]]]:
+    """Rounds of plan -> run -> recalibrate; see the module docstring. ``max_frames``: the cap --frames
+    may grow to while the noise is above a third of the target (default 8x ``frames``); ``noise_runs``:
+    how many times the first plan of round 1 is measured to take the noise."""
     import onnxruntime as ort
 
     say = progress or (lambda _msg: None)
@@ -251,8 +464,11 @@ def tune(
         say(f"profiling on {board}")
         profile_on_board(loaded, graph, board, table, costs)
     blocks = coarsen(graph, "coarse")
+    cap = max(frames, max_frames if max_frames is not None else frames * MAX_FRAMES_FACTOR)
     history: list[Round] = []
     last: list[tuple[Plan, RunResult]] = []
+    measured: list[tuple[Plan, RunResult]] = []  # every plan measured so far, for the kept-calibration rule
+    noise: Noise | None = None
     for r in range(rounds):
         cost = CostModel(profile, graph, table)
         say(f"round {r + 1}: planning")
@@ -262,9 +478,17 @@ def tune(
             plans = [best_plan(blocks, graph, cost, objective, time_limit)]
         last = []
         for i, plan in enumerate(plans):
-            say(f"round {r + 1}: running plan {i + 1}/{len(plans)} on {board}")
             plan = dataclasses.replace(plan, model_path=str(model.resolve()), inputs=loaded.inputs)
-            last.append((plan, run_plan(plan, board, None, frames, input_data=input_data)))
+            if noise is None:
+                noise, result = measure_noise(plan, board, frames, cap, target_error, noise_runs, input_data, say)
+                frames = noise.frames
+            else:
+                say(f"round {r + 1}: running plan {i + 1}/{len(plans)} on {board} ({frames} frames)")
+                result = run_plan(plan, board, None, frames, input_data=input_data)
+            last.append((plan, result))
+        measured += last
+        assert noise is not None
+        effective, limited, note = noise_verdict(noise, target_error)
         known = [(res.predicted, res.measured) for _, res in last if res.predicted is not None]
         lat = [(p.latency_ms, m.latency_ms) for p, m in known]
         thr = [(p.throughput_fps, m.throughput_fps) for p, m in known]
@@ -273,29 +497,70 @@ def tune(
             for _, res in last
             if res.energy_source == "measured" and res.predicted is not None
         ]
-        history.append(
-            Round(
-                r + 1,
-                len(last),
-                rmspe(lat),
-                rmspe(thr),
-                rmspe(energy) if energy else None,
-                [
-                    {
-                        "plan": p.name,
-                        "predicted": res.predicted.to_json() if res.predicted else {},
-                        "measured": res.measured.to_json(),
-                        "errors_pct": res.errors_pct,
-                    }
-                    for p, res in last
-                ],
-            )
+        this = Round(
+            r + 1,
+            len(last),
+            rmspe(lat),
+            rmspe(thr),
+            rmspe(energy) if energy else None,
+            tuple(
+                {
+                    "plan": p.name,
+                    "predicted": res.predicted.to_json() if res.predicted else {},
+                    "measured": res.measured.to_json(),
+                    "errors_pct": res.errors_pct,
+                }
+                for p, res in last
+            ),
+            frames=frames,
+            noise=noise,
+            target_pct=target_error,
+            effective_target_pct=effective,
+            noise_limited=limited,
+            note=note,
         )
-        if history[-1].rmspe_latency <= target_error and history[-1].rmspe_throughput <= target_error:
+        stop = stop_reason(this.rmspe, target_error, effective, last=r == rounds - 1)
+        if stop in ("target", "noise"):
+            history.append(dataclasses.replace(this, stop=stop))
             break
-        for plan, res in last:
-            feed_back(table, plan, res, graph, profile, ort.__version__)
-        history[-1].handoff_ms = fit_handoff(table, last, graph, profile, ort.__version__)
-        history[-1].power_scale = fit_power(table, last, graph, profile, ort.__version__)
+        say(f"round {r + 1}: recalibrating")
+        calibration, handoff, power = recalibrate(table, last, measured, graph, profile, ort.__version__)
         table.save(costs)
+        history.append(
+            dataclasses.replace(this, calibration=calibration, handoff_ms=handoff, power_scale=power, stop=stop)
+        )
     return history, last
+
+
+def measure_noise(
+    plan: Plan,
+    board: str,
+    frames: int,
+    cap: int,
+    target: float,
+    runs: int,
+    input_data: Path | None,
+    say: Callable[[str], None],
+) -> tuple[Noise, RunResult]:
+    """Measure ``plan`` ``runs`` times; while the spread is above a third of the target, double the frames
+    (up to ``cap``) and measure again. Returns the noise and the plan's measurement (the runs merged)."""
+    grown = False
+    while True:
+        results = []
+        for k in range(max(2, runs)):
+            say(f"measuring the noise: {plan.name}, run {k + 1} ({frames} frames)")
+            results.append(run_plan(plan, board, None, frames, input_data=input_data))
+        noise = Noise(
+            plan.name,
+            len(results),
+            frames,
+            spread_pct([r.measured.latency_ms for r in results]),
+            spread_pct([r.measured.throughput_fps for r in results]),
+            grown,
+        )
+        if noise.pct <= target * NOISE_FRACTION:
+            return noise, merge_runs(results)
+        if frames >= cap:
+            return dataclasses.replace(noise, capped=True), merge_runs(results)
+        frames = min(cap, frames * 2)
+        grown = True

@@ -246,7 +246,12 @@ def tune(
     rounds: Annotated[int, typer.Option("--rounds", min=1)] = 3,
     target_error: Annotated[float, typer.Option("--target-error", help="Stop when RMSPE (%) is below this.")] = 5.0,
     time_limit: Annotated[float, typer.Option("--time-limit", min=0.1, help="Seconds per ILP solve.")] = 2.0,
-    frames: Annotated[int, typer.Option("--frames", min=5, help="Frames per measured plan.")] = 30,
+    frames: Annotated[
+        int, typer.Option("--frames", min=5, help="Frames per measured plan (doubled while the noise is large).")
+    ] = 30,
+    max_frames: Annotated[
+        int | None, typer.Option("--max-frames", min=5, help="Cap for the grown --frames (default 8x --frames).")
+    ] = None,
     costs: Annotated[
         Path | None, typer.Option("--costs", help="Cost table (default $PARAPIPE_HOME/costs.json).")
     ] = None,
@@ -273,27 +278,45 @@ def tune(
             status.update,
             input_shape=input_shape,
             input_data=input_data,
+            max_frames=max_frames,
         )
     if as_json:
         print_json(
             {
-                "rounds": [h.__dict__ for h in history],
+                "rounds": [h.to_json() for h in history],
+                "noise": history[-1].noise.to_json() if history[-1].noise else None,
+                "noise_limited": history[-1].noise_limited,
+                "effective_target_pct": history[-1].effective_target_pct,
+                "stop": history[-1].stop,
                 "front_measured": [{"plan": p.name, "measured": r.measured.to_json()} for p, r in last],
                 "target_error_pct": target_error,
             }
         )
         return
-    t = Table("round", "plans", "RMSPE latency %", "RMSPE throughput %", "RMSPE energy %", "handoff learnt ms")
+    t = Table(
+        "round",
+        "plans",
+        "frames",
+        "RMSPE latency %",
+        "RMSPE throughput %",
+        "RMSPE energy %",
+        "calibration (all measured plans)",
+        "handoff learnt ms",
+    )
     for h in history:
+        c = h.calibration
         t.add_row(
             str(h.index),
             str(h.plans),
+            str(h.frames),
             f"{h.rmspe_latency:.1f}",
             f"{h.rmspe_throughput:.1f}",
             f"{h.rmspe_energy:.1f}" if h.rmspe_energy is not None else "n/a (energy modelled)",
+            "-" if c is None else f"{'kept' if c.kept else 'reverted'} ({c.rmspe_before:.1f}% -> {c.rmspe_after:.1f}%)",
             f"{h.handoff_ms:.2f}" if h.handoff_ms is not None else "-",
         )
     out.print(t)
+    out.print(history[-1].note, highlight=False, markup=False)
     f = Table("plan (last round)", "latency ms", "fps", "energy mJ", title="the front as measured")
     for p, r in last:
         f.add_row(
@@ -304,9 +327,16 @@ def tune(
         )
     out.print(f)
     final = history[-1]
-    reached = final.rmspe_latency <= target_error and final.rmspe_throughput <= target_error
+    if final.stop == "noise":
+        verdict = f"within the noise ({final.effective_target_pct:.1f}%; the {target_error:g}% target is below it)"
+    elif final.stop == "target":
+        verdict = "reached"
+    else:
+        verdict = "NOT reached" + (
+            f" (nor the noise floor {final.effective_target_pct:.1f}%)" if final.noise_limited else ""
+        )
     out.print(
-        f"target {target_error:g}% {'reached' if reached else 'NOT reached'} after {final.index} round(s): "
+        f"target {target_error:g}% {verdict} after {final.index} round(s): "
         f"latency {final.rmspe_latency:.1f}%, throughput {final.rmspe_throughput:.1f}%",
         highlight=False,
     )
