@@ -59,6 +59,7 @@ def test_every_client_call_has_a_deadline(black_hole: int, tmp_path: Path) -> No
         "infer_stream_results": lambda c: list(c.infer_stream_results([{"idx": np.zeros(1, np.int64)}])),
         "benchmark": lambda c: c.benchmark(frames=1),
         "profile_ops": lambda c: c.profile_ops(pb.ProfileRequest(model=b"")),
+        "wait_serving": lambda c: c.wait_serving(1.0),
     }
     public = {n for n, f in inspect.getmembers(AgentClient, inspect.isfunction) if not n.startswith("_")} - {"close"}
     assert public == set(calls), f"a client call is not walked here: {sorted(public ^ set(calls))}"
