@@ -29,6 +29,7 @@ from parapipe.tune import (
     tune,
 )
 from profiler.costtable import CostTable
+from tests.support.cli import PARAPIPE
 
 MODEL = "squeezenet1_1"
 
@@ -188,7 +189,7 @@ def test_target_below_the_noise_is_reported_not_chased(tuned, tmp_path) -> None:
     costs = _fresh(tuned, tmp_path)
     model = tuned["last"][0][0].model_path
     env = {**os.environ, "PARAPIPE_HOME": str(tmp_path)}
-    args = ["parapipe", "tune", model, "--board", "local", "--objective", "throughput", "--rounds", "3"]
+    args = [PARAPIPE, "tune", model, "--board", "local", "--objective", "throughput", "--rounds", "3"]
     args += ["--target-error", "0", "--time-limit", "1", "--frames", "8", "--max-frames", "16", "--costs", str(costs)]
     proc = subprocess.run([*args, "--json"], env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr
