@@ -146,6 +146,15 @@ def canonical(problem: Problem, assignment: Assignment) -> Assignment:
     return Assignment(tuple(relabel[u] for u in unit_of), assignment.order)
 
 
+def fits(problem: Problem, assignment: Assignment) -> bool:
+    """The ILP's memory rows for a fixed assignment: on every PU, weights and activations fit its memory."""
+    held: dict[str, int] = {}
+    for b, u in enumerate(assignment.block_unit):
+        pu = problem.units[u].pu
+        held[pu] = held.get(pu, 0) + problem.held_bytes(b)
+    return all(v <= problem.memory[p] for p, v in held.items())
+
+
 def schedule(problem: Problem, assignment: Assignment) -> Figures:
     """The ILP's model evaluated for a fixed assignment: every block as early as its inputs and its unit
     allow, each unit running its blocks in the assignment's order (topological unless given).
@@ -200,6 +209,8 @@ def solve(
     if objective not in OBJECTIVES:
         raise PlanError(f"unknown objective {objective!r}; choose one of {', '.join(OBJECTIVES)}")
     started = time.perf_counter()
+    if warm is not None and not fits(problem, warm):
+        warm = None  # a start that does not fit memory is no plan to keep
     if warm is not None:
         warm = canonical(problem, warm)  # else the symmetry rows make it infeasible and HiGHS drops it
     start = schedule(problem, warm) if warm is not None else None
@@ -332,8 +343,8 @@ def _formulate(
         # a cluster's cores are shared out: every core belongs to at most one unit (and so one stage)
         lp += pulp.lpSum(units[u].cores * on[u] for u in units_of_pu[p]) <= cores, f"cores_{p}"
     for p in pus:
-        weights = pulp.lpSum(problem.param_bytes[problem.blocks[b]] * on_pu(b, p) for b in range(n))
-        lp += weights <= problem.memory[p], f"memory_{p}"  # weights fit the PU's memory
+        held = pulp.lpSum(problem.held_bytes(b) * on_pu(b, p) for b in range(n))
+        lp += held <= problem.memory[p], f"memory_{p}"  # weights and activations fit the PU's memory
     # symmetry breaking: of identical units, instance i+1 is used only after instance i, and holds a block
     # only if instance i holds an earlier one (so each solution is counted once, not k! times)
     for u, x in enumerate(units):

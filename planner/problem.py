@@ -13,7 +13,7 @@ from typing import Any
 
 from models.graph import OpGraph
 from planner.costmodel import CostModel
-from planner.plan import PlanError
+from planner.plan import ACTIVATION_FRAMES, PlanError, activation_bytes
 
 INF = float("inf")
 
@@ -49,11 +49,18 @@ class Problem:
     independent: tuple[tuple[int, int], ...]  # block pairs with no path between them
     regions: tuple[tuple[int, int, tuple[int, ...]], ...]  # (fork, join, blocks strictly between them)
     max_stages: int
+    # bytes of each block's output tensors (a unit holds ACTIVATION_FRAMES frames of them); absent: 0
+    activation_bytes: dict[str, int] = field(default_factory=dict)
     # what is derived from the problem alone (baselines, warm starts), computed once per problem
     derived: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def pus(self) -> list[str]:
         return list(dict.fromkeys(u.pu for u in self.units))
+
+    def held_bytes(self, block: int) -> int:
+        """Memory a block takes on the PU that runs it: its weights and ACTIVATION_FRAMES frames of its outputs."""
+        name = self.blocks[block]
+        return self.param_bytes[name] + ACTIVATION_FRAMES * self.activation_bytes.get(name, 0)
 
 
 def candidate_units(cost: CostModel, max_stages: int) -> list[Unit]:
@@ -140,6 +147,7 @@ def build_problem(blocks: OpGraph, graph: OpGraph, cost: CostModel, max_stages: 
         independent=tuple(_independent_pairs(succ)),
         regions=tuple(_fork_join_regions(succ)),
         max_stages=max_stages,
+        activation_bytes={b.name: activation_bytes(b.members, graph) for b in blocks.nodes},
     )
 
 
