@@ -171,6 +171,7 @@ def _pu(raw: Any, path: str, hosts: list[str]) -> ProcessingUnit:
         active_power_w=r.quantity("active_power_w"),
         idle_power_w=r.quantity("idle_power_w"),
         supported_ops=tuple(ops),
+        host_cpu_us_per_tensor=r.quantity("host_cpu_us_per_tensor") if "host_cpu_us_per_tensor" in r.data else None,
         cluster=r.get("cluster", str, ""),
         throttle=throttle,
     )

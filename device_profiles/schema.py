@@ -55,6 +55,7 @@ class ProcessingUnit:
     active_power_w: Quantity  # all cores busy
     idle_power_w: Quantity
     supported_ops: tuple[str, ...] = ()  # empty = every op
+    host_cpu_us_per_tensor: Quantity | None = None  # GPU/NPU: host CPU time per tensor in or out; None: default
     cluster: str = ""
     throttle: Throttle | None = None
 
@@ -139,6 +140,8 @@ class DeviceProfile:
                 out.append((f"pus.{p.name}.peak_gflops.{cls}", q))
             for f in ("memory_bandwidth_gbps", "memory_bytes", "launch_overhead_us", "active_power_w", "idle_power_w"):
                 out.append((f"pus.{p.name}.{f}", getattr(p, f)))
+            if p.host_cpu_us_per_tensor is not None:
+                out.append((f"pus.{p.name}.host_cpu_us_per_tensor", p.host_cpu_us_per_tensor))
         for link in (*self.links, *([self.default_link] if self.default_link else [])):
             for f in ("bandwidth_gbps", "latency_us", "conversion_us_per_mb"):
                 out.append((f"links.{link.a}-{link.b}.{f}", getattr(link, f)))

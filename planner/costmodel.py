@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from device_profiles.schema import DeviceProfile, Link, NetworkLink
+from device_profiles.schema import DeviceProfile, Link, NetworkLink, Quantity
 from models.graph import OpGraph
 from profiler.costtable import CostEntry, CostTable
 
@@ -34,6 +34,13 @@ class Prediction:
     ms: float
     source: str  # measured | calibrated | roofline
 
+
+# Host CPU time of handing one tensor to a GPU/NPU or reading one back (binding, copying it to or from the
+# device, waiting on the driver) when the profile does not say: an estimate, charged until calibration
+# measures partitions on that PU (their fitted beta then includes it).
+DEFAULT_HOST_CPU_US_PER_TENSOR = Quantity(
+    80.0, "estimate", "onnxruntime Run() on an accelerator EP: input/output binding and copies, driver sync"
+)
 
 # Partitions shorter than this stay out of the alpha/beta fit (they are still used as measured
 # values): their times are dominated by dispatch and, on a CFS-throttled core, by whether the
@@ -226,6 +233,36 @@ class CostModel:
         fit = self.fits.get((pu, cores))
         return max(0.0, fit.beta_ms) if fit and fit.partitions_fitted else 0.0
 
+    def host_cpu_quantity(self, pu: str) -> Quantity | None:
+        """The profile's host CPU time per tensor in or out of a GPU/NPU (or the default estimate); None: a CPU."""
+        if "+" in pu or self.profile.pu(pu).kind == "cpu":
+            return None
+        return self.profile.pu(pu).host_cpu_us_per_tensor or DEFAULT_HOST_CPU_US_PER_TENSOR
+
+    def feed_ms(self, pu: str) -> float:
+        """Host CPU time of handing one tensor to a GPU/NPU or reading one back (binding, copy, driver sync):
+        charged as time of the transfer (like a link's conversion cost), which the consumer waits for. 0 for
+        CPUs and for a calibrated accelerator (the fitted per-partition beta, from partitions measured on the
+        board, already holds it)."""
+        q = self.host_cpu_quantity(pu)
+        fit = self.fits.get((pu, 1))
+        if q is None or (fit is not None and fit.partitions_fitted):
+            return 0.0
+        return q.value / 1e3
+
+    def feed_mj(self, pu: str) -> float:
+        """Energy of the feeding core during ``feed_ms``: one core of the host's first CPU cluster, busy above
+        idle."""
+        ms = self.feed_ms(pu)
+        if not ms:
+            return 0.0
+        host = self.profile.pu(pu).host
+        cpu = next((p for p in self.profile.pus if p.kind == "cpu" and p.host == host), None)
+        if cpu is None:
+            return 0.0
+        n = max(1, len(cpu.cores))
+        return ms * (cpu.active_power_w.value - cpu.idle_power_w.value) / n * self.power_active_scale
+
     def _spanning_ms(self, members: frozenset[str], pu: str, cores: int) -> Prediction:
         """One session whose threads span several clusters (``a+b``): measured as such when the table has
         it; else onnxruntime splits each operator evenly over its threads, so the slowest cluster's
@@ -247,7 +284,7 @@ class CostModel:
         ms = link.latency_us.value / 1e3 + nbytes / (link.bandwidth_gbps.value * 1e9) * 1e3
         if isinstance(link, Link):
             ms += link.conversion_us_per_mb.value * nbytes / 1e6 / 1e3
-        return ms
+        return ms + self.feed_ms(src_pu) + self.feed_ms(dst_pu)  # the host feeding a GPU/NPU, or reading it back
 
     def handoff_delay_ms(self, src_pu: str, dst_pu: str) -> float:
         """Extra latency (not link occupancy) of a handoff between PUs of one host; 0 until calibrated."""
@@ -258,9 +295,12 @@ class CostModel:
 
     def transfer_mj(self, nbytes: int, src_pu: str, dst_pu: str) -> float:
         link = self.profile.link(src_pu, dst_pu)
+        if link is None or nbytes == 0:
+            return 0.0
+        feed = self.feed_mj(src_pu) + self.feed_mj(dst_pu)  # the host core feeding a GPU/NPU
         if isinstance(link, NetworkLink):
-            return link.energy_nj_per_byte.value * nbytes / 1e6
-        return 0.0
+            return link.energy_nj_per_byte.value * nbytes / 1e6 + feed
+        return feed
 
     def busy_power_w(self, pu: str, cores: int) -> float:
         if "+" in pu:
