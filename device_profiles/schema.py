@@ -92,6 +92,16 @@ class NetworkLink:
 
 
 @dataclass(frozen=True)
+class SharedMemory:
+    """A memory several PUs of one host read and write through (e.g. the LPDDR of an SoC): what they move
+    at the same time divides its bandwidth."""
+
+    name: str
+    pus: tuple[str, ...]
+    bandwidth_gbps: Quantity  # sustained, all PUs together
+
+
+@dataclass(frozen=True)
 class DeviceProfile:
     name: str
     description: str
@@ -103,12 +113,17 @@ class DeviceProfile:
     origin: str = ""  # file it was loaded from, or "built at run time"
     schema_version: int = SCHEMA_VERSION
     notes: tuple[str, ...] = field(default=())
+    memories: tuple[SharedMemory, ...] = ()  # memories PUs share; a PU in none has its bandwidth to itself
 
     def pu(self, name: str) -> ProcessingUnit:
         for p in self.pus:
             if p.name == name:
                 return p
         raise ProfileError(f"profile {self.name!r} has no PU {name!r}; it has {', '.join(p.name for p in self.pus)}")
+
+    def shared_memory(self, pu: str) -> SharedMemory | None:
+        """The memory PU ``pu`` shares with others, if the profile names one."""
+        return next((m for m in self.memories if pu in m.pus), None)
 
     def link(self, a: str, b: str) -> Link | NetworkLink | None:
         """The data path from PU a to PU b (None when a == b)."""
@@ -148,6 +163,8 @@ class DeviceProfile:
         for net in self.network:
             for f in ("bandwidth_gbps", "latency_us", "energy_nj_per_byte"):
                 out.append((f"network.{net.a}-{net.b}.{f}", getattr(net, f)))
+        for m in self.memories:
+            out.append((f"memories.{m.name}.bandwidth_gbps", m.bandwidth_gbps))
         return out
 
 

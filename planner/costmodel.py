@@ -263,6 +263,32 @@ class CostModel:
         n = max(1, len(cpu.cores))
         return ms * (cpu.active_power_w.value - cpu.idle_power_w.value) / n * self.power_active_scale
 
+    def moved_bytes(self, members: Iterable[str]) -> int:
+        """Bytes these nodes move through memory once per frame: weights, inputs and outputs (as the roofline)."""
+        total = 0
+        for m in sorted(set(members)):
+            n = self.graph.index[m]
+            total += n.param_bytes + sum(
+                self.graph.tensors[t].nbytes for t in (*n.inputs, *n.outputs) if t in self.graph.tensors
+            )
+        return total
+
+    def shared_memory_of(self, pu: str) -> str | None:
+        """The name of the memory ``pu`` shares with other PUs (for a session spanning clusters, its first's)."""
+        for part in pu.split("+"):
+            m = self.profile.shared_memory(part)
+            if m is not None:
+                return m.name
+        return None
+
+    def traffic_ms(self, members: Iterable[str], pu: str) -> float:
+        """Time these nodes' bytes occupy the shared memory of ``pu`` per frame (0 if it shares none)."""
+        name = self.shared_memory_of(pu)
+        if name is None:
+            return 0.0
+        memory = next(m for m in self.profile.memories if m.name == name)
+        return self.moved_bytes(members) / (memory.bandwidth_gbps.value * 1e9) * 1e3
+
     def _spanning_ms(self, members: frozenset[str], pu: str, cores: int) -> Prediction:
         """One session whose threads span several clusters (``a+b``): measured as such when the table has
         it; else onnxruntime splits each operator evenly over its threads, so the slowest cluster's

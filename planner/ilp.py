@@ -8,7 +8,7 @@ Decision variables (names as in the code):
   o[i,j]     order of independent blocks i, j when they share a unit; same[i,j] they share one
 Every constraint is named after what it means: assign, unit_on, cores, memory,
 symmetry, transfer, precedence, serialize, region (a valid cut: what one unit runs
-between a fork and its join fits between them), latency, period_unit, period_link,
+between a fork and its join fits between them), latency, period_unit, period_link, period_memory,
 cluster_capacity, energy, bound_*. The objective is latency, period or energy, with the others optionally
 bounded (epsilon constraints for the Pareto sweep). The scheduling part (t, o, same,
 precedence, serialize) is built only when latency is the objective or is bounded.
@@ -191,7 +191,13 @@ def schedule(problem: Problem, assignment: Assignment) -> Figures:
         u = unit_of[b]
         load[u] = load.get(u, 0.0) + dur[b]
         busy_mj += dur[b] * problem.busy_extra_w[u]
-    period = max([*load.values(), *link_load.values()])
+    traffic: dict[str, float] = {}  # per shared memory: the time a frame's bytes occupy it
+    for b in range(n):
+        pu = problem.units[unit_of[b]].pu
+        for m, members in problem.shared_memories.items():
+            if pu in members:
+                traffic[m] = traffic.get(m, 0.0) + problem.traffic[(b, m)]
+    period = max([*load.values(), *link_load.values(), *traffic.values()])
     return Figures(max(finish), period, busy_mj + transfer_mj + period * problem.idle_w, tuple(starts))
 
 
@@ -434,6 +440,12 @@ def _formulate(
             link = [problem.transfer[k] * var for k, var in r.items() if k[1] == p and k[2] == q]
             if link:
                 lp += P >= pulp.lpSum(link), f"period_link_{pus.index(p)}_{pus.index(q)}"  # ... or busiest link
+    for mi, (m, members) in enumerate(problem.shared_memories.items()):
+        # ... or a shared memory: the bytes every unit on it moves per frame, at its bandwidth
+        traffic = pulp.lpSum(
+            problem.traffic[(b, m)] * on_pu(b, p) for b in range(n) for p in members if p in units_of_pu
+        )
+        lp += P >= traffic, f"period_memory_{mi}"
     busy = pulp.lpSum(problem.cost[(b, u)] * problem.busy_extra_w[u] * a[(b, u)] for (b, u) in a) + pulp.lpSum(
         problem.unit_overhead[u] * problem.busy_extra_w[u] * var for (_, u), var in z.items()
     )

@@ -51,6 +51,9 @@ class Problem:
     max_stages: int
     # bytes of each block's output tensors (a unit holds ACTIVATION_FRAMES frames of them); absent: 0
     activation_bytes: dict[str, int] = field(default_factory=dict)
+    # shared memories: name -> the PUs on it; (block, memory) -> ms its bytes occupy that memory per frame
+    shared_memories: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    traffic: dict[tuple[int, str], float] = field(default_factory=dict)
     # what is derived from the problem alone (baselines, warm starts), computed once per problem
     derived: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -148,6 +151,12 @@ def build_problem(blocks: OpGraph, graph: OpGraph, cost: CostModel, max_stages: 
         regions=tuple(_fork_join_regions(succ)),
         max_stages=max_stages,
         activation_bytes={b.name: activation_bytes(b.members, graph) for b in blocks.nodes},
+        shared_memories={m.name: m.pus for m in cost.profile.memories},
+        traffic={
+            (bi, m.name): cost.traffic_ms(b.members, m.pus[0])
+            for m in cost.profile.memories
+            for bi, b in enumerate(blocks.nodes)
+        },
     )
 
 

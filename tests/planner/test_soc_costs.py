@@ -1,5 +1,5 @@
 """Costs that matter on real SoCs, in all three views of the execution model (ILP, analytic, simulator):
-activation memory, the host CPU time of feeding an accelerator."""
+activation memory, the host CPU time of feeding an accelerator, and bandwidth of a memory PUs share."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from device_profiles.schema import (
     Link,
     ProcessingUnit,
     Quantity,
+    SharedMemory,
 )
 from planner.build import evaluate, to_plan
 from planner.costmodel import CostModel
@@ -119,3 +120,41 @@ def test_feeding_cost_decides_whether_pipelining_into_an_accelerator_pays() -> N
         plan = evaluate(to_plan(problem, solution.assignment, blocks, board, Provenance("ilp"), "p"), graph, cost)
         assert 1000 / solution.value == pytest.approx(plan.predicted.throughput_fps, rel=0.01)
         assert plan.simulated.throughput_fps == pytest.approx(plan.predicted.throughput_fps, rel=0.02)
+
+
+def _cpu_units(problem, cores: int) -> list[int]:
+    return [u for u, x in enumerate(problem.units) if x.pu == "cpu" and x.cores == cores]
+
+
+def test_shared_memory_bandwidth_stops_rewarding_one_core_units() -> None:
+    """Memory-bound blocks on a 4-core cluster: without a shared memory, four one-core units each get the full
+    bandwidth and pipeline four times the frames of one 4-core unit. Sharing it, they gain nothing."""
+    graph, blocks = _chain(4, 1_000_000, 4_000_000)  # ~1 MFLOP moving ~8 MB per block
+    # no launch overhead: else a split overlaps one unit's launches with another's memory traffic (~1% here)
+    cpu = dataclasses.replace(_pu("cpu", "cpu", (0, 1, 2, 3), 400.0, 4e9), launch_overhead_us=_q(0.0))
+    for shared in (False, True):
+        memories = (SharedMemory("dram", ("cpu",), _q(8.0)),) if shared else ()
+        board = _board(cpu, memories=memories)
+        cost = CostModel(board, graph)
+        problem = build_problem(blocks, graph, cost, 4)
+        whole = Assignment((_cpu_units(problem, 4)[0],) * 4)
+        split = Assignment(tuple(_cpu_units(problem, 1)[:4]))
+        plans = {
+            name: evaluate(to_plan(problem, a, blocks, board, Provenance("hand"), name), graph, cost)
+            for name, a in (("whole", whole), ("split", split))
+        }
+        for name, a in (("whole", whole), ("split", split)):  # the three views agree on both plans
+            p = plans[name]
+            assert 1000 / schedule(problem, a).period_ms == pytest.approx(p.predicted.throughput_fps, rel=0.01)
+            assert p.simulated.throughput_fps == pytest.approx(p.predicted.throughput_fps, rel=0.02)
+        gain = plans["split"].predicted.throughput_fps / plans["whole"].predicted.throughput_fps
+        solution = solve(problem, "throughput", time_limit=20, gap=1e-6)
+        if not shared:
+            assert gain > 3.5  # the reward the roofline used to give
+            assert solution.value < schedule(problem, whole).period_ms * 0.5
+        else:
+            assert gain == pytest.approx(1.0, rel=0.01)
+            # the best any split reaches is what one 4-core unit reaches: memory, not cores, sets the period
+            assert solution.value == pytest.approx(schedule(problem, whole).period_ms, rel=0.01)
+            traffic = sum(problem.traffic[(b, "dram")] for b in range(4))
+            assert solution.value == pytest.approx(traffic, rel=0.01)
