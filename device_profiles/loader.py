@@ -273,6 +273,8 @@ def parse_profile(data: Mapping[str, Any], origin: str = "") -> DeviceProfile:
                 nr.quantity("bandwidth_gbps", positive=True),
                 nr.quantity("latency_us"),
                 nr.quantity("energy_nj_per_byte", default=Quantity(0.0, "estimate", "not stated")),
+                nr.quantity("cpu_us_per_message") if "cpu_us_per_message" in nr.data else None,
+                nr.quantity("cpu_us_per_mb") if "cpu_us_per_mb" in nr.data else None,
             )
         )
         nr.finish()

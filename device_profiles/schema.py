@@ -89,6 +89,10 @@ class NetworkLink:
     bandwidth_gbps: Quantity
     latency_us: Quantity
     energy_nj_per_byte: Quantity
+    # CPU time each end spends sending or receiving one tensor (gRPC, protobuf copies), on the unit that
+    # produces or consumes it: per message and per MB; None: not modelled
+    cpu_us_per_message: Quantity | None = None
+    cpu_us_per_mb: Quantity | None = None
 
 
 @dataclass(frozen=True)
@@ -163,6 +167,9 @@ class DeviceProfile:
         for net in self.network:
             for f in ("bandwidth_gbps", "latency_us", "energy_nj_per_byte"):
                 out.append((f"network.{net.a}-{net.b}.{f}", getattr(net, f)))
+            for f in ("cpu_us_per_message", "cpu_us_per_mb"):
+                if getattr(net, f) is not None:
+                    out.append((f"network.{net.a}-{net.b}.{f}", getattr(net, f)))
         for m in self.memories:
             out.append((f"memories.{m.name}.bandwidth_gbps", m.bandwidth_gbps))
         return out

@@ -263,6 +263,14 @@ class CostModel:
         n = max(1, len(cpu.cores))
         return ms * (cpu.active_power_w.value - cpu.idle_power_w.value) / n * self.power_active_scale
 
+    def handoff_cpu_ms(self, nbytes: int, src_pu: str, dst_pu: str) -> tuple[float, float]:
+        """CPU time a tensor from ``src_pu`` to ``dst_pu`` adds to the unit that sends it and to the unit that
+        receives it: gRPC between hosts, on both ends."""
+        if src_pu == dst_pu or nbytes == 0:
+            return 0.0, 0.0
+        net = self.net_cpu_ms(nbytes, src_pu, dst_pu)
+        return net, net
+
     def moved_bytes(self, members: Iterable[str]) -> int:
         """Bytes these nodes move through memory once per frame: weights, inputs and outputs (as the roofline)."""
         total = 0
@@ -311,6 +319,16 @@ class CostModel:
         if isinstance(link, Link):
             ms += link.conversion_us_per_mb.value * nbytes / 1e6 / 1e3
         return ms + self.feed_ms(src_pu) + self.feed_ms(dst_pu)  # the host feeding a GPU/NPU, or reading it back
+
+    def net_cpu_ms(self, nbytes: int, src_pu: str, dst_pu: str) -> float:
+        """CPU time one end (each of sender and receiver) spends moving a tensor between hosts: gRPC and
+        protobuf copies, on the unit that produces or consumes it. 0 within a host or when not profiled."""
+        link = self.profile.link(src_pu, dst_pu)
+        if not isinstance(link, NetworkLink) or nbytes == 0:
+            return 0.0
+        per_message = link.cpu_us_per_message.value if link.cpu_us_per_message else 0.0
+        per_mb = link.cpu_us_per_mb.value if link.cpu_us_per_mb else 0.0
+        return (per_message + per_mb * nbytes / 1e6) / 1e3
 
     def handoff_delay_ms(self, src_pu: str, dst_pu: str) -> float:
         """Extra latency (not link occupancy) of a handoff between PUs of one host; 0 until calibrated."""

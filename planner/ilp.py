@@ -7,7 +7,7 @@ Decision variables (names as in the code):
   r[e,p,q]   edge e carries its tensor from PU p to PU q (continuous, forced to 1 when it must)
   o[i,j]     order of independent blocks i, j when they share a unit; same[i,j] they share one
 Every constraint is named after what it means: assign, unit_on, cores, memory,
-symmetry, transfer, precedence, serialize, region (a valid cut: what one unit runs
+symmetry, transfer, handoff_cpu, precedence, serialize, region (a valid cut: what one unit runs
 between a fork and its join fits between them), latency, period_unit, period_link, period_memory,
 cluster_capacity, energy, bound_*. The objective is latency, period or energy, with the others optionally
 bounded (epsilon constraints for the Pareto sweep). The scheduling part (t, o, same,
@@ -166,6 +166,11 @@ def schedule(problem: Problem, assignment: Assignment) -> Figures:
     dur = [
         problem.cost[(b, unit_of[b])] + (problem.unit_overhead[unit_of[b]] if starts_part[b] else 0.0) for b in range(n)
     ]
+    for ei, (i, j, _) in enumerate(problem.edges):  # gRPC between hosts: CPU time on the sender and the receiver
+        k = (ei, problem.units[unit_of[i]].pu, problem.units[unit_of[j]].pu)
+        send, receive = problem.handoff_cpu.get(k, (0.0, 0.0))
+        dur[i] += send
+        dur[j] += receive
     preds = dict(enumerate(predecessors(problem)))
     free: dict[int, float] = {}
     finish = [0.0] * n
@@ -340,7 +345,22 @@ def _formulate(
     overhead = {
         b: pulp.lpSum(problem.unit_overhead[u] * z[(b, u)] for u in allowed[b] if (b, u) in z) for b in range(n)
     }
-    dur = {b: pulp.lpSum(problem.cost[(b, u)] * a[(b, u)] for u in allowed[b]) + overhead[b] for b in range(n)}
+    # w[b,u,e,q]: block b on unit u sends edge e's tensor to (or receives it from) PU q on another host and
+    # spends CPU time on it (gRPC, protobuf copies): w_cost ms of u's time
+    w: dict[tuple[int, int, int, str], pulp.LpVariable] = {}
+    w_cost: dict[tuple[int, int, int, str], float] = {}
+    for (ei, p, q), ends in sorted(problem.handoff_cpu.items()):
+        i, j, _ = problem.edges[ei]
+        for b, other, here, there, c in ((i, j, p, q, ends[0]), (j, i, q, p, ends[1])):
+            for u in units_of_pu[here] if c > 0 else ():
+                if (b, u) not in a:
+                    continue
+                k = (b, u, ei, there)
+                w[k] = pulp.LpVariable(f"w_{ei}_{b}_{u}_{pus.index(there)}", 0, 1)
+                w_cost[k] = c
+                lp += w[k] >= a[(b, u)] + on_pu(other, there) - 1, f"handoff_cpu_{ei}_{b}_{u}_{pus.index(there)}"
+    net = {b: pulp.lpSum(w_cost[k] * var for k, var in w.items() if k[0] == b) for b in range(n)}
+    dur = {b: pulp.lpSum(problem.cost[(b, u)] * a[(b, u)] for u in allowed[b]) + overhead[b] + net[b] for b in range(n)}
     for b in range(n):
         lp += pulp.lpSum(a[(b, u)] for u in allowed[b]) == 1, f"assign_{b}"  # every block runs exactly once
         for u in allowed[b]:
@@ -382,6 +402,7 @@ def _formulate(
     big_m = (
         sum(max(problem.cost[(b, u)] for u in allowed[b]) for b in range(n))
         + n * max(problem.unit_overhead.values(), default=0.0)
+        + sum(sum(ends) for ends in problem.handoff_cpu.values())
         + sum(
             max((v for k, v in problem.transfer.items() if k[0] == ei), default=0.0) for ei in range(len(problem.edges))
         )
@@ -420,6 +441,7 @@ def _formulate(
             for b in range(n)
             if (b, u) in a
         )
+        + pulp.lpSum(w_cost[k] * var for k, var in w.items() if k[1] == u)
         for u in range(len(units))
     }
     for u in range(len(units)):
@@ -449,6 +471,7 @@ def _formulate(
     busy = pulp.lpSum(problem.cost[(b, u)] * problem.busy_extra_w[u] * a[(b, u)] for (b, u) in a) + pulp.lpSum(
         problem.unit_overhead[u] * problem.busy_extra_w[u] * var for (_, u), var in z.items()
     )
+    busy += pulp.lpSum(w_cost[k] * problem.busy_extra_w[k[1]] * var for k, var in w.items())
     moved = pulp.lpSum(problem.transfer_mj[k] * var for k, var in r.items())
     # energy per frame: busy power above idle, every PU's idle power over one period, transfers
     lp += E >= busy + moved + problem.idle_w * P, "energy"
@@ -462,7 +485,19 @@ def _formulate(
     # tie-break: faster frames for throughput/energy (fewer transfers when latency is not modelled)
     secondary = P if objective == "latency" else L if timed else pulp.lpSum(comm.values())
     lp += primary + _TIE * secondary
-    return lp, {"on": on, "a": a, "z": z, "t": t, "L": L, "P": P, "E": E, "r": r, "order": orders, "same": sames}
+    return lp, {
+        "on": on,
+        "a": a,
+        "z": z,
+        "w": w,
+        "t": t,
+        "L": L,
+        "P": P,
+        "E": E,
+        "r": r,
+        "order": orders,
+        "same": sames,
+    }
 
 
 def _load_bound(problem: Problem) -> float:
@@ -470,7 +505,11 @@ def _load_bound(problem: Problem) -> float:
     slowest: dict[int, float] = {}
     for (b, _), v in problem.cost.items():
         slowest[b] = max(slowest.get(b, 0.0), v)
-    return sum(slowest.values()) + len(problem.blocks) * max(problem.unit_overhead.values(), default=0.0)
+    return (
+        sum(slowest.values())
+        + len(problem.blocks) * max(problem.unit_overhead.values(), default=0.0)
+        + sum(sum(ends) for ends in problem.handoff_cpu.values())
+    )
 
 
 def _set_warm_start(problem: Problem, v: dict, warm: Assignment) -> None:
@@ -483,6 +522,10 @@ def _set_warm_start(problem: Problem, v: dict, warm: Assignment) -> None:
     starts = partition_starts(problem, warm)
     for (b, u), var in v["z"].items():
         var.setInitialValue(1 if warm.block_unit[b] == u and starts[b] else 0)
+    for (b, u, ei, there), var in v["w"].items():
+        i, j, _ = problem.edges[ei]
+        other = j if b == i else i
+        var.setInitialValue(1 if warm.block_unit[b] == u and problem.units[warm.block_unit[other]].pu == there else 0)
     for b, var in v["t"].items():
         var.setInitialValue(figures.starts[b])
     for name, var in v["order"].items():

@@ -5,7 +5,8 @@ frame when all its inputs have arrived and its unit (a PU, or a set of cores of 
 CPU cluster) is free; a unit runs a frame's segments in its order (``Segment.index``,
 the solver's), and picks the oldest frame whose next segment is ready. Data
 between units on different PUs crosses the profile's link, one transfer at a time per
-direction (contention); units on one CPU cluster hand tensors over in memory. PUs that
+direction (contention), and between hosts the sending and receiving segments also
+spend the link's CPU time (gRPC) on each tensor; units on one CPU cluster hand tensors over in memory. PUs that
 share a memory (the profile's ``memories``) share its bandwidth as a budget per frame:
 frames enter and leave no faster than the memory moves one frame's bytes. Frames
 are admitted while fewer than ``max_inflight`` are in flight (the executor's bounded
@@ -66,6 +67,19 @@ class PlanModel:
         self.stage_of_block = {b: s.stage for s in self.segments for b in s.blocks}
         self.flows = {k: sum(v.values()) for k, v in block_edges(plan, graph).items()}
         self.period = plan.replica_period()
+        # between hosts, a tensor costs the sending and the receiving segment CPU time (gRPC), per block edge as
+        # in the ILP; the same for every frame that runs a segment, whichever replica it sends to
+        handoff: dict[tuple, float] = {}
+        for f in range(self.period):
+            per_frame: dict[tuple, float] = {}
+            for (src, dst), (_, x, y, parts) in self.frame_flows(f).items():
+                for nb in parts:
+                    send, receive = cost.handoff_cpu_ms(nb, x, y)
+                    per_frame[src] = per_frame.get(src, 0.0) + send
+                    per_frame[dst] = per_frame.get(dst, 0.0) + receive
+            handoff.update(per_frame)
+        for key, ms in handoff.items():
+            self.ms[key] += ms
 
     def frame_segments(self, frame: int) -> list[Segment]:
         chosen = {s: frame % st.replicas for s, st in enumerate(self.plan.stages)}

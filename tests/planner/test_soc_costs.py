@@ -12,6 +12,7 @@ from device_profiles.schema import (
     DeviceProfile,
     Host,
     Link,
+    NetworkLink,
     ProcessingUnit,
     Quantity,
     SharedMemory,
@@ -158,3 +159,47 @@ def test_shared_memory_bandwidth_stops_rewarding_one_core_units() -> None:
             assert solution.value == pytest.approx(schedule(problem, whole).period_ms, rel=0.01)
             traffic = sum(problem.traffic[(b, "dram")] for b in range(4))
             assert solution.value == pytest.approx(traffic, rel=0.01)
+
+
+def _edge_cloud(cpu_us_per_message: float | None, cpu_us_per_mb: float | None) -> DeviceProfile:
+    """Two one-core hosts joined by a network whose gRPC costs each end CPU time."""
+    edge = dataclasses.replace(_pu("edge", "cpu", (0,), 10.0, 4e9), host="edge")
+    cloud = dataclasses.replace(_pu("cloud", "cpu", (1,), 10.0, 4e9), host="cloud")
+    net = NetworkLink(
+        "edge",
+        "cloud",
+        _q(1.0),
+        _q(100.0),
+        _q(0.0),
+        _q(cpu_us_per_message) if cpu_us_per_message is not None else None,
+        _q(cpu_us_per_mb) if cpu_us_per_mb is not None else None,
+    )
+    return DeviceProfile("edge-cloud", "two hosts", (Host("edge"), Host("cloud")), (edge, cloud), (), (net,))
+
+
+def test_grpc_cpu_time_on_both_ends_in_all_three_views() -> None:
+    """A tensor sent between hosts costs the sender and the receiver CPU time (per message and per MB): the
+    edge-cloud split's period and latency carry it in the ILP, the analytic model and the simulator alike."""
+    graph, blocks = _chain(4, 100_000_000, 2_000_000)
+    per_end = (300.0 + 1500.0 * 2.0) / 1e3  # ms: one message of 2 MB
+    figures = {}
+    for fields in ((None, None), (300.0, 1500.0)):
+        board = _edge_cloud(*fields)
+        cost = CostModel(board, graph)
+        problem = build_problem(blocks, graph, cost, 4)
+        edge, cloud = (next(u for u, x in enumerate(problem.units) if x.pu == p) for p in ("edge", "cloud"))
+        split = Assignment((edge, edge, cloud, cloud))
+        plan = evaluate(to_plan(problem, split, blocks, board, Provenance("hand"), "split"), graph, cost)
+        f = schedule(problem, split)
+        assert 1000 / f.period_ms == pytest.approx(plan.predicted.throughput_fps, rel=0.01)
+        assert f.latency_ms == pytest.approx(plan.predicted.latency_ms, rel=0.01)
+        assert f.energy_mj == pytest.approx(plan.predicted.energy_mj, rel=0.01)
+        assert plan.simulated.throughput_fps == pytest.approx(plan.predicted.throughput_fps, rel=0.02)
+        for objective in ("latency", "throughput", "energy"):
+            solution = solve(problem, objective, time_limit=20, gap=1e-6)
+            best = schedule(problem, solution.assignment)
+            assert solution.value == pytest.approx(best.value(objective), rel=0.01), objective
+        figures[fields] = f
+    plain, grpc = figures[(None, None)], figures[(300.0, 1500.0)]
+    assert grpc.latency_ms - plain.latency_ms == pytest.approx(2 * per_end)  # sender, then receiver
+    assert grpc.period_ms - plain.period_ms == pytest.approx(per_end)  # each host's unit carries one end
