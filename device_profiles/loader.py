@@ -26,6 +26,7 @@ from device_profiles.schema import (
     ProcessingUnit,
     ProfileError,
     Quantity,
+    SharedMemory,
     Throttle,
     check_number,
 )
@@ -174,6 +175,7 @@ def _pu(raw: Any, path: str, hosts: list[str]) -> ProcessingUnit:
         active_power_w=r.quantity("active_power_w"),
         idle_power_w=r.quantity("idle_power_w"),
         supported_ops=tuple(ops),
+        host_cpu_us_per_tensor=r.quantity("host_cpu_us_per_tensor") if "host_cpu_us_per_tensor" in r.data else None,
         cluster=r.get("cluster", str, ""),
         throttle=throttle,
         precisions=precisions,
@@ -224,6 +226,30 @@ def _link(raw: Any, path: str, pus: dict[str, ProcessingUnit] | None) -> Link:
     return link
 
 
+def _memories(raw: list[Any], pus: dict[str, ProcessingUnit]) -> tuple[SharedMemory, ...]:
+    """``[[memories]]``: name, the PUs (of one host) that share it, its sustained bandwidth."""
+    out: list[SharedMemory] = []
+    member: dict[str, str] = {}
+    for i, item in enumerate(raw):
+        path = f"memories[{i}]"
+        mr = _Reader(item, path)
+        name = mr.get("name", str)
+        names = mr.get("pus", list)
+        if not names or not all(isinstance(p, str) for p in names):
+            raise ProfileError(f"{path}.pus: expected a non-empty list of PU names")
+        for p in names:
+            if p not in pus:
+                raise ProfileError(f"{path}.pus: unknown PU {p!r}; PUs are {', '.join(pus)}")
+            if p in member:
+                raise ProfileError(f"{path}.pus: PU {p!r} is also in memory {member[p]!r}; a PU has one memory")
+            member[p] = name
+        if len({pus[p].host for p in names}) > 1:
+            raise ProfileError(f"{path}.pus: PUs of different hosts share no memory")
+        out.append(SharedMemory(name, tuple(names), mr.quantity("bandwidth_gbps", positive=True)))
+        mr.finish()
+    return tuple(out)
+
+
 def parse_profile(data: Mapping[str, Any], origin: str = "") -> DeviceProfile:
     r = _Reader(data, "")
     version = r.get("schema_version", int)
@@ -272,9 +298,12 @@ def parse_profile(data: Mapping[str, Any], origin: str = "") -> DeviceProfile:
                 nr.quantity("bandwidth_gbps", positive=True),
                 nr.quantity("latency_us"),
                 nr.quantity("energy_nj_per_byte", default=Quantity(0.0, "estimate", "not stated")),
+                nr.quantity("cpu_us_per_message") if "cpu_us_per_message" in nr.data else None,
+                nr.quantity("cpu_us_per_mb") if "cpu_us_per_mb" in nr.data else None,
             )
         )
         nr.finish()
+    memories = _memories(r.get("memories", list, []), by_name)
     profile = DeviceProfile(
         name=name,
         description=r.get("description", str, ""),
@@ -286,6 +315,7 @@ def parse_profile(data: Mapping[str, Any], origin: str = "") -> DeviceProfile:
         origin=origin,
         schema_version=version,
         notes=tuple(r.get("notes", list, [])),
+        memories=memories,
     )
     r.finish()
     # every PU pair must have a data path, or planning across them is impossible

@@ -72,6 +72,7 @@ class ProcessingUnit:
     active_power_w: Quantity  # all cores busy
     idle_power_w: Quantity
     supported_ops: tuple[str, ...] = ()  # empty = every op
+    host_cpu_us_per_tensor: Quantity | None = None  # GPU/NPU: host CPU time per tensor in or out; None: default
     cluster: str = ""
     throttle: Throttle | None = None
     precisions: Precisions | None = None  # None: DEFAULT_PRECISIONS of its kind
@@ -115,6 +116,20 @@ class NetworkLink:
     bandwidth_gbps: Quantity
     latency_us: Quantity
     energy_nj_per_byte: Quantity
+    # CPU time each end spends sending or receiving one tensor (gRPC, protobuf copies), on the unit that
+    # produces or consumes it: per message and per MB; None: not modelled
+    cpu_us_per_message: Quantity | None = None
+    cpu_us_per_mb: Quantity | None = None
+
+
+@dataclass(frozen=True)
+class SharedMemory:
+    """A memory several PUs of one host read and write through (e.g. the LPDDR of an SoC): what they move
+    at the same time divides its bandwidth."""
+
+    name: str
+    pus: tuple[str, ...]
+    bandwidth_gbps: Quantity  # sustained, all PUs together
 
 
 @dataclass(frozen=True)
@@ -129,12 +144,17 @@ class DeviceProfile:
     origin: str = ""  # file it was loaded from, or "built at run time"
     schema_version: int = SCHEMA_VERSION
     notes: tuple[str, ...] = field(default=())
+    memories: tuple[SharedMemory, ...] = ()  # memories PUs share; a PU in none has its bandwidth to itself
 
     def pu(self, name: str) -> ProcessingUnit:
         for p in self.pus:
             if p.name == name:
                 return p
         raise ProfileError(f"profile {self.name!r} has no PU {name!r}; it has {', '.join(p.name for p in self.pus)}")
+
+    def shared_memory(self, pu: str) -> SharedMemory | None:
+        """The memory PU ``pu`` shares with others, if the profile names one."""
+        return next((m for m in self.memories if pu in m.pus), None)
 
     def link(self, a: str, b: str) -> Link | NetworkLink | None:
         """The data path from PU a to PU b (None when a == b)."""
@@ -169,12 +189,19 @@ class DeviceProfile:
                 out.append((f"pus.{p.name}.peak_gflops.{cls}", q))
             for f in ("memory_bandwidth_gbps", "memory_bytes", "launch_overhead_us", "active_power_w", "idle_power_w"):
                 out.append((f"pus.{p.name}.{f}", getattr(p, f)))
+            if p.host_cpu_us_per_tensor is not None:
+                out.append((f"pus.{p.name}.host_cpu_us_per_tensor", p.host_cpu_us_per_tensor))
         for link in (*self.links, *([self.default_link] if self.default_link else [])):
             for f in ("bandwidth_gbps", "latency_us", "conversion_us_per_mb"):
                 out.append((f"links.{link.a}-{link.b}.{f}", getattr(link, f)))
         for net in self.network:
             for f in ("bandwidth_gbps", "latency_us", "energy_nj_per_byte"):
                 out.append((f"network.{net.a}-{net.b}.{f}", getattr(net, f)))
+            for f in ("cpu_us_per_message", "cpu_us_per_mb"):
+                if getattr(net, f) is not None:
+                    out.append((f"network.{net.a}-{net.b}.{f}", getattr(net, f)))
+        for m in self.memories:
+            out.append((f"memories.{m.name}.bandwidth_gbps", m.bandwidth_gbps))
         return out
 
 

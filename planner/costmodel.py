@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from device_profiles.schema import DeviceProfile, Link, NetworkLink
+from device_profiles.schema import DeviceProfile, Link, NetworkLink, Quantity
 from models.graph import OpGraph
 from profiler.costtable import CostEntry, CostTable
 
@@ -34,6 +34,13 @@ class Prediction:
     ms: float
     source: str  # measured | calibrated | roofline
 
+
+# Host CPU time of handing one tensor to a GPU/NPU or reading one back (binding, copying it to or from the
+# device, waiting on the driver) when the profile does not say: an estimate, charged until calibration
+# measures partitions on that PU (their fitted beta then includes it).
+DEFAULT_HOST_CPU_US_PER_TENSOR = Quantity(
+    80.0, "estimate", "onnxruntime Run() on an accelerator EP: input/output binding and copies, driver sync"
+)
 
 # Partitions shorter than this stay out of the alpha/beta fit (they are still used as measured
 # values): their times are dominated by dispatch and, on a CFS-throttled core, by whether the
@@ -226,6 +233,70 @@ class CostModel:
         fit = self.fits.get((pu, cores))
         return max(0.0, fit.beta_ms) if fit and fit.partitions_fitted else 0.0
 
+    def host_cpu_quantity(self, pu: str) -> Quantity | None:
+        """The profile's host CPU time per tensor in or out of a GPU/NPU (or the default estimate); None: a CPU."""
+        if "+" in pu or self.profile.pu(pu).kind == "cpu":
+            return None
+        return self.profile.pu(pu).host_cpu_us_per_tensor or DEFAULT_HOST_CPU_US_PER_TENSOR
+
+    def feed_ms(self, pu: str) -> float:
+        """Host CPU time of handing one tensor to a GPU/NPU or reading one back (binding, copy, driver sync):
+        charged as time of the transfer (like a link's conversion cost), which the consumer waits for. 0 for
+        CPUs and for a calibrated accelerator (the fitted per-partition beta, from partitions measured on the
+        board, already holds it)."""
+        q = self.host_cpu_quantity(pu)
+        fit = self.fits.get((pu, 1))
+        if q is None or (fit is not None and fit.partitions_fitted):
+            return 0.0
+        return q.value / 1e3
+
+    def feed_mj(self, pu: str) -> float:
+        """Energy of the feeding core during ``feed_ms``: one core of the host's first CPU cluster, busy above
+        idle."""
+        ms = self.feed_ms(pu)
+        if not ms:
+            return 0.0
+        host = self.profile.pu(pu).host
+        cpu = next((p for p in self.profile.pus if p.kind == "cpu" and p.host == host), None)
+        if cpu is None:
+            return 0.0
+        n = max(1, len(cpu.cores))
+        return ms * (cpu.active_power_w.value - cpu.idle_power_w.value) / n * self.power_active_scale
+
+    def handoff_cpu_ms(self, nbytes: int, src_pu: str, dst_pu: str) -> tuple[float, float]:
+        """CPU time a tensor from ``src_pu`` to ``dst_pu`` adds to the unit that sends it and to the unit that
+        receives it: gRPC between hosts, on both ends."""
+        if src_pu == dst_pu or nbytes == 0:
+            return 0.0, 0.0
+        net = self.net_cpu_ms(nbytes, src_pu, dst_pu)
+        return net, net
+
+    def moved_bytes(self, members: Iterable[str]) -> int:
+        """Bytes these nodes move through memory once per frame: weights, inputs and outputs (as the roofline)."""
+        total = 0
+        for m in sorted(set(members)):
+            n = self.graph.index[m]
+            total += n.param_bytes + sum(
+                self.graph.tensors[t].nbytes for t in (*n.inputs, *n.outputs) if t in self.graph.tensors
+            )
+        return total
+
+    def shared_memory_of(self, pu: str) -> str | None:
+        """The name of the memory ``pu`` shares with other PUs (for a session spanning clusters, its first's)."""
+        for part in pu.split("+"):
+            m = self.profile.shared_memory(part)
+            if m is not None:
+                return m.name
+        return None
+
+    def traffic_ms(self, members: Iterable[str], pu: str) -> float:
+        """Time these nodes' bytes occupy the shared memory of ``pu`` per frame (0 if it shares none)."""
+        name = self.shared_memory_of(pu)
+        if name is None:
+            return 0.0
+        memory = next(m for m in self.profile.memories if m.name == name)
+        return self.moved_bytes(members) / (memory.bandwidth_gbps.value * 1e9) * 1e3
+
     def _spanning_ms(self, members: frozenset[str], pu: str, cores: int) -> Prediction:
         """One session whose threads span several clusters (``a+b``): measured as such when the table has
         it; else onnxruntime splits each operator evenly over its threads, so the slowest cluster's
@@ -247,7 +318,17 @@ class CostModel:
         ms = link.latency_us.value / 1e3 + nbytes / (link.bandwidth_gbps.value * 1e9) * 1e3
         if isinstance(link, Link):
             ms += link.conversion_us_per_mb.value * nbytes / 1e6 / 1e3
-        return ms
+        return ms + self.feed_ms(src_pu) + self.feed_ms(dst_pu)  # the host feeding a GPU/NPU, or reading it back
+
+    def net_cpu_ms(self, nbytes: int, src_pu: str, dst_pu: str) -> float:
+        """CPU time one end (each of sender and receiver) spends moving a tensor between hosts: gRPC and
+        protobuf copies, on the unit that produces or consumes it. 0 within a host or when not profiled."""
+        link = self.profile.link(src_pu, dst_pu)
+        if not isinstance(link, NetworkLink) or nbytes == 0:
+            return 0.0
+        per_message = link.cpu_us_per_message.value if link.cpu_us_per_message else 0.0
+        per_mb = link.cpu_us_per_mb.value if link.cpu_us_per_mb else 0.0
+        return (per_message + per_mb * nbytes / 1e6) / 1e3
 
     def handoff_delay_ms(self, src_pu: str, dst_pu: str) -> float:
         """Extra latency (not link occupancy) of a handoff between PUs of one host; 0 until calibrated."""
@@ -258,9 +339,12 @@ class CostModel:
 
     def transfer_mj(self, nbytes: int, src_pu: str, dst_pu: str) -> float:
         link = self.profile.link(src_pu, dst_pu)
+        if link is None or nbytes == 0:
+            return 0.0
+        feed = self.feed_mj(src_pu) + self.feed_mj(dst_pu)  # the host core feeding a GPU/NPU
         if isinstance(link, NetworkLink):
-            return link.energy_nj_per_byte.value * nbytes / 1e6
-        return 0.0
+            return link.energy_nj_per_byte.value * nbytes / 1e6 + feed
+        return feed
 
     def busy_power_w(self, pu: str, cores: int) -> float:
         if "+" in pu:

@@ -7,8 +7,8 @@ Decision variables (names as in the code):
   r[e,p,q]   edge e carries its tensor from PU p to PU q (continuous, forced to 1 when it must)
   o[i,j]     order of independent blocks i, j when they share a unit; same[i,j] they share one
 Every constraint is named after what it means: assign, unit_on, cores, memory,
-symmetry, transfer, precedence, serialize, region (a valid cut: what one unit runs
-between a fork and its join fits between them), latency, period_unit, period_link,
+symmetry, transfer, handoff_cpu, precedence, serialize, region (a valid cut: what one unit runs
+between a fork and its join fits between them), latency, period_unit, period_link, period_memory,
 cluster_capacity, energy, bound_*. The objective is latency, period or energy, with the others optionally
 bounded (epsilon constraints for the Pareto sweep). The scheduling part (t, o, same,
 precedence, serialize) is built only when latency is the objective or is bounded.
@@ -146,6 +146,15 @@ def canonical(problem: Problem, assignment: Assignment) -> Assignment:
     return Assignment(tuple(relabel[u] for u in unit_of), assignment.order)
 
 
+def fits(problem: Problem, assignment: Assignment) -> bool:
+    """The ILP's memory rows for a fixed assignment: on every PU, weights and activations fit its memory."""
+    held: dict[str, int] = {}
+    for b, u in enumerate(assignment.block_unit):
+        pu = problem.units[u].pu
+        held[pu] = held.get(pu, 0) + problem.held_bytes(b)
+    return all(v <= problem.memory[p] for p, v in held.items())
+
+
 def schedule(problem: Problem, assignment: Assignment) -> Figures:
     """The ILP's model evaluated for a fixed assignment: every block as early as its inputs and its unit
     allow, each unit running its blocks in the assignment's order (topological unless given).
@@ -157,6 +166,11 @@ def schedule(problem: Problem, assignment: Assignment) -> Figures:
     dur = [
         problem.cost[(b, unit_of[b])] + (problem.unit_overhead[unit_of[b]] if starts_part[b] else 0.0) for b in range(n)
     ]
+    for ei, (i, j, _) in enumerate(problem.edges):  # gRPC between hosts: CPU time on the sender and the receiver
+        k = (ei, problem.units[unit_of[i]].pu, problem.units[unit_of[j]].pu)
+        send, receive = problem.handoff_cpu.get(k, (0.0, 0.0))
+        dur[i] += send
+        dur[j] += receive
     preds = dict(enumerate(predecessors(problem)))
     free: dict[int, float] = {}
     finish = [0.0] * n
@@ -182,7 +196,13 @@ def schedule(problem: Problem, assignment: Assignment) -> Figures:
         u = unit_of[b]
         load[u] = load.get(u, 0.0) + dur[b]
         busy_mj += dur[b] * problem.busy_extra_w[u]
-    period = max([*load.values(), *link_load.values()])
+    traffic: dict[str, float] = {}  # per shared memory: the time a frame's bytes occupy it
+    for b in range(n):
+        pu = problem.units[unit_of[b]].pu
+        for m, members in problem.shared_memories.items():
+            if pu in members:
+                traffic[m] = traffic.get(m, 0.0) + problem.traffic[(b, m)]
+    period = max([*load.values(), *link_load.values(), *traffic.values()])
     return Figures(max(finish), period, busy_mj + transfer_mj + period * problem.idle_w, tuple(starts))
 
 
@@ -200,6 +220,8 @@ def solve(
     if objective not in OBJECTIVES:
         raise PlanError(f"unknown objective {objective!r}; choose one of {', '.join(OBJECTIVES)}")
     started = time.perf_counter()
+    if warm is not None and not fits(problem, warm):
+        warm = None  # a start that does not fit memory is no plan to keep
     if warm is not None:
         warm = canonical(problem, warm)  # else the symmetry rows make it infeasible and HiGHS drops it
     start = schedule(problem, warm) if warm is not None else None
@@ -323,7 +345,22 @@ def _formulate(
     overhead = {
         b: pulp.lpSum(problem.unit_overhead[u] * z[(b, u)] for u in allowed[b] if (b, u) in z) for b in range(n)
     }
-    dur = {b: pulp.lpSum(problem.cost[(b, u)] * a[(b, u)] for u in allowed[b]) + overhead[b] for b in range(n)}
+    # w[b,u,e,q]: block b on unit u sends edge e's tensor to (or receives it from) PU q on another host and
+    # spends CPU time on it (gRPC, protobuf copies): w_cost ms of u's time
+    w: dict[tuple[int, int, int, str], pulp.LpVariable] = {}
+    w_cost: dict[tuple[int, int, int, str], float] = {}
+    for (ei, p, q), ends in sorted(problem.handoff_cpu.items()):
+        i, j, _ = problem.edges[ei]
+        for b, other, here, there, c in ((i, j, p, q, ends[0]), (j, i, q, p, ends[1])):
+            for u in units_of_pu[here] if c > 0 else ():
+                if (b, u) not in a:
+                    continue
+                k = (b, u, ei, there)
+                w[k] = pulp.LpVariable(f"w_{ei}_{b}_{u}_{pus.index(there)}", 0, 1)
+                w_cost[k] = c
+                lp += w[k] >= a[(b, u)] + on_pu(other, there) - 1, f"handoff_cpu_{ei}_{b}_{u}_{pus.index(there)}"
+    net = {b: pulp.lpSum(w_cost[k] * var for k, var in w.items() if k[0] == b) for b in range(n)}
+    dur = {b: pulp.lpSum(problem.cost[(b, u)] * a[(b, u)] for u in allowed[b]) + overhead[b] + net[b] for b in range(n)}
     for b in range(n):
         lp += pulp.lpSum(a[(b, u)] for u in allowed[b]) == 1, f"assign_{b}"  # every block runs exactly once
         for u in allowed[b]:
@@ -332,8 +369,8 @@ def _formulate(
         # a cluster's cores are shared out: every core belongs to at most one unit (and so one stage)
         lp += pulp.lpSum(units[u].cores * on[u] for u in units_of_pu[p]) <= cores, f"cores_{p}"
     for p in pus:
-        weights = pulp.lpSum(problem.param_bytes[problem.blocks[b]] * on_pu(b, p) for b in range(n))
-        lp += weights <= problem.memory[p], f"memory_{p}"  # weights fit the PU's memory
+        held = pulp.lpSum(problem.held_bytes(b) * on_pu(b, p) for b in range(n))
+        lp += held <= problem.memory[p], f"memory_{p}"  # weights and activations fit the PU's memory
     # symmetry breaking: of identical units, instance i+1 is used only after instance i, and holds a block
     # only if instance i holds an earlier one (so each solution is counted once, not k! times)
     for u, x in enumerate(units):
@@ -365,6 +402,7 @@ def _formulate(
     big_m = (
         sum(max(problem.cost[(b, u)] for u in allowed[b]) for b in range(n))
         + n * max(problem.unit_overhead.values(), default=0.0)
+        + sum(sum(ends) for ends in problem.handoff_cpu.values())
         + sum(
             max((v for k, v in problem.transfer.items() if k[0] == ei), default=0.0) for ei in range(len(problem.edges))
         )
@@ -403,6 +441,7 @@ def _formulate(
             for b in range(n)
             if (b, u) in a
         )
+        + pulp.lpSum(w_cost[k] * var for k, var in w.items() if k[1] == u)
         for u in range(len(units))
     }
     for u in range(len(units)):
@@ -423,9 +462,16 @@ def _formulate(
             link = [problem.transfer[k] * var for k, var in r.items() if k[1] == p and k[2] == q]
             if link:
                 lp += P >= pulp.lpSum(link), f"period_link_{pus.index(p)}_{pus.index(q)}"  # ... or busiest link
+    for mi, (m, members) in enumerate(problem.shared_memories.items()):
+        # ... or a shared memory: the bytes every unit on it moves per frame, at its bandwidth
+        traffic = pulp.lpSum(
+            problem.traffic[(b, m)] * on_pu(b, p) for b in range(n) for p in members if p in units_of_pu
+        )
+        lp += P >= traffic, f"period_memory_{mi}"
     busy = pulp.lpSum(problem.cost[(b, u)] * problem.busy_extra_w[u] * a[(b, u)] for (b, u) in a) + pulp.lpSum(
         problem.unit_overhead[u] * problem.busy_extra_w[u] * var for (_, u), var in z.items()
     )
+    busy += pulp.lpSum(w_cost[k] * problem.busy_extra_w[k[1]] * var for k, var in w.items())
     moved = pulp.lpSum(problem.transfer_mj[k] * var for k, var in r.items())
     # energy per frame: busy power above idle, every PU's idle power over one period, transfers
     lp += E >= busy + moved + problem.idle_w * P, "energy"
@@ -439,7 +485,19 @@ def _formulate(
     # tie-break: faster frames for throughput/energy (fewer transfers when latency is not modelled)
     secondary = P if objective == "latency" else L if timed else pulp.lpSum(comm.values())
     lp += primary + _TIE * secondary
-    return lp, {"on": on, "a": a, "z": z, "t": t, "L": L, "P": P, "E": E, "r": r, "order": orders, "same": sames}
+    return lp, {
+        "on": on,
+        "a": a,
+        "z": z,
+        "w": w,
+        "t": t,
+        "L": L,
+        "P": P,
+        "E": E,
+        "r": r,
+        "order": orders,
+        "same": sames,
+    }
 
 
 def _load_bound(problem: Problem) -> float:
@@ -447,7 +505,11 @@ def _load_bound(problem: Problem) -> float:
     slowest: dict[int, float] = {}
     for (b, _), v in problem.cost.items():
         slowest[b] = max(slowest.get(b, 0.0), v)
-    return sum(slowest.values()) + len(problem.blocks) * max(problem.unit_overhead.values(), default=0.0)
+    return (
+        sum(slowest.values())
+        + len(problem.blocks) * max(problem.unit_overhead.values(), default=0.0)
+        + sum(sum(ends) for ends in problem.handoff_cpu.values())
+    )
 
 
 def _set_warm_start(problem: Problem, v: dict, warm: Assignment) -> None:
@@ -460,6 +522,10 @@ def _set_warm_start(problem: Problem, v: dict, warm: Assignment) -> None:
     starts = partition_starts(problem, warm)
     for (b, u), var in v["z"].items():
         var.setInitialValue(1 if warm.block_unit[b] == u and starts[b] else 0)
+    for (b, u, ei, there), var in v["w"].items():
+        i, j, _ = problem.edges[ei]
+        other = j if b == i else i
+        var.setInitialValue(1 if warm.block_unit[b] == u and problem.units[warm.block_unit[other]].pu == there else 0)
     for b, var in v["t"].items():
         var.setInitialValue(figures.starts[b])
     for name, var in v["order"].items():

@@ -23,6 +23,9 @@ from models.graph import OpGraph
 from models.inputs import InputSpec
 
 PLAN_VERSION = 1
+# Frames whose outputs a unit holds at once: the one it is producing and the one waiting in the bounded
+# queue in front of its consumer (the executor's queues hold one frame). A bound, not a measurement.
+ACTIVATION_FRAMES = 2
 
 
 class PlanError(ParapipeError):
@@ -340,6 +343,12 @@ def validate(plan: Plan, graph: OpGraph, profile: DeviceProfile) -> None:
     unplaced = set(plan.blocks) - set(stage_of_block)
     if unplaced:
         raise PlanError(f"stages: block(s) {sorted(unplaced)[:3]} are placed on no PU")
+    for pu, used in sorted(memory_use(plan, graph).items()):
+        if pu in pu_names and used > profile.pu(pu).memory_bytes.value:
+            raise PlanError(
+                f"stages: PU {pu!r} would hold {used / 2**20:.1f} MiB of weights and activations "
+                f"({ACTIVATION_FRAMES} frames of its blocks' outputs) but has {profile.pu(pu).memory_bytes.value / 2**20:.1f} MiB"
+            )
     block_of = {m: b for b, ms in plan.blocks.items() for m in ms}
     for e in graph.edges:
         a, b = stage_of_block[block_of[e.src]], stage_of_block[block_of[e.dst]]
@@ -348,6 +357,27 @@ def validate(plan: Plan, graph: OpGraph, profile: DeviceProfile) -> None:
                 f"stages: node {e.dst!r} in stage {b} reads {e.tensor!r} from {e.src!r} in later stage {a} "
                 "(a cycle between stages); stages must follow the data flow"
             )
+
+
+def activation_bytes(members: tuple[str, ...] | list[str], graph: OpGraph) -> int:
+    """Bytes of a block's output tensors: what its nodes produce that a node outside it, or the caller, reads."""
+    inside = set(members)
+    leaving = {e.tensor for e in graph.edges if e.src in inside and e.dst not in inside}
+    returned = {t.name for t in graph.outputs}
+    leaving |= {t for m in inside for t in graph.index[m].outputs if t in returned}
+    return sum(graph.tensors[t].nbytes for t in sorted(leaving) if t in graph.tensors)
+
+
+def memory_use(plan: Plan, graph: OpGraph) -> dict[str, int]:
+    """Bytes each PU holds: the weights of every block an assignment on it runs (every replica its own copy)
+    and the activations of those blocks, ``ACTIVATION_FRAMES`` frames of their output tensors."""
+    weights = {b: sum(graph.index[m].param_bytes for m in ms) for b, ms in plan.blocks.items()}
+    acts = {b: activation_bytes(ms, graph) for b, ms in plan.blocks.items()}
+    use: dict[str, int] = {}
+    for _, _, a in plan.assignments():
+        for pu in a.pu.split("+")[:1]:  # a session spanning clusters allocates once, in the first's memory
+            use[pu] = use.get(pu, 0) + sum(weights[b] + ACTIVATION_FRAMES * acts[b] for b in a.blocks)
+    return use
 
 
 def core_ids(plan: Plan, profile: DeviceProfile) -> dict[tuple[int, int, int], tuple[int, ...]]:

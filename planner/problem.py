@@ -13,7 +13,7 @@ from typing import Any
 
 from models.graph import OpGraph
 from planner.costmodel import CostModel
-from planner.plan import PlanError
+from planner.plan import ACTIVATION_FRAMES, PlanError, activation_bytes
 
 INF = float("inf")
 
@@ -49,11 +49,24 @@ class Problem:
     independent: tuple[tuple[int, int], ...]  # block pairs with no path between them
     regions: tuple[tuple[int, int, tuple[int, ...]], ...]  # (fork, join, blocks strictly between them)
     max_stages: int
+    # bytes of each block's output tensors (a unit holds ACTIVATION_FRAMES frames of them); absent: 0
+    activation_bytes: dict[str, int] = field(default_factory=dict)
+    # shared memories: name -> the PUs on it; (block, memory) -> ms its bytes occupy that memory per frame
+    shared_memories: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    traffic: dict[tuple[int, str], float] = field(default_factory=dict)
+    # (edge index, from PU, to PU) -> CPU ms the tensor adds to the sending and to the receiving unit (gRPC
+    # between hosts); absent: none
+    handoff_cpu: dict[tuple[int, str, str], tuple[float, float]] = field(default_factory=dict)
     # what is derived from the problem alone (baselines, warm starts), computed once per problem
     derived: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def pus(self) -> list[str]:
         return list(dict.fromkeys(u.pu for u in self.units))
+
+    def held_bytes(self, block: int) -> int:
+        """Memory a block takes on the PU that runs it: its weights and ACTIVATION_FRAMES frames of its outputs."""
+        name = self.blocks[block]
+        return self.param_bytes[name] + ACTIVATION_FRAMES * self.activation_bytes.get(name, 0)
 
 
 def candidate_units(cost: CostModel, max_stages: int) -> list[Unit]:
@@ -105,13 +118,16 @@ def build_problem(blocks: OpGraph, graph: OpGraph, cost: CostModel, max_stages: 
     edges = tuple((i, j, sum(t.values())) for (i, j), t in sorted(flows.items()))
     succ = _successors(blocks)
     pus = list(dict.fromkeys(u.pu for u in units))
-    transfer, transfer_mj = {}, {}
+    transfer, transfer_mj, handoff_cpu = {}, {}, {}
     for ei, (_, _, nbytes) in enumerate(edges):
         for p in pus:
             for q in pus:
                 if p != q:
                     transfer[(ei, p, q)] = cost.transfer_ms(nbytes, p, q)
                     transfer_mj[(ei, p, q)] = cost.transfer_mj(nbytes, p, q)
+                    ends = cost.handoff_cpu_ms(nbytes, p, q)
+                    if any(ends):
+                        handoff_cpu[(ei, p, q)] = ends
     overhead = {}
     busy_extra = {}
     for ui, u in enumerate(units):
@@ -140,6 +156,14 @@ def build_problem(blocks: OpGraph, graph: OpGraph, cost: CostModel, max_stages: 
         independent=tuple(_independent_pairs(succ)),
         regions=tuple(_fork_join_regions(succ)),
         max_stages=max_stages,
+        activation_bytes={b.name: activation_bytes(b.members, graph) for b in blocks.nodes},
+        handoff_cpu=handoff_cpu,
+        shared_memories={m.name: m.pus for m in cost.profile.memories},
+        traffic={
+            (bi, m.name): cost.traffic_ms(b.members, m.pus[0])
+            for m in cost.profile.memories
+            for bi, b in enumerate(blocks.nodes)
+        },
     )
 
 

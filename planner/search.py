@@ -17,8 +17,8 @@ from models.graph import OpGraph
 from planner import heuristics as H
 from planner.build import evaluate, replicate, to_plan
 from planner.costmodel import CostModel
-from planner.ilp import OBJECTIVES, Assignment, schedule, solve
-from planner.plan import Plan, PlanError, Provenance
+from planner.ilp import OBJECTIVES, Assignment, fits, schedule, solve
+from planner.plan import Plan, PlanError, Provenance, memory_use
 from planner.problem import Problem, build_problem
 from planner.select import Constraints, meets
 
@@ -138,7 +138,7 @@ def best_plan(
         "throughput": lambda a: schedule(problem, a).period_ms,
         "energy": lambda a: schedule(problem, a).energy_mj,
     }[objective]
-    warm = min(cands, key=lambda c: measure(c.assignment))
+    warm = min(cands, key=lambda c: (not fits(problem, c.assignment), measure(c.assignment)))
     if progress:
         progress(f"solving for {objective} ({len(problem.blocks)} blocks, {len(problem.units)} units)")
     max_period = 1000.0 / min_fps if min_fps else None
@@ -184,8 +184,10 @@ def best_plan(
             cost,
             frames=0,
         )
-        if key(other, objective) < key(plan, objective) * (1 - 1e-9) and _plan_meets(
-            other, max_latency_ms, min_fps, max_mj
+        if (
+            key(other, objective) < key(plan, objective) * (1 - 1e-9)
+            and _plan_meets(other, max_latency_ms, min_fps, max_mj)
+            and _fits(other, graph, profile)
         ):
             plan = dataclasses.replace(
                 other, notes=(f"{c.name}, given to the solver as a start, predicts better than the solver's incumbent",)
@@ -203,8 +205,10 @@ def best_plan(
             cost,
             frames=0,
         )
-        if key(other, objective) < key(plan, objective) * (1 - 1e-9) and _plan_meets(
-            other, max_latency_ms, min_fps, max_mj
+        if (
+            key(other, objective) < key(plan, objective) * (1 - 1e-9)
+            and _plan_meets(other, max_latency_ms, min_fps, max_mj)
+            and _fits(other, graph, profile)
         ):
             plan = dataclasses.replace(
                 other, notes=("one onnxruntime session on every CPU core predicts better than the solver's plan",)
@@ -223,6 +227,7 @@ def best_plan(
                 rep is not seed
                 and key(rep, objective) < key(plan, objective)
                 and _plan_meets(rep, max_latency_ms, min_fps, max_mj)
+                and _fits(rep, graph, profile)
             ):
                 note = (
                     "stage replicated onto free cores"
@@ -264,7 +269,8 @@ def _single_core(problem: Problem, blocks: OpGraph, profile: DeviceProfile, grap
 def _meets(problem: Problem, a: Assignment, max_l: float | None, max_p: float | None, max_e: float | None) -> bool:
     f = schedule(problem, a)
     return (
-        (max_l is None or f.latency_ms <= max_l)
+        fits(problem, a)
+        and (max_l is None or f.latency_ms <= max_l)
         and (max_p is None or f.period_ms <= max_p)
         and (max_e is None or f.energy_mj <= max_e)
     )
@@ -272,6 +278,11 @@ def _meets(problem: Problem, a: Assignment, max_l: float | None, max_p: float | 
 
 def _plan_meets(plan: Plan, max_l: float | None, min_fps: float | None, max_e: float | None) -> bool:
     return meets(plan, Constraints(max_l, min_fps, max_e))
+
+
+def _fits(plan: Plan, graph: OpGraph, profile: DeviceProfile) -> bool:
+    """Weights and activations fit every PU's memory (what ``validate`` checks)."""
+    return all(used <= profile.pu(pu).memory_bytes.value for pu, used in memory_use(plan, graph).items())
 
 
 def dominates(a: Plan, b: Plan) -> bool:

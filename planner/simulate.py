@@ -5,7 +5,10 @@ frame when all its inputs have arrived and its unit (a PU, or a set of cores of 
 CPU cluster) is free; a unit runs a frame's segments in its order (``Segment.index``,
 the solver's), and picks the oldest frame whose next segment is ready. Data
 between units on different PUs crosses the profile's link, one transfer at a time per
-direction (contention); units on one CPU cluster hand tensors over in memory. Frames
+direction (contention), and between hosts the sending and receiving segments also
+spend the link's CPU time (gRPC) on each tensor; units on one CPU cluster hand tensors over in memory. PUs that
+share a memory (the profile's ``memories``) share its bandwidth as a budget per frame:
+frames enter and leave no faster than the memory moves one frame's bytes. Frames
 are admitted while fewer than ``max_inflight`` are in flight (the executor's bounded
 queues; 1 for plans that are not pipelined), replicated stages take frames
 round-robin, and frames leave in order.
@@ -50,6 +53,12 @@ class PlanModel:
         self.segments = lower(plan, graph, cost.profile)
         self.ms = {s.key: cost.group_ms(s.members, s.pu, s.cores).ms for s in self.segments}
         self.sources = {cost.group_ms(s.members, s.pu, s.cores).source for s in self.segments}
+        # the time a segment's bytes occupy the memory its PU shares with others (per frame; none: no entry)
+        self.traffic: dict[tuple, tuple[str, float]] = {}
+        for s in self.segments:
+            memory = cost.shared_memory_of(s.pu)
+            if memory is not None:
+                self.traffic[s.key] = (memory, cost.traffic_ms(s.members, s.pu))
         seg_of_block: dict[tuple[int, int, str], Segment] = {}
         for s in self.segments:
             for b in s.blocks:
@@ -58,6 +67,19 @@ class PlanModel:
         self.stage_of_block = {b: s.stage for s in self.segments for b in s.blocks}
         self.flows = {k: sum(v.values()) for k, v in block_edges(plan, graph).items()}
         self.period = plan.replica_period()
+        # between hosts, a tensor costs the sending and the receiving segment CPU time (gRPC), per block edge as
+        # in the ILP; the same for every frame that runs a segment, whichever replica it sends to
+        handoff: dict[tuple, float] = {}
+        for f in range(self.period):
+            per_frame: dict[tuple, float] = {}
+            for (src, dst), (_, x, y, parts) in self.frame_flows(f).items():
+                for nb in parts:
+                    send, receive = cost.handoff_cpu_ms(nb, x, y)
+                    per_frame[src] = per_frame.get(src, 0.0) + send
+                    per_frame[dst] = per_frame.get(dst, 0.0) + receive
+            handoff.update(per_frame)
+        for key, ms in handoff.items():
+            self.ms[key] += ms
 
     def frame_segments(self, frame: int) -> list[Segment]:
         chosen = {s: frame % st.replicas for s, st in enumerate(self.plan.stages)}
@@ -101,6 +123,15 @@ class PlanModel:
             return (pu.active_power_w.value / n - per_core_idle) * seg.cores
         return pu.active_power_w.value - per_core_idle
 
+    def frame_traffic_ms(self, frame: int) -> float:
+        """The longest time one frame's bytes occupy a shared memory: frames enter no faster than that."""
+        per: dict[str, float] = {}
+        for s in self.frame_segments(frame):
+            if s.key in self.traffic:
+                memory, ms = self.traffic[s.key]
+                per[memory] = per.get(memory, 0.0) + ms
+        return max(per.values(), default=0.0)
+
     def max_inflight(self) -> int:
         return max_inflight(self.plan, self.segments)
 
@@ -114,6 +145,9 @@ def analytic(model: PlanModel) -> Predicted:
         for s in model.frame_segments(f):
             load[s.unit_key] = load.get(s.unit_key, 0.0) + model.ms[s.key]
             extra_mj += model.ms[s.key] * model.busy_extra_w(s)
+            if s.key in model.traffic:
+                memory, ms = model.traffic[s.key]
+                load[("memory", memory)] = load.get(("memory", memory), 0.0) + ms
         for (_, _), (nbytes, x, y, parts) in model.frame_flows(f).items():
             t = model.flow_ms(parts, x, y)
             if t:
@@ -184,16 +218,21 @@ def _run(
     inflight = 0
     seg_by_key = {s.key: s for s in model.segments}
 
+    gate = {f: model.frame_traffic_ms(f) for f in segs}
+    next_entry = 0.0  # a shared memory moves one frame's bytes per frame_traffic_ms: the next frame enters then
+
     def admit(now: float) -> None:
-        nonlocal admitted, inflight
+        nonlocal admitted, inflight, next_entry
         while admitted < frames and inflight < window:
             f = admitted
-            if interval_ms is not None and f * interval_ms > now:
-                push(f * interval_ms, "admit", ())
+            due = max(f * interval_ms if interval_ms is not None else 0.0, next_entry)
+            if due > now:
+                push(due, "admit", ())
                 return
             admitted += 1
             inflight += 1
             enter[f] = now
+            next_entry = now + gate[f % model.period]
             done_count[f] = 0
             fs = segs[f % model.period]
             incoming: dict[tuple, int] = {s.key: 0 for s in fs}
@@ -266,7 +305,7 @@ def _run(
             if until <= now and unit_queue.get(unit):
                 dispatch(now, unit)
     leave, last = [], 0.0
-    for f in range(frames):  # frames leave in order
-        last = max(last, finish[f])
+    for f in range(frames):  # frames leave in order, and no faster than the shared memory moves their bytes
+        last = max(last + gate[f % model.period] if f else 0.0, finish[f])
         leave.append(last)
     return [enter[f] for f in range(frames)], leave, busy, extra_mj

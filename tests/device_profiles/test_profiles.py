@@ -146,3 +146,32 @@ def test_cli_devices_lists_and_shows_sources() -> None:
     assert "khadas-vim3" in result.output
     shown = CliRunner().invoke(app, ["devices", "show", "khadas-vim3", "--json"])
     assert shown.exit_code == 0 and '"source": "spec-sheet"' in shown.output
+
+
+def test_shared_memories_and_host_cpu_per_launch_parse_with_sources() -> None:
+    """``[[memories]]`` (which PUs share a memory, its bandwidth) and a GPU/NPU's ``host_cpu_us_per_tensor`` are
+    optional, carry their source like every number, and are refused naming the field when wrong."""
+    data = tomllib.loads((SHIPPED_DIR / "khadas-vim3.toml").read_text())
+    vim3 = parse_profile(data)
+    assert vim3.shared_memory("a73") is vim3.shared_memory("npu") is not None
+    assert vim3.pu("npu").host_cpu_us_per_tensor is None  # not stated: the planner uses its default estimate
+    data["pus"][3]["host_cpu_us_per_tensor"] = {"value": 250.0, "source": "estimate", "cite": "driver submit"}
+    fed = parse_profile(data)
+    assert fed.pu("npu").host_cpu_us_per_tensor.value == 250.0
+    assert ("pus.npu.host_cpu_us_per_tensor", fed.pu("npu").host_cpu_us_per_tensor) in fed.quantities()
+    assert any(path == "memories.lpddr4.bandwidth_gbps" for path, _ in fed.quantities())
+    del data["memories"]
+    assert parse_profile(data).memories == ()
+    for memories, message in (
+        ([{"name": "m", "pus": ["nope"], "bandwidth_gbps": {"value": 1.0, "source": "measured"}}], "unknown PU"),
+        ([{"name": "m", "pus": ["a73"]}], r"memories\[0\]\.bandwidth_gbps: missing"),
+        (
+            [
+                {"name": "m", "pus": ["a73"], "bandwidth_gbps": {"value": 1.0, "source": "measured"}},
+                {"name": "n", "pus": ["a73"], "bandwidth_gbps": {"value": 1.0, "source": "measured"}},
+            ],
+            "also in memory",
+        ),
+    ):
+        with pytest.raises(ProfileError, match=message):
+            parse_profile({**data, "memories": memories})

@@ -2,8 +2,9 @@
 discrete-event simulation agree, on random DAGs and random boards, and lowering respects every dependency.
 
 The DAGs are operator graphs made in memory (no ONNX): chains, fork/join, nested branches, skip
-connections. The boards: one or two CPU clusters of 1-8 cores and up to three accelerators, with
-links whose latency, bandwidth and conversion cost make transfers matter.
+connections. The boards: one or two CPU clusters of 1-8 cores and up to three accelerators (with or
+without host CPU time per tensor), with links whose latency, bandwidth and conversion cost make transfers
+matter, and with or without one DRAM all PUs share.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from device_profiles.schema import OP_CLASSES, DeviceProfile, Host, Link, ProcessingUnit, Quantity
+from device_profiles.schema import OP_CLASSES, DeviceProfile, Host, Link, ProcessingUnit, Quantity, SharedMemory
 from models.graph import Edge, OpGraph, OpNode, TensorInfo
 from planner.build import evaluate, to_plan
 from planner.costmodel import CostModel, Fit
@@ -127,6 +128,8 @@ def boards(draw) -> DeviceProfile:
                 launch_overhead_us=_q(draw(st.floats(0.0, 500.0))),
                 active_power_w=_q(draw(st.floats(0.5, 4.0))),
                 idle_power_w=_q(draw(st.floats(0.0, 0.3))),
+                # host CPU time per tensor in or out: none, or charged to the accelerator's unit
+                host_cpu_us_per_tensor=_q(draw(st.sampled_from([0.0, 0.0, 80.0, 600.0]))),
             )
         )
     link = Link(
@@ -136,7 +139,10 @@ def boards(draw) -> DeviceProfile:
         latency_us=_q(draw(st.floats(0.0, 500.0))),
         conversion_us_per_mb=_q(draw(st.floats(0.0, 2000.0))),
     )
-    return DeviceProfile("random", "random board", (Host("board"),), tuple(pus), (), (), link)
+    memories = ()
+    if draw(st.booleans()):  # every PU on one DRAM whose bandwidth their traffic shares
+        memories = (SharedMemory("dram", tuple(p.name for p in pus), _q(draw(st.floats(0.5, 20.0)))),)
+    return DeviceProfile("random", "random board", (Host("board"),), tuple(pus), (), (), link, memories=memories)
 
 
 @st.composite
