@@ -169,6 +169,15 @@ def best_plan(
         plan = dataclasses.replace(
             plan, notes=(f"{warm.name}, given to the solver as a start, predicts better than the solver's incumbent",)
         )
+
+    def better(other: Plan, current: Plan) -> bool:
+        """``other`` predicts better for the objective, meets the bounds and fits the PUs' memory."""
+        return (
+            key(other, objective) < key(current, objective) * (1 - 1e-9)
+            and _plan_meets(other, max_latency_ms, min_fps, max_mj)
+            and _fits(other, graph, profile)
+        )
+
     # Never return less than a plan inside the ILP's space: evaluate every candidate the same way.
     for c in cands:
         other = evaluate(
@@ -184,11 +193,7 @@ def best_plan(
             cost,
             frames=0,
         )
-        if (
-            key(other, objective) < key(plan, objective) * (1 - 1e-9)
-            and _plan_meets(other, max_latency_ms, min_fps, max_mj)
-            and _fits(other, graph, profile)
-        ):
+        if better(other, plan):
             plan = dataclasses.replace(
                 other, notes=(f"{c.name}, given to the solver as a start, predicts better than the solver's incumbent",)
             )
@@ -205,11 +210,7 @@ def best_plan(
             cost,
             frames=0,
         )
-        if (
-            key(other, objective) < key(plan, objective) * (1 - 1e-9)
-            and _plan_meets(other, max_latency_ms, min_fps, max_mj)
-            and _fits(other, graph, profile)
-        ):
+        if better(other, plan):
             plan = dataclasses.replace(
                 other, notes=("one onnxruntime session on every CPU core predicts better than the solver's plan",)
             )

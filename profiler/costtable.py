@@ -10,12 +10,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from models.errors import ParapipeError
 from models.files import atomic_write, locked
+
+if TYPE_CHECKING:
+    from profiler.measure import Timing
 
 TABLE_VERSION = 1
 KINDS = ("op", "block", "partition")
@@ -65,6 +70,29 @@ class CostEntry:
     flops: int = 0
     measured_at: float = 0.0
     value: float | None = None  # calibration values that are not times (kind "power": a scale factor)
+
+    @classmethod
+    def from_timing(
+        cls, model_sha256: str, kind: str, name: str, members: tuple[str, ...], cond: Conditions, t: Timing, flops: int
+    ) -> CostEntry:
+        """A measured entry: the timing's figures, keyed by model, kind, members and conditions."""
+        return cls(
+            key=entry_key(model_sha256, kind, members, cond),
+            kind=kind,
+            model_sha256=model_sha256,
+            name=name,
+            members=members,
+            conditions=cond,
+            median_ms=t.median_ms,
+            mean_ms=t.mean_ms,
+            p10_ms=t.p10_ms,
+            p90_ms=t.p90_ms,
+            repeats=t.repeats,
+            energy_mj=t.energy_mj_per_run,
+            energy_source=t.energy_source or "none",
+            flops=flops,
+            measured_at=time.time(),
+        )
 
     @property
     def config(self) -> tuple[str, int]:

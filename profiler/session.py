@@ -150,23 +150,7 @@ def run_profile(
         )
 
     def entry(kind: str, name: str, members: tuple[str, ...], c: Conditions, t: Timing) -> CostEntry:
-        return CostEntry(
-            key=entry_key(model.sha256, kind, members, c),
-            kind=kind,
-            model_sha256=model.sha256,
-            name=name,
-            members=members,
-            conditions=c,
-            median_ms=t.median_ms,
-            mean_ms=t.mean_ms,
-            p10_ms=t.p10_ms,
-            p90_ms=t.p90_ms,
-            repeats=t.repeats,
-            energy_mj=t.energy_mj_per_run,
-            energy_source=t.energy_source or "none",
-            flops=sum(flops[m] for m in members),
-            measured_at=time.time(),
-        )
+        return CostEntry.from_timing(model.sha256, kind, name, members, c, t, sum(flops[m] for m in members))
 
     def tick(what: str) -> None:
         nonlocal done

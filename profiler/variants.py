@@ -14,7 +14,6 @@ variant's boundary is inside the variant, hence inside its time.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -87,22 +86,8 @@ def time_variants(
                     out.append(VariantTime(name, precision, cfg.label, table.entries[key], variant.sha256, True))
                     continue
                 t = timer.time(variant.model, feeds, cfg, warmup, repeats, pu)
-                entry = CostEntry(
-                    key=key,
-                    kind=kind,
-                    model_sha256=model.sha256,
-                    name=name,
-                    members=members,
-                    conditions=cond,
-                    median_ms=t.median_ms,
-                    mean_ms=t.mean_ms,
-                    p10_ms=t.p10_ms,
-                    p90_ms=t.p90_ms,
-                    repeats=t.repeats,
-                    energy_mj=t.energy_mj_per_run,
-                    energy_source=t.energy_source or "none",
-                    flops=sum(flops.get(m, 0) for m in members),
-                    measured_at=time.time(),
+                entry = CostEntry.from_timing(
+                    model.sha256, kind, name, members, cond, t, sum(flops.get(m, 0) for m in members)
                 )
                 if table is not None:
                     table.add(entry)
