@@ -369,6 +369,17 @@ class _Basic(nn.Module):
         return torch.relu(self.damp * self.body(x) + self.short(x))
 
 
+def _db_head(inner: int) -> nn.Module:
+    """One DBNet map: conv, two 2x transposed convs back to the input's resolution, sigmoid."""
+    return _seq(
+        ConvBN(inner, inner // 4, 3, 1, 1),
+        nn.ConvTranspose2d(inner // 4, inner // 4, 2, 2),
+        nn.ReLU(),
+        nn.ConvTranspose2d(inner // 4, 1, 2, 2),
+        nn.Sigmoid(),
+    )
+
+
 class DBNet(nn.Module):
     def __init__(self, inner: int = 64) -> None:
         super().__init__()
@@ -381,20 +392,7 @@ class DBNet(nn.Module):
         self.stages = nn.ModuleList(stages)
         self.lateral = nn.ModuleList(nn.Conv2d(c, inner, 1, bias=False) for c in widths)
         self.smooth = nn.ModuleList(ConvBN(inner, inner // 4, 3, 1, 1) for _ in widths)
-        self.prob = _seq(
-            ConvBN(inner, inner // 4, 3, 1, 1),
-            nn.ConvTranspose2d(inner // 4, inner // 4, 2, 2),
-            nn.ReLU(),
-            nn.ConvTranspose2d(inner // 4, 1, 2, 2),
-            nn.Sigmoid(),
-        )
-        self.thresh = _seq(
-            ConvBN(inner, inner // 4, 3, 1, 1),
-            nn.ConvTranspose2d(inner // 4, inner // 4, 2, 2),
-            nn.ReLU(),
-            nn.ConvTranspose2d(inner // 4, 1, 2, 2),
-            nn.Sigmoid(),
-        )
+        self.prob, self.thresh = _db_head(inner), _db_head(inner)  # probability and threshold maps
         _init_weights(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
