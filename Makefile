@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint format bench bench-report clean
+.PHONY: demo test test-fast lint format bench bench-report clean proto
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -38,6 +38,14 @@ bench-report: $(STAMP)
 format: $(STAMP)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
+
+# agents/proto/*_pb2*.py again from the .proto files, by the generator whose gencode every protobuf of the
+# declared range loads (agents/proto/generate.py says which); it is installed outside the repository.
+PROTO_VENV ?= $(HOME)/.cache/parapipe-protoc
+proto:
+	@test -x $(PROTO_VENV)/bin/python || $(PYTHON) -m venv $(PROTO_VENV)
+	$(PROTO_VENV)/bin/python -m pip install --quiet --disable-pip-version-check "grpcio-tools==$$(sed -n 's/^GRPCIO_TOOLS = "\(.*\)".*/\1/p' agents/proto/generate.py)"
+	$(PROTO_VENV)/bin/python agents/proto/generate.py
 
 clean:
 	rm -rf build .pytest_cache

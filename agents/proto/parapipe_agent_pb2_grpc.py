@@ -5,8 +5,10 @@ import warnings
 
 from . import parapipe_agent_pb2 as parapipe__agent__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.63.2'
 GRPC_VERSION = grpc.__version__
+EXPECTED_ERROR_RELEASE = '1.65.0'
+SCHEDULED_RELEASE_DATE = 'June 25, 2024'
 _version_not_supported = False
 
 try:
@@ -16,16 +18,19 @@ except ImportError:
     _version_not_supported = True
 
 if _version_not_supported:
-    raise RuntimeError(
+    warnings.warn(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in parapipe_agent_pb2_grpc.py depends on'
+        + f' but the generated code in parapipe_agent_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
+        + f' This warning will become an error in {EXPECTED_ERROR_RELEASE},'
+        + f' scheduled for release on {SCHEDULED_RELEASE_DATE}.',
+        RuntimeWarning
     )
 
 
-class AgentStub:
+class AgentStub(object):
     """Missing associated documentation comment in .proto file."""
 
     def __init__(self, channel):
@@ -81,7 +86,7 @@ class AgentStub:
                 _registered_method=True)
 
 
-class AgentServicer:
+class AgentServicer(object):
     """Missing associated documentation comment in .proto file."""
 
     def LoadBundle(self, request_iterator, context):
@@ -195,11 +200,10 @@ def add_AgentServicer_to_server(servicer, server):
     generic_handler = grpc.method_handlers_generic_handler(
             'parapipe.agent.v1.Agent', rpc_method_handlers)
     server.add_generic_rpc_handlers((generic_handler,))
-    server.add_registered_method_handlers('parapipe.agent.v1.Agent', rpc_method_handlers)
 
 
  # This class is part of an EXPERIMENTAL API.
-class Agent:
+class Agent(object):
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod
