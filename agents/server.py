@@ -56,6 +56,9 @@ CALL_LIMITS: dict[str, int] = {
     "Control": 8,  # StartPipeline, StopPipeline, Status
 }
 _KIND = {"StartPipeline": "Control", "StopPipeline": "Control", "Status": "Control"}
+# the Open Inference Protocol (agents/inference.py) shares the places of the calls it resembles
+_KIND.update(ModelInfer="Infer", ModelStreamInfer="InferStream")
+_KIND.update(dict.fromkeys(("ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata"), "Check"))
 SPARE_THREADS = 8  # for refusals and anything unknown: never held by a long call
 POLL_S = 0.5  # how often blocked calls look whether their caller is still there
 
@@ -388,6 +391,10 @@ def build_server(
     server = grpc.server(pool, options=options, interceptors=interceptors)
     rpc.add_AgentServicer_to_server(AgentServicer(state, calls), server)
     health_pb2_grpc.add_HealthServicer_to_server(HealthServicer(state), server)
+    # imported here: its proto package ("inference") would clash with a Triton client's in a host process
+    from agents.inference import add_to_server as add_inference_service
+
+    add_inference_service(state, server)
     address = f"{host}:{port}"
     if tls is not None:
         cert, key, ca = tls

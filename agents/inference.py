@@ -1,0 +1,257 @@
+"""The Open Inference Protocol (KServe v2 gRPC, ``inference.GRPCInferenceService``) over the running pipeline.
+
+Served on the agent's own port beside parapipe's API, behind the same token and TLS, so an
+application written for Triton or KServe (``tritonclient.grpc``, KServe's clients) calls the
+board unchanged. The running pipeline is one model, named by its plan (and by the alias
+``parapipe``, which always means whatever runs); its version is the running bundle's hash
+prefix. Tensors travel as ``raw_*_contents`` (what tritonclient sends) or as typed
+``contents``; answers are raw. Only the entry host of a plan over several hosts takes frames.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Future
+
+import grpc
+import numpy as np
+
+from agents import service
+from agents.executor import Pipeline, PipelineError
+from agents.proto import inference_pb2 as kpb
+from agents.proto import inference_pb2_grpc as krpc
+
+SERVICE = "inference.GRPCInferenceService"
+MODEL_ALIAS = "parapipe"
+PLATFORM = "onnxruntime_onnx"
+# numpy dtype <-> the protocol's datatype names
+DATATYPES = {
+    "bool": "BOOL",
+    "uint8": "UINT8",
+    "uint16": "UINT16",
+    "uint32": "UINT32",
+    "uint64": "UINT64",
+    "int8": "INT8",
+    "int16": "INT16",
+    "int32": "INT32",
+    "int64": "INT64",
+    "float16": "FP16",
+    "float32": "FP32",
+    "float64": "FP64",
+}
+NUMPY = {v: k for k, v in DATATYPES.items()}
+# which typed ``contents`` field holds each datatype
+_CONTENTS = {
+    "BOOL": "bool_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+}
+
+
+class ModelNotFound(service.NotFound):
+    """The request names a model or version this agent does not serve."""
+
+
+def model_version(pipeline: Pipeline, state: service.AgentState) -> str:
+    return state.running[:12]
+
+
+def _resolve(state: service.AgentState, name: str, version: str) -> Pipeline:
+    """The running pipeline if ``name``/``version`` name it; NotFound (no such model) or NotReady."""
+    pipeline = state.pipeline
+    if pipeline is None:
+        if name == MODEL_ALIAS:
+            raise service.NotReady("no pipeline is running; deploy a plan to this board first")
+        raise ModelNotFound(f"no model {name!r} here: no pipeline is running")
+    names = (pipeline.manifest.plan_name, MODEL_ALIAS)
+    if name not in names:
+        raise ModelNotFound(f"no model {name!r} here; this agent serves {names[0]!r} (alias {MODEL_ALIAS!r})")
+    if version and version != model_version(pipeline, state):
+        raise ModelNotFound(
+            f"model {name!r} has no version {version!r}; the running one is {model_version(pipeline, state)!r}"
+        )
+    return pipeline
+
+
+def _ready(pipeline: Pipeline | None) -> bool:
+    return pipeline is not None and pipeline.entry and not (pipeline.broken or pipeline.stopping or pipeline.draining)
+
+
+def decode_inputs(request: kpb.ModelInferRequest) -> dict[str, np.ndarray]:
+    """The request's tensors as arrays; ValueError (INVALID_ARGUMENT) says what is wrong."""
+    raw = list(request.raw_input_contents)
+    if raw and len(raw) != len(request.inputs):
+        raise ValueError(f"{len(raw)} raw_input_contents for {len(request.inputs)} inputs; send one per input")
+    arrays: dict[str, np.ndarray] = {}
+    for i, t in enumerate(request.inputs):
+        if t.name in arrays:
+            raise ValueError(f"input {t.name!r} is given twice")
+        if t.datatype not in NUMPY:
+            raise ValueError(f"input {t.name!r}: datatype {t.datatype!r} is not served (served: {sorted(NUMPY)})")
+        if any(d < 0 for d in t.shape):
+            raise ValueError(f"input {t.name!r}: negative dimension in {list(t.shape)}")
+        dtype = np.dtype(NUMPY[t.datatype])
+        count = int(np.prod(t.shape, dtype=np.int64))
+        if raw:
+            if len(raw[i]) != count * dtype.itemsize:
+                raise ValueError(
+                    f"input {t.name!r}: {len(raw[i])} bytes for shape {list(t.shape)} of {t.datatype} "
+                    f"({count * dtype.itemsize} expected)"
+                )
+            value = np.frombuffer(raw[i], dtype=dtype)
+        else:
+            field = _CONTENTS.get(t.datatype)
+            values = getattr(t.contents, field) if field else ()
+            if field is None or len(values) != count:
+                raise ValueError(
+                    f"input {t.name!r}: {len(values)} values in contents for shape {list(t.shape)} "
+                    f"({count} expected); send them as contents or raw_input_contents"
+                )
+            value = np.asarray(values).astype(dtype)
+        arrays[t.name] = value.reshape(tuple(t.shape))
+    return arrays
+
+
+def encode_outputs(
+    request: kpb.ModelInferRequest, pipeline: Pipeline, version: str, outputs: dict[str, np.ndarray]
+) -> kpb.ModelInferResponse:
+    """Every output in the model's order, or those the request asks for (raw contents)."""
+    wanted = [o.name for o in request.outputs] or [t.name for t in pipeline.manifest.outputs]
+    reply = kpb.ModelInferResponse(model_name=request.model_name, model_version=version, id=request.id)
+    for name in wanted:
+        value = np.ascontiguousarray(outputs[name])
+        reply.outputs.add(name=name, datatype=DATATYPES[str(value.dtype)], shape=list(value.shape))
+        reply.raw_output_contents.append(value.tobytes())
+    return reply
+
+
+def _check_outputs(request: kpb.ModelInferRequest, pipeline: Pipeline) -> None:
+    known = {t.name for t in pipeline.manifest.outputs}
+    unknown = [o.name for o in request.outputs if o.name not in known]
+    if unknown:
+        raise ValueError(f"the model has no outputs {unknown}; its outputs are {sorted(known)}")
+
+
+class InferenceServicer(krpc.GRPCInferenceServiceServicer):
+    """KServe v2 over ``agents.service``: errors map to gRPC status codes as in parapipe's own API."""
+
+    def __init__(self, state: service.AgentState, version: str) -> None:
+        self.state = state
+        self.version = version
+
+    def ServerLive(self, request, context):
+        return kpb.ServerLiveResponse(live=True)
+
+    def ServerReady(self, request, context):
+        return kpb.ServerReadyResponse(ready=_ready(self.state.pipeline))
+
+    def ServerMetadata(self, request, context):
+        return kpb.ServerMetadataResponse(name="parapipe-agent", version=self.version, extensions=[])
+
+    def ModelReady(self, request, context):
+        try:
+            pipeline = _resolve(self.state, request.name, request.version)
+        except (service.NotReady, service.NotFound):  # unknown or not running: not ready, as Triton says
+            return kpb.ModelReadyResponse(ready=False)
+        return kpb.ModelReadyResponse(ready=_ready(pipeline))
+
+    def ModelMetadata(self, request, context):
+        from agents.server import _abort
+
+        try:
+            pipeline = _resolve(self.state, request.name, request.version)
+        except Exception as exc:
+            _abort(context, exc)
+        m = pipeline.manifest
+        return kpb.ModelMetadataResponse(
+            name=m.plan_name,
+            versions=[model_version(pipeline, self.state)],
+            platform=PLATFORM,
+            inputs=[
+                kpb.ModelMetadataResponse.TensorMetadata(name=t.name, datatype=DATATYPES[t.dtype], shape=list(t.shape))
+                for t in m.inputs
+            ],
+            outputs=[
+                kpb.ModelMetadataResponse.TensorMetadata(name=t.name, datatype=DATATYPES[t.dtype], shape=list(t.shape))
+                for t in m.outputs
+            ],
+        )
+
+    def _submit(self, request: kpb.ModelInferRequest, context) -> tuple[Pipeline, Future]:
+        pipeline = _resolve(self.state, request.model_name, request.model_version)
+        _check_outputs(request, pipeline)
+        return pipeline, pipeline.submit(decode_inputs(request), timeout=context.time_remaining())
+
+    def ModelInfer(self, request, context):
+        from agents.server import _abort, _wait
+
+        try:
+            pipeline, future = self._submit(request, context)
+            outputs = _wait(pipeline, future, context)
+        except Exception as exc:
+            _abort(context, exc)
+        return encode_outputs(request, pipeline, model_version(pipeline, self.state), outputs)
+
+    def ModelStreamInfer(self, request_iterator, context) -> Iterator[kpb.ModelStreamInferResponse]:
+        """Requests are fed while earlier ones run (the pipeline overlaps them); answers come back in
+        order, a failed one as ``error_message``, and the stream goes on."""
+        from agents.server import POLL_S, _abort, _wait
+
+        pending: deque[tuple[kpb.ModelInferRequest, Pipeline | None, Future | None, str]] = deque()
+        cond = threading.Condition()
+        done = [False]
+
+        def feed() -> None:
+            try:
+                for req in request_iterator:
+                    try:
+                        pipeline, fut = self._submit(req, context)
+                        item = (req, pipeline, fut, "")
+                    except (service.NotFound, service.NotReady, PipelineError, ValueError) as exc:
+                        item = (req, None, None, str(exc))
+                    with cond:
+                        pending.append(item)
+                        cond.notify()
+            except Exception as exc:  # the stream itself broke (cancelled, deadline)
+                with cond:
+                    pending.append((kpb.ModelInferRequest(), None, None, f"the request stream broke: {exc}"))
+            finally:
+                with cond:
+                    done[0] = True
+                    cond.notify()
+
+        threading.Thread(target=feed, name="pp-kserve-feed", daemon=True).start()
+        while True:
+            with cond:
+                while not pending and not done[0] and context.is_active():
+                    cond.wait(POLL_S)
+                if not pending:
+                    break
+                req, pipeline, fut, error = pending.popleft()
+            if fut is None or pipeline is None:
+                yield kpb.ModelStreamInferResponse(error_message=error)
+                continue
+            try:
+                outputs = _wait(pipeline, fut, context)
+            except PipelineError as exc:  # this frame failed: say so, the stream goes on
+                yield kpb.ModelStreamInferResponse(error_message=str(exc))
+                continue
+            except Exception as exc:
+                _abort(context, exc)
+            response = encode_outputs(req, pipeline, model_version(pipeline, self.state), outputs)
+            yield kpb.ModelStreamInferResponse(infer_response=response)
+
+
+def add_to_server(state: service.AgentState, server: grpc.Server) -> None:
+    """Serve the Open Inference Protocol on ``server`` (the agent's port)."""
+    krpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(state, service.AGENT_VERSION), server)

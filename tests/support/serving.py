@@ -1,0 +1,130 @@
+"""A small two-input, three-output model compiled into real plans (one host, two hosts), and a
+Triton client (``tritonclient[grpc]``, installed outside the environment) run as an application would."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+from agents.bundle import parse_manifest
+from agents.executor import generate_inputs
+from agents.peers import Peer
+from compiler import compile_plan, write_bundle, write_bundles
+from device_profiles.loader import load_profile
+from models.coarsen import coarsen
+from models.graph import build_graph
+from models.onnx_io import load_onnx
+from parapipe.local_agent import LocalAgent
+from planner.baselines import flop_pipeline
+from tests.support.packages import installed, python_path
+
+TRITONCLIENT = "tritonclient[grpc]==2.73.0"
+ROWS = 8
+
+
+def write_model(path: Path) -> Path:
+    """x: float32[1,16] and ids: int64[1] -> "out:a" float32, "scores" float32, "label" int64 (branches)."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((ROWS, 16)).astype(np.float32), "table")] + [
+        numpy_helper.from_array(rng.standard_normal((16, 16)).astype(np.float32), f"w{i}") for i in range(4)
+    ]
+    nodes = [
+        helper.make_node("Gather", ["table", "ids"], ["e"], axis=0, name="embed"),
+        helper.make_node("Add", ["x", "e"], ["h"], name="add"),
+        helper.make_node("MatMul", ["h", "w0"], ["t1"], name="mm0"),
+        helper.make_node("Relu", ["t1"], ["t2"], name="relu0"),
+        helper.make_node("MatMul", ["t2", "w1"], ["t3"], name="mm1"),
+        helper.make_node("Tanh", ["t3"], ["out:a"], name="tanh"),
+        helper.make_node("MatMul", ["t2", "w2"], ["m"], name="mm2"),
+        helper.make_node("Relu", ["m"], ["m2"], name="relu1"),
+        helper.make_node("MatMul", ["m2", "w3"], ["scores"], name="mm3"),
+        helper.make_node("ArgMax", ["scores"], ["label"], axis=1, keepdims=1, name="argmax"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "serving",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16]),
+            helper.make_tensor_value_info("ids", TensorProto.INT64, [1]),
+        ],
+        [
+            helper.make_tensor_value_info("out:a", TensorProto.FLOAT, [1, 16]),
+            helper.make_tensor_value_info("scores", TensorProto.FLOAT, [1, 16]),
+            helper.make_tensor_value_info("label", TensorProto.INT64, [1, 1]),
+        ],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(model)
+    onnx.save(model, path)
+    return path
+
+
+@dataclass(frozen=True)
+class Served:
+    """A compiled plan of the model: bundle folders by host ("" for one host), and the full model."""
+
+    parts: dict[str, Path]
+    entry: str
+    plan_name: str
+    model: Path
+    inputs: tuple
+
+    def frames(self, n: int) -> list[dict[str, np.ndarray]]:
+        return [generate_inputs(self.inputs, seed=s) for s in range(n)]
+
+    def reference(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        session = ort.InferenceSession(str(self.model), providers=["CPUExecutionProvider"])
+        names = [o.name for o in session.get_outputs()]
+        return dict(zip(names, session.run(None, inputs), strict=True))
+
+
+def compile_served(folder: Path, two_hosts: bool, profile=None) -> Served:
+    """A two-stage pipeline of the model: on two units of ``profile`` (one host), or edge then cloud."""
+    model = write_model(folder / "serving.onnx")
+    loaded = load_onnx(model)
+    graph = build_graph(loaded.proto, loaded.sha256, "serving")
+    blocks = coarsen(graph, "coarse")
+    if two_hosts:
+        profile = load_profile("local-edge-cloud")
+        plan = flop_pipeline(blocks, profile, [("edge", 1), ("cloud", 1)], name="serving-two-hosts")
+        compiled = compile_plan(plan, loaded, graph, profile)
+        parts = write_bundles(compiled, folder / "bundles")
+        return Served(parts, compiled.manifest.entry, plan.name, model, compiled.manifest.inputs)
+    plan = flop_pipeline(blocks, profile, [(profile.pus[0].name, 1), (profile.pus[1].name, 1)], name="serving")
+    compiled = compile_plan(plan, loaded, graph, profile)
+    return Served({"": write_bundle(compiled, folder / "bundle")}, "", plan.name, model, compiled.manifest.inputs)
+
+
+def start_served(stack: ExitStack, served: Served, **agent_args) -> LocalAgent:
+    """Agents for every host of the plan, started (the entry host last); returns the entry host's."""
+    agents = {h: stack.enter_context(LocalAgent(**agent_args)) for h in served.parts}
+    for h, part in served.parts.items():
+        agents[h].client.load_bundle(part)
+    for h in sorted(served.parts, key=lambda h: h == served.entry):
+        peers = [Peer(o, f"127.0.0.1:{agents[o].port}") for o in served.parts if o != h]
+        agents[h].client.start(parse_manifest((served.parts[h] / "manifest.json").read_text()).sha256(), peers=peers)
+    return agents[served.entry]
+
+
+def run_client(script: str, folder: Path, *extra: Path, **values: object) -> dict:
+    """Run ``script`` with tritonclient[grpc] (and its protobuf) ahead of the environment's packages;
+    ``values`` arrive as the dict ``ARGS``; what it prints last (JSON) comes back."""
+    target = installed("tritonclient-grpc-2.73.0", TRITONCLIENT)
+    env = dict(os.environ, PYTHONPATH=python_path(target, *extra))
+    code = f"import json\nARGS = json.loads({json.dumps(json.dumps(values))})\n" + script
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300, cwd=folder
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
