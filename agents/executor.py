@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
@@ -199,6 +199,7 @@ class Pipeline:
         self.frames_done = 0
         self.frames_failed = 0
         self.broken: str | None = None  # why the pipeline cannot finish frames any more (a peer link broke)
+        self.on_done: Callable[[float], None] | None = None  # told each completed frame's latency (s): metrics
         self.period = manifest.replica_period()
         self._frames: dict[int, _Frame] = {}
         self._lock = threading.Lock()
@@ -396,6 +397,8 @@ class Pipeline:
             del self._frames[frame_id]
             self.frames_done += 1
             self._space.notify_all()
+        if self.on_done is not None:
+            self.on_done(time.perf_counter() - frame.started)
         if not frame.future.done():
             frame.future.set_result(frame.outputs)
 

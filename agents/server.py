@@ -304,7 +304,7 @@ class AgentServicer(rpc.AgentServicer):
         return reply
 
     def Exchange(self, request_iterator, context):
-        log.info("exchange stream from %s", context.peer())
+        log.info("exchange stream from %s", context.peer(), extra={"peer": context.peer()})
         try:
             return service.exchange(self.state, request_iterator)
         except grpc.RpcError:
@@ -475,8 +475,27 @@ def main(argv: list[str] | None = None) -> int:
         default=service.MAX_BUNDLE_BYTES,
         help=f"refuse bundle uploads larger than this (default {service.MAX_BUNDLE_BYTES})",
     )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        help="serve Prometheus metrics over HTTP on this port, on --host like gRPC and behind the same token "
+        "and TLS (0 picks a free one, see --metrics-port-file); off by default; needs prometheus_client",
+    )
+    parser.add_argument("--metrics-port-file", type=Path, help="write the bound metrics port here once serving")
+    parser.add_argument(
+        "--log-format",
+        default=os.environ.get("PARAPIPE_LOG_FORMAT", "text"),
+        help="text (default) or json: one JSON object a line (time, level, event, bundle, plan, peer); "
+        "also $PARAPIPE_LOG_FORMAT",
+    )
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    from agents.logs import configure
+
+    try:
+        json_logs = configure(args.log_format)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     token = None
     if args.token_file:
         try:
@@ -516,6 +535,23 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     keep_large_buffers()
     state = service.AgentState(args.workdir, max_bundle_bytes=args.max_bundle_bytes)
+    if json_logs is not None:
+        json_logs.state = state
+    metrics_port = None
+    if args.metrics_port is not None:
+        from agents.metrics import AgentMetrics, MetricsUnavailable, serve_metrics
+
+        try:
+            _, metrics_port = serve_metrics(
+                AgentMetrics(state, service.AGENT_VERSION), args.host, args.metrics_port, token, tls
+            )
+        except (MetricsUnavailable, OSError, ValueError) as exc:
+            print(f"error: metrics: {exc}", file=sys.stderr)
+            return 2
+        if args.metrics_port_file:  # written before the gRPC port file, which says the agent is up
+            tmp = args.metrics_port_file.with_name(args.metrics_port_file.name + ".tmp")
+            tmp.write_text(f"{metrics_port}\n")
+            os.replace(tmp, args.metrics_port_file)
     try:
         server, port = build_server(state, args.host, args.port, token, tls)
     except OSError as exc:
@@ -531,6 +567,8 @@ def main(argv: list[str] | None = None) -> int:
         tmp.write_text(f"{port}\n")
         os.replace(tmp, args.port_file)
     log.info("agent serving on %s:%d, workdir %s (start %d here)", args.host, port, state.workdir, state.boots)
+    if metrics_port is not None:
+        log.info("metrics on http%s://%s:%d/metrics", "s" if tls else "", args.host, metrics_port)
     stop = threading.Event()
     threading.Thread(target=service.resume, args=(state, 5.0, stop), name="pp-resume", daemon=True).start()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -20,7 +20,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -86,6 +86,8 @@ class AgentState:
     boots: int = 0  # how many times an agent started on this workdir, this time included
     resumed: bool = False  # the running pipeline was brought back after a restart, not started by a call
     generation: int = 0  # bumped by every StartPipeline/StopPipeline call: a resume in progress gives way
+    # told of every pipeline once it started, before it takes frames (pipeline, resumed): metrics
+    on_pipeline: Callable[[Pipeline, bool], None] | None = None
 
     def __post_init__(self) -> None:
         self.workdir = Path(self.workdir).resolve()
@@ -306,6 +308,8 @@ def start_pipeline(
         except BaseException:
             pipeline.stop()
             raise
+        if state.on_pipeline is not None:
+            state.on_pipeline(pipeline, resuming is not None)
         old = state.pipeline
         state.pipeline, state.running = pipeline, sha
         state.resumed = resuming is not None

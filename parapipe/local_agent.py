@@ -28,8 +28,10 @@ class LocalAgent:
         python: list[str] | None = None,
         extra_env: dict[str, str] | None = None,
         tls: tuple[Path, Path, Path] | None = None,
+        metrics: bool = False,
     ) -> None:
-        """``tls`` = (certificate, key, CA that signed it): the agent serves TLS, the client checks it."""
+        """``tls`` = (certificate, key, CA that signed it): the agent serves TLS, the client checks it.
+        ``metrics``: the agent also serves Prometheus metrics on 127.0.0.1 (``metrics_port``)."""
         self._tmp = tempfile.TemporaryDirectory(prefix="parapipe-agent-")
         self.workdir = Path(workdir) if workdir else Path(self._tmp.name) / "work"
         self.timeout = startup_timeout
@@ -40,12 +42,14 @@ class LocalAgent:
         self.process: subprocess.Popen | None = None
         self.client: AgentClient | None = None
         self.port = 0
+        self.metrics = metrics
+        self.metrics_port = 0
         self.log_path = Path(self._tmp.name) / "agent.log"
 
     def __enter__(self) -> LocalAgent:
         port_file = Path(self._tmp.name) / "port"
         root = Path(__file__).resolve().parents[1]
-        env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""), **self.extra_env)
+        env = {**os.environ, "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""), **self.extra_env}
         argv = [*self.python, "--port", "0", "--workdir", str(self.workdir), "--port-file", str(port_file)]
         if self.token:
             token_file = Path(self._tmp.name) / "token"
@@ -54,6 +58,9 @@ class LocalAgent:
             argv += ["--token-file", str(token_file)]
         if self.tls:
             argv += ["--tls-cert", str(self.tls[0]), "--tls-key", str(self.tls[1])]
+        metrics_file = Path(self._tmp.name) / "metrics-port"
+        if self.metrics:
+            argv += ["--metrics-port", "0", "--metrics-port-file", str(metrics_file)]
         with open(self.log_path, "w") as log:
             self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + self.timeout
@@ -64,6 +71,8 @@ class LocalAgent:
                 raise DeployError(f"the local agent did not start: {log_text}")
             time.sleep(0.05)
         self.port = int(port_file.read_text())
+        if self.metrics:  # written before the port file
+            self.metrics_port = int(metrics_file.read_text())
         self.client = AgentClient(
             f"127.0.0.1:{self.port}",
             token=self.token,

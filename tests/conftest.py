@@ -23,6 +23,7 @@ HERE = Path(__file__).parent
 NEEDS: dict[str, tuple[str, ...]] = {
     "agents/test_board_side.py": ("agent",),
     "agents/test_inference_protocol.py": ("agent",),
+    "agents/test_metrics.py": ("agent",),
     "agents/test_exposure.py": ("agent",),
     "agents/test_reliability.py": ("agent",),
     "agents/test_uploads.py": ("agent",),

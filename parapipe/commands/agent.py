@@ -96,6 +96,20 @@ def serve(
             "--insecure", help="Serve on a network address without a token (anyone who can reach it may run models)."
         ),
     ] = False,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            "--metrics-port",
+            help="Serve Prometheus metrics on this port (on --host, same token and TLS; 0 picks one). Off by default.",
+        ),
+    ] = None,
+    metrics_port_file: Annotated[
+        Path | None, typer.Option("--metrics-port-file", help="Write the bound metrics port here.")
+    ] = None,
+    log_format: Annotated[
+        str | None,
+        typer.Option("--log-format", help="text or json (JSON lines: time, level, event, bundle, plan, peer)."),
+    ] = None,
 ) -> None:
     """Run the board agent in the foreground (the same as `python -m agents.server`).
 
@@ -111,6 +125,9 @@ def serve(
         ("--tls-key", tls_key),
         ("--tls-ca", tls_ca),
         ("--port-file", port_file),
+        ("--metrics-port", metrics_port),
+        ("--metrics-port-file", metrics_port_file),
+        ("--log-format", log_format),
     ):
         if value is not None:
             argv += [flag, str(value)]

@@ -3,6 +3,7 @@ Triton client (``tritonclient[grpc]``, installed outside the environment) run as
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -118,10 +119,11 @@ def start_served(stack: ExitStack, served: Served, **agent_args) -> LocalAgent:
 
 
 def run_client(script: str, folder: Path, *extra: Path, **values: object) -> dict:
-    """Run ``script`` with tritonclient[grpc] (and its protobuf) ahead of the environment's packages;
+    """Run ``script`` in its own process with tritonclient[grpc] (and the protobuf it wants);
     ``values`` arrive as the dict ``ARGS``; what it prints last (JSON) comes back."""
-    target = installed("tritonclient-grpc-2.73.0", TRITONCLIENT)
-    env = dict(os.environ, PYTHONPATH=python_path(target, *extra))
+    # the environment's (the dev extra installs it beside parapipe), else one installed outside it
+    folders = [] if importlib.util.find_spec("tritonclient") else [installed("tritonclient-grpc-2.73.0", TRITONCLIENT)]
+    env = dict(os.environ, PYTHONPATH=python_path(*folders, *extra))
     code = f"import json\nARGS = json.loads({json.dumps(json.dumps(values))})\n" + script
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300, cwd=folder
