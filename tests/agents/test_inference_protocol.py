@@ -27,6 +27,7 @@ from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 # parapipe's own client code imports in the same process, on the protobuf tritonclient brought
 import google.protobuf
 import agents.client
+import parapipe.application
 from agents.proto import parapipe_agent_pb2
 
 headers = {"authorization": "Bearer " + ARGS["token"]} if ARGS["token"] else None
@@ -132,10 +133,8 @@ def _check(out: dict, folder: Path, served, frames) -> None:
     assert served.plan_name in out["errors"]["unknown_model"][1]
 
 
-def test_tritonclient_gets_the_full_models_outputs_from_a_pipeline_behind_token_and_tls(
-    tmp_path: Path, two_cores
-) -> None:
-    served = compile_served(tmp_path, two_hosts=False, profile=two_cores)
+def test_tritonclient_gets_the_full_models_outputs_from_a_pipeline_behind_token_and_tls(tmp_path: Path) -> None:
+    served = compile_served(tmp_path, two_hosts=False)
     frames = served.frames(4)
     _save_frames(tmp_path, frames)
     certs = make_certs(tmp_path / "certs", ["127.0.0.1"])

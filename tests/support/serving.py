@@ -90,8 +90,34 @@ class Served:
         return dict(zip(names, session.run(None, inputs), strict=True))
 
 
-def compile_served(folder: Path, two_hosts: bool, profile=None) -> Served:
-    """A two-stage pipeline of the model: on two units of ``profile`` (one host), or edge then cloud."""
+def two_unit_profile():
+    """This machine as two one-core PUs (the first two cores it may use; one core twice on a single-core machine)."""
+    from device_profiles.loader import parse_profile
+
+    cores = sorted(os.sched_getaffinity(0))
+    q = {"value": 1.0, "source": "estimate", "cite": "test profile"}
+    peaks = {c: dict(q, value=50.0) for c in ("conv", "depthwise", "matmul", "elementwise", "pooling", "other")}
+    pu = {
+        "kind": "cpu",
+        "peak_gflops": peaks,
+        "memory_bandwidth_gbps": dict(q, value=10.0),
+        "memory_bytes": dict(q, value=8e9),
+        "launch_overhead_us": dict(q, value=5.0),
+        "active_power_w": dict(q, value=5.0),
+        "idle_power_w": dict(q, value=1.0),
+    }
+    return parse_profile(
+        {
+            "schema_version": 1,
+            "name": "two-units",
+            "pus": [dict(pu, name="c0", cores=[cores[0]]), dict(pu, name="c1", cores=[cores[-1]])],
+            "links": [{"a": "c0", "b": "c1", "bandwidth_gbps": dict(q, value=10.0), "latency_us": dict(q, value=2.0)}],
+        }
+    )
+
+
+def compile_served(folder: Path, two_hosts: bool) -> Served:
+    """A two-stage pipeline of the model: on two units of this host, or edge then cloud (two hosts)."""
     model = write_model(folder / "serving.onnx")
     loaded = load_onnx(model)
     graph = build_graph(loaded.proto, loaded.sha256, "serving")
@@ -102,7 +128,8 @@ def compile_served(folder: Path, two_hosts: bool, profile=None) -> Served:
         compiled = compile_plan(plan, loaded, graph, profile)
         parts = write_bundles(compiled, folder / "bundles")
         return Served(parts, compiled.manifest.entry, plan.name, model, compiled.manifest.inputs)
-    plan = flop_pipeline(blocks, profile, [(profile.pus[0].name, 1), (profile.pus[1].name, 1)], name="serving")
+    profile = two_unit_profile()
+    plan = flop_pipeline(blocks, profile, [("c0", 1), ("c1", 1)], name="serving")
     compiled = compile_plan(plan, loaded, graph, profile)
     return Served({"": write_bundle(compiled, folder / "bundle")}, "", plan.name, model, compiled.manifest.inputs)
 
