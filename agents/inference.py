@@ -43,7 +43,7 @@ DATATYPES = {
 }
 NUMPY = {v: k for k, v in DATATYPES.items()}
 # which typed ``contents`` field holds each datatype
-_CONTENTS = {
+CONTENTS = {
     "BOOL": "bool_contents",
     "UINT8": "uint_contents",
     "UINT16": "uint_contents",
@@ -110,7 +110,7 @@ def decode_inputs(request: kpb.ModelInferRequest) -> dict[str, np.ndarray]:
                 )
             value = np.frombuffer(raw[i], dtype=dtype)
         else:
-            field = _CONTENTS.get(t.datatype)
+            field = CONTENTS.get(t.datatype)
             values = getattr(t.contents, field) if field else ()
             if field is None or len(values) != count:
                 raise ValueError(
