@@ -151,18 +151,34 @@ def check(name: Annotated[str, typer.Argument()], as_json: JsonFlag = False) -> 
 @fails_cleanly
 def deploy(
     plan: Annotated[Path, typer.Argument(help="A plan JSON.")],
-    board: Annotated[str, typer.Option("--board", help="A board of the inventory.")],
+    board: Annotated[str, typer.Option("--board", help="A board of the inventory, or local (this machine).")],
     model: Annotated[
         Path | None, typer.Option("--model", help="The .onnx model (default: where it was planned).")
     ] = None,
+    metrics: Annotated[
+        bool, typer.Option("--metrics", help="--board local: also serve Prometheus metrics (needs prometheus_client).")
+    ] = False,
     as_json: JsonFlag = False,
 ) -> None:
-    """Ship the agent and the plan's bundle to a board over SSH and start the pipeline there."""
-    from parapipe.boards import get_board
+    """Ship the agent and the plan's bundle to a board over SSH and start the pipeline there.
+
+    --board local leaves an agent serving the plan on 127.0.0.1 (undeploy --board local stops it)."""
+    from parapipe.boards import BoardError, get_board
     from parapipe.deploy import deploy as do_deploy
+    from parapipe.reach import LOCAL_BOARDS
     from parapipe.run import build_bundle, resolve_model
     from planner.plan import load_plan
 
+    if board in LOCAL_BOARDS:
+        from parapipe.commands.serving import deploy_here
+
+        deploy_here(plan, board, model, metrics, as_json)
+        return
+    if metrics:
+        raise BoardError(
+            "--metrics is served by `deploy --board local` for now; on a board, run the agent with "
+            "`parapipe agent serve --metrics-port N`"
+        )
     the_board = get_board(board)
     the_plan = load_plan(plan)
     with err.status(f"deploying {the_plan.name or plan.stem} to {board}") as status:
@@ -189,6 +205,12 @@ def undeploy(board: Annotated[str, typer.Option("--board")]) -> None:
     """Stop the agent on a board and remove what deploy put there, nothing else."""
     from parapipe.boards import get_board
     from parapipe.deploy import undeploy as do_undeploy
+    from parapipe.reach import LOCAL_BOARDS
 
-    removed = do_undeploy(get_board(board))
+    if board in LOCAL_BOARDS:
+        from parapipe.local_deploy import undeploy_local
+
+        removed = undeploy_local()
+    else:
+        removed = do_undeploy(get_board(board))
     out.print(f"removed {len(removed)} item(s) from {board}", highlight=False)
