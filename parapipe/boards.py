@@ -49,6 +49,7 @@ class Board:
     agent_address: str = ""  # HOST:PORT of an agent reachable directly (TLS + token), instead of the tunnel
     token_file: str = ""
     tls_ca: str = ""  # PEM file of the CA that signed the agent's certificate
+    group: str = ""  # a fleet: deploy, undeploy take --group NAME and work on its boards at once
 
 
 def inventory_path() -> Path:
@@ -117,6 +118,8 @@ def save_boards(boards: dict[str, Board]) -> Path:
 def add_board(board: Board) -> Path:
     if not _NAME.match(board.name):
         raise BoardError(f"board name {board.name!r}: use letters, digits, '.', '_' or '-'")
+    if board.group and not _NAME.match(board.group):
+        raise BoardError(f"group name {board.group!r}: use letters, digits, '.', '_' or '-'")
     if board.agent_address:
         _check_direct(board)
     if board.agent_address and not board.host:

@@ -41,6 +41,9 @@ def add(
     ] = "",
     token_file: Annotated[Path | None, typer.Option("--token-file", help="The agent's bearer token.")] = None,
     tls_ca: Annotated[Path | None, typer.Option("--tls-ca", help="CA (PEM) of the agent's TLS certificate.")] = None,
+    group: Annotated[
+        str, typer.Option("--group", help="A fleet the board belongs to (deploy/undeploy --group NAME).")
+    ] = "",
 ) -> None:
     """Add (or replace) a board: reached over SSH (--host/--user/--key), or directly (--agent-address)."""
     from parapipe.boards import Board, add_board
@@ -60,6 +63,7 @@ def add(
         agent_address=agent_address,
         token_file=str(token_file.expanduser().resolve()) if token_file else "",
         tls_ca=str(tls_ca.expanduser().resolve()) if tls_ca else "",
+        group=group,
     )
     path = add_board(board)
     out.print(f"board {name} saved in {path}", highlight=False)
@@ -77,7 +81,7 @@ def list_boards(as_json: JsonFlag = False) -> None:
     if as_json:
         print_json([asdict(b) for b in boards.values()])
         return
-    t = Table("board", "ssh", "agent", "device", "workdir", "host key")
+    t = Table("board", "ssh", "agent", "device", "workdir", "host key", "group")
     for b in boards.values():
         t.add_row(
             b.name,
@@ -86,6 +90,7 @@ def list_boards(as_json: JsonFlag = False) -> None:
             b.device,
             b.workdir if b.host else "-",
             b.host_key_sha256 or b.known_hosts or "-",
+            b.group or "-",
         )
     out.print(t)
 
@@ -151,18 +156,29 @@ def check(name: Annotated[str, typer.Argument()], as_json: JsonFlag = False) -> 
 @fails_cleanly
 def deploy(
     plan: Annotated[Path, typer.Argument(help="A plan JSON.")],
-    board: Annotated[str, typer.Option("--board", help="A board of the inventory, or local (this machine).")],
+    board: Annotated[
+        str | None, typer.Option("--board", help="A board of the inventory, or local (this machine).")
+    ] = None,
     model: Annotated[
         Path | None, typer.Option("--model", help="The .onnx model (default: where it was planned).")
     ] = None,
     metrics: Annotated[
         bool, typer.Option("--metrics", help="--board local: also serve Prometheus metrics (needs prometheus_client).")
     ] = False,
+    group: Annotated[str | None, typer.Option("--group", help="Every board of this inventory group, at once.")] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Ship the agent and the plan's bundle to a board over SSH and start the pipeline there.
 
-    --board local leaves an agent serving the plan on 127.0.0.1 (undeploy --board local stops it)."""
+    --board local leaves an agent serving the plan on 127.0.0.1 (undeploy --board local stops it).
+    --group NAME deploys to every board of the group concurrently, one row per board; the exit code
+    is the number of boards that failed."""
+    from parapipe.commands.serving import deploy_group, one_target
+
+    if one_target(board, group) == "group":
+        deploy_group(plan, str(group), model, metrics, as_json)
+        return
+    assert board is not None
     from parapipe.boards import BoardError, get_board
     from parapipe.deploy import deploy as do_deploy
     from parapipe.reach import LOCAL_BOARDS
@@ -201,8 +217,18 @@ def deploy(
 
 @app.command()
 @fails_cleanly
-def undeploy(board: Annotated[str, typer.Option("--board")]) -> None:
-    """Stop the agent on a board and remove what deploy put there, nothing else."""
+def undeploy(
+    board: Annotated[str | None, typer.Option("--board")] = None,
+    group: Annotated[str | None, typer.Option("--group", help="Every board of this inventory group, at once.")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Stop the agent on a board (or every board of --group) and remove what deploy put there, nothing else."""
+    from parapipe.commands.serving import one_target, undeploy_group
+
+    if one_target(board, group) == "group":
+        undeploy_group(str(group), as_json)
+        return
+    assert board is not None
     from parapipe.boards import get_board
     from parapipe.deploy import undeploy as do_undeploy
     from parapipe.reach import LOCAL_BOARDS
@@ -213,4 +239,7 @@ def undeploy(board: Annotated[str, typer.Option("--board")]) -> None:
         removed = undeploy_local()
     else:
         removed = do_undeploy(get_board(board))
+    if as_json:
+        print_json({"board": board, "removed": removed})
+        return
     out.print(f"removed {len(removed)} item(s) from {board}", highlight=False)

@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import asdict
 from pathlib import Path
 
+import typer
+from rich.table import Table
+
 from parapipe.app import err, out, print_json
 from parapipe.local_agent import DeployError
 
@@ -34,3 +37,57 @@ def deploy_here(plan: Path, board: str, model: Path | None, metrics: bool, as_js
         f"stop it with `parapipe undeploy --board {board}`",
         highlight=False,
     )
+
+
+def one_target(board: str | None, group: str | None) -> str:
+    """ "board" or "group": exactly one of --board and --group."""
+    if (board is None) == (group is None):
+        raise DeployError("give either --board NAME or --group NAME (one of them)")
+    return "board" if board is not None else "group"
+
+
+def _report(what: str, outcomes, as_json: bool) -> None:
+    """One row per board, then exit with the number of boards that failed."""
+    from parapipe.fleet import exit_code
+
+    if as_json:
+        print_json([{"board": o.board, "ok": o.ok, "detail": o.detail} for o in outcomes])
+    else:
+        table = Table("board", what, "detail")
+        for o in outcomes:
+            table.add_row(o.board, "ok" if o.ok else "[bold red]failed[/]", o.detail)
+        out.print(table)
+        failed = sum(not o.ok for o in outcomes)
+        out.print(f"{len(outcomes) - failed} of {len(outcomes)} board(s) {what}, {failed} failed", highlight=False)
+    code = exit_code(outcomes)
+    if code:
+        raise typer.Exit(code)
+
+
+def deploy_group(plan: Path, group: str, model: Path | None, metrics: bool, as_json: bool) -> None:
+    from parapipe.deploy import deploy
+    from parapipe.fleet import group_boards, on_group
+    from parapipe.run import build_bundle, resolve_model
+    from planner.plan import load_plan
+
+    if metrics:
+        raise DeployError("--metrics is served by `deploy --board local` for now, not on a group")
+    group_boards(group)  # a group with no boards is a user error before anything is built
+    the_plan = load_plan(plan)
+    with err.status(f"deploying {the_plan.name or plan.stem} to group {group}"):
+        folder, _ = build_bundle(the_plan, resolve_model(the_plan, model))
+        outcomes = on_group(
+            group,
+            lambda board: deploy(board, folder),
+            lambda r: f"bundle {r.bundle_sha256[:12]}…, agent {'restarted' if r.agent_restarted else 'kept running'}",
+        )
+    _report("deployed", outcomes, as_json)
+
+
+def undeploy_group(group: str, as_json: bool) -> None:
+    from parapipe.deploy import undeploy
+    from parapipe.fleet import on_group
+
+    with err.status(f"undeploying group {group}"):
+        outcomes = on_group(group, undeploy, lambda removed: f"removed {len(removed)} item(s)")
+    _report("undeployed", outcomes, as_json)
