@@ -16,7 +16,8 @@ from parapipe import __version__
 
 ROOT = Path(__file__).resolve().parents[1]
 BOARD_SIDE = ["agents", "profiler/__init__.py", "profiler/pinning.py", "profiler/measure.py", "profiler/energy.py"]
-REQUIRES = ["onnxruntime", "grpcio", "numpy", "psutil", "protobuf"]
+# the protobuf range is pyproject's (the generated code's gencode; a test keeps them equal)
+REQUIRES = ["onnxruntime", "grpcio>=1.63.2", "numpy", "psutil", "protobuf>=5.26.1,<8"]
 
 
 def _files() -> list[tuple[str, bytes]]:

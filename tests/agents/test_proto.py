@@ -77,3 +77,10 @@ def test_the_generated_modules_load_on_the_oldest_protobuf_of_the_range() -> Non
         [sys.executable, "-W", "error", "-c", script], capture_output=True, text=True, env=env, timeout=120
     )
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_the_board_side_wheel_declares_the_same_protobuf_range() -> None:
+    from parapipe.agent_wheel import REQUIRES
+
+    board = next(Requirement(r) for r in REQUIRES if Requirement(r).name == "protobuf")
+    assert board.specifier == _protobuf_range().specifier
