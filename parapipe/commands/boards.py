@@ -97,32 +97,42 @@ def list_boards(as_json: JsonFlag = False) -> None:
 
 @boards_app.command("check")
 @fails_cleanly
-def check(name: Annotated[str, typer.Argument()], as_json: JsonFlag = False) -> None:
+def check(
+    name: Annotated[str | None, typer.Argument(help="A board of the inventory.")] = None,
+    group: Annotated[str | None, typer.Option("--group", help="Every board of this inventory group, at once.")] = None,
+    as_json: JsonFlag = False,
+) -> None:
     """Connect and report the board's OS, CPU, cores, Python, onnxruntime and the agent's state."""
     from parapipe.boards import get_board
+    from parapipe.commands.serving import check_group, one_target
+
+    if one_target(name, group) == "group":
+        check_group(str(group), board_info, as_json)
+        return
+    print_info(board_info(get_board(str(name))), as_json)
+
+
+def board_info(board) -> dict:
+    """What ``boards check`` reports of one board."""
     from parapipe.deploy import _paths, agent_running
     from parapipe.ssh import BoardConnection
 
-    board = get_board(name)
+    name = board.name
     if not board.host:  # an agent-only board: what its agent says about itself
         from parapipe.boards import direct_client
 
         with direct_client(board) as client:
             s = client.status()
-            print_info(
-                {
-                    "board": name,
-                    "agent_address": board.agent_address,
-                    "hostname": s.hostname,
-                    "cores": len(s.cores),
-                    "python": s.python_version,
-                    "onnxruntime": s.ort_version,
-                    "agent_version": s.agent_version,
-                    "agent_ready": s.ready,
-                },
-                as_json,
-            )
-        return
+            return {
+                "board": name,
+                "agent_address": board.agent_address,
+                "hostname": s.hostname,
+                "cores": len(s.cores),
+                "python": s.python_version,
+                "onnxruntime": s.ort_version,
+                "agent_version": s.agent_version,
+                "agent_ready": s.ready,
+            }
     with BoardConnection(board) as conn:
         _, uname, _ = conn.run(["uname", "-srm"])
         _, cpu, _ = conn.shell("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 || true", check=False)
@@ -149,7 +159,7 @@ def check(name: Annotated[str, typer.Argument()], as_json: JsonFlag = False) -> 
 
         with BoardConnection(board) as conn, agent_client(conn) as client:
             info["agent_ready"] = client.ready()
-    print_info(info, as_json)
+    return info
 
 
 @app.command()

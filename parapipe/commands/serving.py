@@ -51,7 +51,17 @@ def _report(what: str, outcomes, as_json: bool) -> None:
     from parapipe.fleet import exit_code
 
     if as_json:
-        print_json([{"board": o.board, "ok": o.ok, "detail": o.detail} for o in outcomes])
+        print_json(
+            [
+                {
+                    "board": o.board,
+                    "ok": o.ok,
+                    "detail": o.detail,
+                    **({"info": o.result} if isinstance(o.result, dict) else {}),
+                }
+                for o in outcomes
+            ]
+        )
     else:
         table = Table("board", what, "detail")
         for o in outcomes:
@@ -91,3 +101,15 @@ def undeploy_group(group: str, as_json: bool) -> None:
     with err.status(f"undeploying group {group}"):
         outcomes = on_group(group, undeploy, lambda removed: f"removed {len(removed)} item(s)")
     _report("undeployed", outcomes, as_json)
+
+
+def check_group(group: str, board_info, as_json: bool) -> None:
+    from parapipe.fleet import on_group
+
+    def describe(info: dict) -> str:
+        agent = "ready" if info.get("agent_ready") else "running" if info.get("agent_running") else "not running"
+        return f"{info.get('os') or info.get('hostname', '')}, python {info.get('python', '?')}, agent {agent}"
+
+    with err.status(f"checking group {group}"):
+        outcomes = on_group(group, board_info, describe)
+    _report("checked", outcomes, as_json)

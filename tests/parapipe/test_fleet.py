@@ -74,6 +74,12 @@ def test_group_deploy_with_one_broken_board(tmp_path: Path, monkeypatch) -> None
                 out = client.infer({"x": np.ones((1, 16), np.float32), "ids": np.array([1], np.int64)})
                 assert set(out) == {"out:a", "scores", "label"}
 
+        checked = _cli(work, env, "boards", "check", "--group", "line-1", "--json")
+        assert checked.returncode == 0, checked.stderr  # every board answered (the broken one says what it lacks)
+        info = {r["board"]: r["info"] for r in json.loads(checked.stdout)}
+        assert info["edge-0"]["agent_ready"] and info["edge-1"]["agent_ready"]
+        assert not info["edge-2"]["agent_running"] and "missing" in info["edge-2"]["python"]
+
         table = _cli(work, env, "undeploy", "--group", "line-1")
         assert "edge-0" in table.stdout and "edge-2" in table.stdout
         for board in boards[:2]:
