@@ -195,6 +195,9 @@ def run(
         ),
     ] = False,
     input_data: DataOpt = None,
+    group: Annotated[
+        str | None, typer.Option("--group", help="Every board of this inventory group, at once (one row each).")
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Deploy a plan to a board's agent, benchmark it there, and print predicted vs measured.
@@ -207,6 +210,13 @@ def run(
     from parapipe.run import run_plan
     from planner.plan import load_plan
 
+    if group is not None:
+        from parapipe.commands.serving import run_group
+
+        if board:
+            raise DeployError("give either --board or --group (one of them)")
+        run_group(load_plan(plan), group, model, frames, verify, input_data, as_json)
+        return
     boards = board or ["local"]
     target: str | dict[str, str]
     if len(boards) == 1 and "=" not in boards[0]:

@@ -113,3 +113,30 @@ def check_group(group: str, board_info, as_json: bool) -> None:
     with err.status(f"checking group {group}"):
         outcomes = on_group(group, board_info, describe)
     _report("checked", outcomes, as_json)
+
+
+def run_group(plan, group: str, model: Path | None, frames: int, verify: bool, input_data, as_json: bool) -> None:
+    """``run --group``: the plan measured on every board of the group at once (a failed --verify fails that board)."""
+    from parapipe.fleet import group_boards, on_group
+    from parapipe.run import build_bundles, resolve_model, run_plan
+
+    group_boards(group)
+    with err.status(f"running {plan.name} on group {group}"):
+        build_bundles(plan, resolve_model(plan, model, input_data))  # once, before the boards share the cache
+
+        def one(board):
+            result = run_plan(plan, board.name, model, frames, verify, input_data=input_data)
+            if result.verified is False:
+                raise DeployError(
+                    f"outputs differ from the full model's: max abs diff {result.max_abs_diff:.2e} "
+                    f"(output scale {result.output_scale or 0:.3g})"
+                )
+            return result.to_json()
+
+        def describe(r: dict) -> str:
+            m = r["measured"]
+            text = f"latency {m['latency_ms']:.2f} ms, {m['throughput_fps']:.1f} fps"
+            return text + (", outputs verified" if r.get("verified") else "")
+
+        outcomes = on_group(group, one, describe)
+    _report("ran", outcomes, as_json)

@@ -74,6 +74,12 @@ def test_group_deploy_with_one_broken_board(tmp_path: Path, monkeypatch) -> None
                 out = client.infer({"x": np.ones((1, 16), np.float32), "ids": np.array([1], np.int64)})
                 assert set(out) == {"out:a", "scores", "label"}
 
+        ran = _cli(work, env, "run", str(plan), "--group", "line-1", "--frames", "5", "--verify", "--json")
+        assert ran.returncode == 1, ran.stdout + ran.stderr
+        runs = {r["board"]: r for r in json.loads(ran.stdout)}
+        assert runs["edge-0"]["ok"] and runs["edge-1"]["ok"] and not runs["edge-2"]["ok"]
+        assert runs["edge-0"]["info"]["verified"] and runs["edge-0"]["info"]["measured"]["throughput_fps"] > 0
+
         checked = _cli(work, env, "boards", "check", "--group", "line-1", "--json")
         assert checked.returncode == 0, checked.stderr  # every board answered (the broken one says what it lacks)
         info = {r["board"]: r["info"] for r in json.loads(checked.stdout)}
