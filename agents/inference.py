@@ -62,7 +62,7 @@ class ModelNotFound(service.NotFound):
     """The request names a model or version this agent does not serve."""
 
 
-def model_version(pipeline: Pipeline, state: service.AgentState) -> str:
+def model_version(state: service.AgentState) -> str:
     return state.running[:12]
 
 
@@ -76,9 +76,9 @@ def _resolve(state: service.AgentState, name: str, version: str) -> Pipeline:
     names = (pipeline.manifest.plan_name, MODEL_ALIAS)
     if name not in names:
         raise ModelNotFound(f"no model {name!r} here; this agent serves {names[0]!r} (alias {MODEL_ALIAS!r})")
-    if version and version != model_version(pipeline, state):
+    if version and version != model_version(state):
         raise ModelNotFound(
-            f"model {name!r} has no version {version!r}; the running one is {model_version(pipeline, state)!r}"
+            f"model {name!r} has no version {version!r}; the running one is {model_version(state)!r}"
         )
     return pipeline
 
@@ -175,7 +175,7 @@ class InferenceServicer(krpc.GRPCInferenceServiceServicer):
         m = pipeline.manifest
         return kpb.ModelMetadataResponse(
             name=m.plan_name,
-            versions=[model_version(pipeline, self.state)],
+            versions=[model_version(self.state)],
             platform=PLATFORM,
             inputs=[
                 kpb.ModelMetadataResponse.TensorMetadata(name=t.name, datatype=DATATYPES[t.dtype], shape=list(t.shape))
@@ -200,7 +200,7 @@ class InferenceServicer(krpc.GRPCInferenceServiceServicer):
             outputs = _wait(pipeline, future, context)
         except Exception as exc:
             _abort(context, exc)
-        return encode_outputs(request, pipeline, model_version(pipeline, self.state), outputs)
+        return encode_outputs(request, pipeline, model_version(self.state), outputs)
 
     def ModelStreamInfer(self, request_iterator, context) -> Iterator[kpb.ModelStreamInferResponse]:
         """Requests are fed while earlier ones run (the pipeline overlaps them); answers come back in
@@ -248,7 +248,7 @@ class InferenceServicer(krpc.GRPCInferenceServiceServicer):
                 continue
             except Exception as exc:
                 _abort(context, exc)
-            response = encode_outputs(req, pipeline, model_version(pipeline, self.state), outputs)
+            response = encode_outputs(req, pipeline, model_version(self.state), outputs)
             yield kpb.ModelStreamInferResponse(infer_response=response)
 
 
