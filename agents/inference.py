@@ -77,9 +77,7 @@ def _resolve(state: service.AgentState, name: str, version: str) -> Pipeline:
     if name not in names:
         raise ModelNotFound(f"no model {name!r} here; this agent serves {names[0]!r} (alias {MODEL_ALIAS!r})")
     if version and version != model_version(state):
-        raise ModelNotFound(
-            f"model {name!r} has no version {version!r}; the running one is {model_version(state)!r}"
-        )
+        raise ModelNotFound(f"model {name!r} has no version {version!r}; the running one is {model_version(state)!r}")
     return pipeline
 
 

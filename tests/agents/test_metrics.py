@@ -144,3 +144,39 @@ def test_metrics_are_off_by_default_and_need_prometheus_client(tmp_path: Path) -
     )
     assert done.returncode == 2
     assert "parapipe[metrics]" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_agent_serve_takes_the_metrics_and_log_flags(tmp_path: Path, prometheus_env) -> None:
+    """`parapipe agent serve --metrics-port 0 --log-format json`: metrics answer, the log is JSON lines."""
+    import json
+    import signal
+    import subprocess
+    import time
+
+    from tests.support.cli import PARAPIPE
+
+    env = {**os.environ, **prometheus_env}
+    files = {k: tmp_path / k for k in ("port", "metrics-port", "log")}
+    argv = [PARAPIPE, "agent", "serve", "--port", "0", "--workdir", str(tmp_path / "w")]
+    argv += [
+        "--port-file",
+        str(files["port"]),
+        "--metrics-port",
+        "0",
+        "--metrics-port-file",
+        str(files["metrics-port"]),
+    ]
+    with open(files["log"], "w") as log:
+        proc = subprocess.Popen([*argv, "--log-format", "json"], stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while not files["port"].exists():
+            assert proc.poll() is None and time.monotonic() < deadline, files["log"].read_text()
+            time.sleep(0.05)
+        samples = scrape(int(files["metrics-port"].read_text()), token=None)
+        assert value(samples, "parapipe_frames_completed_total") == 0
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+    lines = [json.loads(line) for line in files["log"].read_text().splitlines() if line.strip()]
+    assert any(line["event"].startswith("metrics on http://127.0.0.1:") for line in lines)
