@@ -25,6 +25,7 @@ the frame latency histogram is fed by the pipeline as each frame completes.
 from __future__ import annotations
 
 import hmac
+import logging
 import os
 import socket
 import ssl
@@ -125,10 +126,17 @@ class AgentMetrics:
         state.on_pipeline = self.attach
 
     def attach(self, pipeline: Pipeline, resumed: bool) -> None:
-        pipeline.on_done = self.latency.observe
+        pipeline.on_done = self._observe
         with self._lock:
             self._live.append(pipeline)
             self._starts["resumed" if resumed else "started"] += 1
+
+    def _observe(self, seconds: float) -> None:
+        """A frame's latency; called by the pipeline as the frame completes, so it never raises."""
+        try:
+            self.latency.observe(seconds)
+        except Exception:
+            logging.getLogger("parapipe.agent").exception("metrics: cannot record a frame's latency")
 
     def _fold(self) -> tuple[int, int]:
         """Frames completed and failed in all, retiring stopped pipelines (their counts are final)."""

@@ -13,7 +13,7 @@ import pytest
 
 from parapipe.local_agent import LocalAgent
 from tests.agents.tiny import TABLE_ROWS, bundle_sha, frame, write_tiny_bundle
-from tests.support.packages import installed, python_path
+from tests.support.packages import folders_for, python_path
 
 pytestmark = pytest.mark.agent
 TOKEN = "metrics-token"
@@ -22,14 +22,12 @@ TOKEN = "metrics-token"
 @pytest.fixture(scope="module")
 def prometheus_env() -> dict[str, str]:
     """prometheus_client here and in the agent: the environment's, or installed outside it."""
-    try:
-        import prometheus_client  # noqa: F401
-
+    folders = folders_for("prometheus_client", "prometheus-client-0.26.0", "prometheus-client==0.26.0", no_deps=True)
+    if not folders:
         return {}
-    except ImportError:
-        target = installed("prometheus-client-0.26.0", "prometheus-client==0.26.0", no_deps=True)
-        sys.path.insert(0, str(target))
-        return {"PYTHONPATH": python_path(target)}
+    if str(folders[0]) not in sys.path:  # this process parses the scrapes
+        sys.path.insert(0, str(folders[0]))
+    return {"PYTHONPATH": python_path(*folders)}
 
 
 def scrape(port: int, token: str | None = TOKEN) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

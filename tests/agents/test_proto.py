@@ -11,6 +11,7 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
 from google.protobuf import descriptor_pb2
 from packaging.requirements import Requirement
 
@@ -58,12 +59,23 @@ def test_the_gencode_is_the_oldest_protobuf_of_the_declared_range() -> None:
         assert f"# Protobuf Python Version: {GENCODE}\n" in (HERE / f"{stem}_pb2.py").read_text()
 
 
-def test_the_generated_modules_load_on_the_oldest_protobuf_of_the_range() -> None:
-    """Under protobuf GENCODE itself (installed outside the environment), warnings as errors."""
-    target = installed(f"protobuf-{GENCODE}", f"protobuf=={GENCODE}", no_deps=True)
+@pytest.mark.parametrize("end", ["oldest", "newest"])
+def test_the_generated_modules_load_at_both_ends_of_the_range(end: str) -> None:
+    """Under protobuf GENCODE itself and the newest release the range allows (each installed outside
+    the environment), warnings as errors."""
+    declared = _protobuf_range()
+    if end == "oldest":
+        target, check = installed(f"protobuf-{GENCODE}", f"protobuf=={GENCODE}", no_deps=True), f"== {GENCODE!r}"
+    else:
+        target, check = (
+            installed(
+                "protobuf-newest-" + re.sub(r"[^\w.]+", "_", str(declared.specifier)), str(declared), no_deps=True
+            ),
+            "!= ''",
+        )
     script = (
         "import google.protobuf, sys\n"
-        f"assert google.protobuf.__version__ == {GENCODE!r}, google.protobuf.__version__\n"
+        f"assert google.protobuf.__version__ {check}, google.protobuf.__version__\n"
         "from agents.proto import parapipe_agent_pb2 as pb, parapipe_agent_pb2_grpc, health_pb2_grpc\n"
         "from agents.proto import inference_pb2, inference_pb2_grpc\n"
         "import agents.client\n"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -15,7 +14,7 @@ import pytest
 import parapipe
 from parapipe.application import InferenceError
 from tests.support.cli import PARAPIPE
-from tests.support.packages import installed, python_path
+from tests.support.packages import folders_for, python_path
 from tests.support.serving import ROWS, write_model
 
 pytestmark = pytest.mark.agent
@@ -35,10 +34,10 @@ def test_deploy_to_this_machine_serves_until_undeploy(tmp_path: Path) -> None:
     work = tmp_path / "work"
     work.mkdir()
     env = {**os.environ, "PARAPIPE_HOME": str(tmp_path / "home")}
-    if importlib.util.find_spec("prometheus_client") is None:  # the agent needs it for --metrics
-        env["PYTHONPATH"] = python_path(
-            installed("prometheus-client-0.26.0", "prometheus-client==0.26.0", no_deps=True)
-        )
+    # the agent needs prometheus_client for --metrics: the environment's, or one installed outside it
+    env["PYTHONPATH"] = python_path(
+        *folders_for("prometheus_client", "prometheus-client-0.26.0", "prometheus-client==0.26.0", no_deps=True)
+    )
     model = write_model(work / "model.onnx")
     planned = _json(work, env, "plan", str(model), "--device", "local", "--objective", "latency", "--time-limit", "2")
     plan = Path(planned["folder"]) / f"{planned['plans'][0]['plan']}.json"

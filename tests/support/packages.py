@@ -49,3 +49,10 @@ def python_path(*folders: Path) -> str:
     """PYTHONPATH putting ``folders`` before the repository (and so before the environment's packages)."""
     root = Path(__file__).resolve().parents[2]
     return os.pathsep.join([*map(str, folders), str(root)])
+
+
+def folders_for(module: str, name: str, *requirements: str, no_deps: bool = False) -> list[Path]:
+    """``[]`` if a fresh process of this environment imports ``module`` (this process's ``sys.path`` may
+    have been extended by another test), else the cache folder holding ``requirements``."""
+    probe = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, timeout=120)
+    return [] if probe.returncode == 0 else [installed(name, *requirements, no_deps=no_deps)]

@@ -3,7 +3,6 @@ Triton client (``tritonclient[grpc]``, installed outside the environment) run as
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -27,7 +26,7 @@ from models.graph import build_graph
 from models.onnx_io import load_onnx
 from parapipe.local_agent import LocalAgent
 from planner.baselines import flop_pipeline
-from tests.support.packages import installed, python_path
+from tests.support.packages import folders_for, python_path
 
 TRITONCLIENT = "tritonclient[grpc]==2.73.0"
 ROWS = 8
@@ -149,7 +148,7 @@ def run_client(script: str, folder: Path, *extra: Path, **values: object) -> dic
     """Run ``script`` in its own process with tritonclient[grpc] (and the protobuf it wants);
     ``values`` arrive as the dict ``ARGS``; what it prints last (JSON) comes back."""
     # the environment's (the dev extra installs it beside parapipe), else one installed outside it
-    folders = [] if importlib.util.find_spec("tritonclient") else [installed("tritonclient-grpc-2.73.0", TRITONCLIENT)]
+    folders = folders_for("tritonclient.grpc", "tritonclient-grpc-2.73.0", TRITONCLIENT)
     env = dict(os.environ, PYTHONPATH=python_path(*folders, *extra))
     code = f"import json\nARGS = json.loads({json.dumps(json.dumps(values))})\n" + script
     done = subprocess.run(
