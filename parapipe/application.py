@@ -97,14 +97,14 @@ def connect(
             client = stack.enter_context(
                 AgentClient(target, token=token, tls=(ca, None, None) if ca else None, timeout=timeout)
             )
+            try:
+                client.wait_serving(timeout)
+            except AgentError as exc:
+                raise InferenceError(
+                    f"no agent answers at {target}: {exc}; is the plan deployed (parapipe deploy) and the agent running?"
+                ) from None
         else:
-            client = _board_client(target, stack, timeout)
-        try:
-            client.wait_serving(timeout)
-        except AgentError as exc:
-            raise InferenceError(
-                f"no agent answers at {target}: {exc}; is the plan deployed (parapipe deploy) and the agent running?"
-            ) from None
+            client = _board_client(target, stack, timeout)  # checks that the board's agent answers
         return Connection(target, client, stack)
     except BaseException:
         stack.close()

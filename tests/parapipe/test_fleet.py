@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+import parapipe
 from parapipe.boards import Board, add_board
 from parapipe.deploy import agent_client
 from parapipe.ssh import BoardConnection
@@ -68,11 +69,13 @@ def test_group_deploy_with_one_broken_board(tmp_path: Path, monkeypatch) -> None
         assert set(rows) == {"edge-0", "edge-1", "edge-2"}  # one row per board of the group, no other
         assert rows["edge-0"]["ok"] and rows["edge-1"]["ok"] and not rows["edge-2"]["ok"]
         assert "nonexistent" in rows["edge-2"]["detail"]
+        frame = {"x": np.ones((1, 16), np.float32), "ids": np.array([1], np.int64)}
         for board in boards[:2]:  # the two keep serving the plan
             with BoardConnection(board) as conn, agent_client(conn) as client:
                 assert client.ready()
-                out = client.infer({"x": np.ones((1, 16), np.float32), "ids": np.array([1], np.int64)})
-                assert set(out) == {"out:a", "scores", "label"}
+                assert set(client.infer(frame)) == {"out:a", "scores", "label"}
+        with parapipe.connect("edge-1") as app:  # an application, by board name, through the SSH tunnel
+            assert set(app.infer(frame)) == {"out:a", "scores", "label"}
 
         ran = _cli(work, env, "run", str(plan), "--group", "line-1", "--frames", "5", "--verify", "--json")
         assert ran.returncode == 1, ran.stdout + ran.stderr
