@@ -174,7 +174,7 @@ def main() -> None:
             profile = load_profile("local")
             table = CostTable.load(costs)
             run_profile(loaded, graph, profile, table, costs, pu_configs(profile))
-            cost = CostModel(profile, graph, table)
+            cost = CostModel.from_table(profile, graph, table)
             blocks = coarsen(graph, "coarse")
             thr_plan = best_plan(blocks, graph, cost, "throughput", time_limit=5)
             lat_plan = best_plan(blocks, graph, cost, "latency", time_limit=5)
@@ -212,7 +212,7 @@ def main() -> None:
                 feeds = generate_inputs(compile_inputs(graph))
                 table = CostTable.load(costs)
                 run_profile(loaded, graph, bl, table, costs, pu_configs(bl))
-                cost = CostModel(bl, graph, table)
+                cost = CostModel.from_table(bl, graph, table)
                 plan = best_plan(coarsen(graph, "coarse"), graph, cost, "throughput", time_limit=5)
                 ort_t, ours, limit = [], [], []
                 little = bl.pu("little")

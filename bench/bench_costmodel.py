@@ -56,7 +56,7 @@ def main() -> None:
             run_profile(loaded, graph, profile, table, costs, pu_configs(profile), repeats=args.repeats)
             seconds = time.perf_counter() - t0
             holdout = held_out(table, loaded.sha256, board)
-            calibrated = CostModel(profile, graph, table, holdout=holdout).evaluate()
+            calibrated = CostModel.from_table(profile, graph, table, holdout=holdout).evaluate()
             roof = CostModel(profile, graph, None)
             roof_errs = [
                 abs(roof.group_ms(e.members, e.conditions.pu, e.conditions.cores).ms - e.mean_ms) / e.mean_ms * 100

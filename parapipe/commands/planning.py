@@ -41,7 +41,7 @@ def _load_inputs(
     table = CostTable.load(costs or default_costs())
     granularity = choose_granularity(graph, granularity)
     blocks = coarsen(graph, granularity)
-    return profile, graph, blocks, CostModel(profile, graph, table), loaded
+    return profile, graph, blocks, CostModel.from_table(profile, graph, table), loaded
 
 
 def plan_row(plan: Any) -> dict[str, Any]:

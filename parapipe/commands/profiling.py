@@ -111,7 +111,7 @@ def _summarise(table, sha: str, board: str, configs, graph) -> dict:
     rows = []
     entries = table.select(model_sha256=sha, board=board)
     holdout = held_out(table, sha, board)
-    cost = CostModel(load_profile(board), graph, table, holdout=holdout)
+    cost = CostModel.from_table(load_profile(board), graph, table, holdout=holdout)
     evaluation = cost.evaluate()
     for cfg in configs:
         mine = [e for e in entries if e.conditions.pu == cfg.pu and e.conditions.cores == len(cfg.cores)]
@@ -172,7 +172,7 @@ def simulate(
     loaded = open_model(model, input_shape, plan=the_plan)
     graph = build_graph(loaded.proto, loaded.sha256, model.stem)
     validate(the_plan, graph, prof)
-    cost = CostModel(prof, graph, CostTable.load(costs or default_costs()))
+    cost = CostModel.from_table(prof, graph, CostTable.load(costs or default_costs()))
     lowered = PlanModel(the_plan, graph, cost)
     a, s = analytic(lowered), run_sim(lowered, frames)
     result = {

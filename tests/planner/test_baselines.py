@@ -77,7 +77,7 @@ def test_ort_all_cores_uses_measured_multicore_runs(exported) -> None:
         cond = Conditions(profile.name, pu, cores, cores, "CPUExecutionProvider", "x", "all")
         key_ = entry_key(graph.model_sha256, "partition", members, cond)
         table.add(CostEntry(key_, "partition", graph.model_sha256, "part1of0", members, cond, ms, ms, ms, ms, 10))
-    cost = CostModel(profile, graph, table)
+    cost = CostModel.from_table(profile, graph, table)
     plan = baselines(blocks, graph, cost)["ort-all-cores"]
     # six threads split every operator; the A53s, measured at 50 ms on 2 cores (100 core-ms), set the pace
     assert plan.predicted.latency_ms == pytest.approx(max(40.0 * 4, 50.0 * 2) / 6)

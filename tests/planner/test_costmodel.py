@@ -65,7 +65,7 @@ def test_roofline_without_measurements(squeeze) -> None:
 def test_measured_group_is_used_as_is(squeeze) -> None:
     graph, blocks = squeeze
     table, _ = _synthetic_table(graph, blocks, 0.9, 0.3)
-    cost = CostModel(load_profile("local"), graph, table)
+    cost = CostModel.from_table(load_profile("local"), graph, table)
     b = blocks.nodes[3]
     prediction = cost.group_ms(b.members, "cpu", 1)
     assert prediction.source == "measured"
@@ -76,7 +76,7 @@ def test_calibration_recovers_partition_relation_on_held_out_data(squeeze) -> No
     graph, blocks = squeeze
     table, labels = _synthetic_table(graph, blocks, alpha=0.9, beta=0.3)
     holdout = labels[1::2]
-    cost = CostModel(load_profile("local"), graph, table, holdout=holdout)
+    cost = CostModel.from_table(load_profile("local"), graph, table, holdout=holdout)
     fit = cost.fits[("cpu", 1)]
     assert fit.alpha == pytest.approx(0.9, rel=1e-6) and fit.beta_ms == pytest.approx(0.3, rel=1e-6)
     assert fit.fusion == pytest.approx(0.8, rel=1e-6)
@@ -88,7 +88,7 @@ def test_calibration_recovers_partition_relation_on_held_out_data(squeeze) -> No
 def test_unmeasured_config_falls_back_to_roofline(squeeze) -> None:
     graph, blocks = squeeze
     table, _ = _synthetic_table(graph, blocks, 1.0, 0.0)
-    cost = CostModel(load_profile("local"), graph, table)
+    cost = CostModel.from_table(load_profile("local"), graph, table)
     whole = [n.name for n in graph.nodes]
     cores = len(load_profile("local").pu("cpu").cores)
     if cores == 1:

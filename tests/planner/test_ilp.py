@@ -20,7 +20,7 @@ from models.graph import build_graph
 from models.onnx_io import load_onnx
 from planner import heuristics as H
 from planner.baselines import single_pu
-from planner.costmodel import CostModel, Fit
+from planner.costmodel import Calibration, CostModel, Fit
 from planner.ilp import Assignment, _formulate, _set_warm_start, canonical, schedule, solve
 from planner.problem import Problem, Unit, build_problem, toy_problem
 from planner.search import best_plan, key
@@ -116,8 +116,8 @@ def test_balanced_warm_start_on_googlenet_is_feasible_for_the_solver(exported) -
 def test_calibration_is_applied_once(exported) -> None:
     graph, blocks = _load(exported, "squeezenet1_1")
     profile = load_profile("khadas-vim3")
-    cost = CostModel(profile, graph)
-    cost.fits[("a73", 4)] = Fit({}, 0.0, 1.0, alpha=1.5, beta_ms=2.0, partitions_fitted=3)
+    fit = Fit({}, 0.0, 1.0, alpha=1.5, beta_ms=2.0, partitions_fitted=3)
+    cost = CostModel(profile, graph, Calibration(graph.model_sha256, profile.name).with_fit(("a73", 4), fit))
     members = [n.name for n in graph.nodes]
     units = sum(cost.roofline_ms(m, "a73", 4) for m in members)
     assert cost.group_ms(members, "a73", 4).ms == pytest.approx(1.5 * units + 2.0)
