@@ -135,7 +135,7 @@ def feed_back(
         per_unit[seg.unit_key] = per_unit.get(seg.unit_key, 0) + 1
     for p in result.partitions:
         seg = segments.get(p.name)
-        if seg is None or "+" in seg.pu:
+        if seg is None or seg.pu.spans:
             continue
         # Back to back, a partition's time includes what running beside the others costs it
         # (memory, caches, the executor's own threads): what the pipeline's throughput depends

@@ -22,6 +22,7 @@ import numpy as np
 
 from device_profiles.schema import DeviceProfile, Link, NetworkLink, Quantity
 from models.graph import OpGraph
+from planner.unitname import UnitName
 from profiler.calibration import Calibration, Config, Fit, calibrate
 from profiler.costtable import CostTable
 from profiler.roofline import Roofline
@@ -119,8 +120,9 @@ class CostModel:
     def group_ms(self, members: Iterable[str], pu: str, cores: int) -> Prediction:
         """Latency of running these ONNX nodes as one fused partition on (pu, cores)."""
         key = frozenset(members)
-        if "+" in pu:
-            return self._spanning_ms(key, pu, cores)
+        unit = UnitName(pu)
+        if unit.spans:
+            return self._spanning_ms(key, unit, cores)
         cfg = (pu, cores)
         entry = self.calibration.fused.get((cfg, key))
         if entry is not None:
@@ -139,7 +141,7 @@ class CostModel:
         key = frozenset(members)
         cfg = (pu, cores)
         fit = self.fits.get(cfg)
-        if fit is None or "+" in pu:
+        if fit is None or UnitName(pu).spans:
             return self.group_ms(key, pu, cores).ms
         units = self._units_ms(key, cfg)
         return fit.alpha * units if fit.partitions_fitted else units
@@ -151,7 +153,7 @@ class CostModel:
 
     def host_cpu_quantity(self, pu: str) -> Quantity | None:
         """The profile's host CPU time per tensor in or out of a GPU/NPU (or the default estimate); None: a CPU."""
-        if "+" in pu or self.profile.pu(pu).kind == "cpu":
+        if UnitName(pu).spans or self.profile.pu(pu).kind == "cpu":
             return None
         return self.profile.pu(pu).host_cpu_us_per_tensor or DEFAULT_HOST_CPU_US_PER_TENSOR
 
@@ -193,7 +195,7 @@ class CostModel:
 
     def shared_memory_of(self, pu: str) -> str | None:
         """The name of the memory ``pu`` shares with other PUs (for a session spanning clusters, its first's)."""
-        for part in pu.split("+"):
+        for part in UnitName(pu).parts:
             m = self.profile.shared_memory(part)
             if m is not None:
                 return m.name
@@ -207,7 +209,7 @@ class CostModel:
         memory = next(m for m in self.profile.memories if m.name == name)
         return self.moved_bytes(members) / (memory.bandwidth_gbps.value * 1e9) * 1e3
 
-    def _spanning_ms(self, members: frozenset[str], pu: str, cores: int) -> Prediction:
+    def _spanning_ms(self, members: frozenset[str], pu: UnitName, cores: int) -> Prediction:
         """One session whose threads span several clusters (``a+b``): measured as such when the table has
         it; else onnxruntime splits each operator evenly over its threads, so the slowest cluster's
         cores set the pace. A cluster's core time is taken from its run on all its cores (measured
@@ -216,7 +218,7 @@ class CostModel:
         if entry is not None:
             return Prediction(entry.mean_ms, "measured")
         slowest = 0.0
-        for part in pu.split("+"):
+        for part in pu.parts:
             n = max(1, len(self.profile.pu(part).cores))
             slowest = max(slowest, self.group_ms(members, part, n).ms * n)  # core-ms of the work on this cluster
         return Prediction(slowest / max(1, cores), "estimate")
@@ -244,7 +246,7 @@ class CostModel:
         """Extra latency (not link occupancy) of a handoff between PUs of one host; 0 until calibrated."""
         if src_pu == dst_pu or not self.handoff_ms:
             return 0.0
-        hosts = {self.profile.pu(p).host for part in (src_pu, dst_pu) for p in part.split("+")}
+        hosts = {self.profile.pu(p).host for unit in (src_pu, dst_pu) for p in UnitName(unit).parts}
         return self.handoff_ms if len(hosts) == 1 else 0.0
 
     def transfer_mj(self, nbytes: int, src_pu: str, dst_pu: str) -> float:
@@ -257,8 +259,9 @@ class CostModel:
         return feed
 
     def busy_power_w(self, pu: str, cores: int) -> float:
-        if "+" in pu:
-            return sum(self.busy_power_w(part, len(self.profile.pu(part).cores)) for part in pu.split("+"))
+        unit = UnitName(pu)
+        if unit.spans:
+            return sum(self.busy_power_w(part, len(self.profile.pu(part).cores)) for part in unit.parts)
         p = self.profile.pu(pu)
         n = max(1, len(p.cores))
         if p.kind != "cpu":

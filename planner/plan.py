@@ -21,6 +21,7 @@ from models.errors import ModelError, ParapipeError
 from models.files import atomic_write
 from models.graph import OpGraph
 from models.inputs import InputSpec
+from planner.unitname import UnitName
 
 PLAN_VERSION = 1
 # Frames whose outputs a unit holds at once: the one it is producing and the one waiting in the bounded
@@ -42,10 +43,13 @@ class Assignment:
     runs them as several partitions (segments), see ``planner.segments``.
     """
 
-    pu: str
+    pu: UnitName  # one PU, or the CPU clusters one session spans (a plain str given is parsed)
     cores: int
     blocks: tuple[str, ...]  # in the order the unit runs them (data-flow order where that contradicts it)
     core_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "pu", UnitName(self.pu))
 
 
 @dataclass(frozen=True)
@@ -289,7 +293,7 @@ def validate(plan: Plan, graph: OpGraph, profile: DeviceProfile) -> None:
             seen: set[str] = set()
             for i, a in enumerate(group):
                 where = f"stages[{s}].groups[{g}][{i}]"
-                if "+" in a.pu:  # one session spanning several CPU clusters
+                if a.pu.spans:  # one session spanning several CPU clusters
                     _check_spanning(a, where, profile, taken)
                     seen.update(a.blocks)
                     stage_of_block.update(dict.fromkeys(a.blocks, s))
@@ -375,8 +379,8 @@ def memory_use(plan: Plan, graph: OpGraph) -> dict[str, int]:
     acts = {b: activation_bytes(ms, graph) for b, ms in plan.blocks.items()}
     use: dict[str, int] = {}
     for _, _, a in plan.assignments():
-        for pu in a.pu.split("+")[:1]:  # a session spanning clusters allocates once, in the first's memory
-            use[pu] = use.get(pu, 0) + sum(weights[b] + ACTIVATION_FRAMES * acts[b] for b in a.blocks)
+        pu = a.pu.first  # a session spanning clusters allocates once, in the first's memory
+        use[pu] = use.get(pu, 0) + sum(weights[b] + ACTIVATION_FRAMES * acts[b] for b in a.blocks)
     return use
 
 
@@ -401,7 +405,7 @@ def core_ids(plan: Plan, profile: DeviceProfile) -> dict[tuple[int, int, int], t
 
 def _check_spanning(a: Assignment, where: str, profile: DeviceProfile, taken: dict[tuple[str, int], str]) -> None:
     names = {p.name: p for p in profile.pus}
-    parts = a.pu.split("+")
+    parts = a.pu.parts
     for part in parts:
         if part not in names or names[part].kind != "cpu":
             raise PlanError(f"{where}.pu: {part!r} in {a.pu!r} is not a CPU PU of {profile.name}")

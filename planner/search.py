@@ -21,6 +21,7 @@ from planner.ilp import OBJECTIVES, Assignment, fits, schedule, solve
 from planner.plan import Plan, PlanError, Provenance, memory_use
 from planner.problem import Problem, build_problem
 from planner.select import Constraints, meets
+from planner.unitname import UnitName
 
 Progress = Callable[[str], None]
 # The baselines whose plans lie inside the ILP's search space (the ILP may never lose to them).
@@ -92,7 +93,7 @@ def _ort_all_cores(blocks: OpGraph, profile: DeviceProfile) -> Plan | None:
     cpus = [p for p in profile.pus if p.kind == "cpu" and p.host == profile.pus[0].host]
     if not cpus:
         return None
-    pu = "+".join(p.name for p in cpus)
+    pu = UnitName.spanning(p.name for p in cpus)
     cores = sum(len(p.cores) for p in cpus)
     ids = tuple(c for p in cpus for c in p.cores)
     stage = Stage(((PlanAssignment(pu, cores, tuple(b.name for b in blocks.nodes), ids),),))

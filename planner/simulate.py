@@ -113,8 +113,8 @@ class PlanModel:
         return self._busy_extra_w(seg) * self.cost.power_active_scale
 
     def _busy_extra_w(self, seg: Segment) -> float:
-        if "+" in seg.pu:  # one session spanning clusters: all their cores busy
-            parts = [self.cost.profile.pu(p) for p in seg.pu.split("+")]
+        if seg.pu.spans:  # one session spanning clusters: all their cores busy
+            parts = [self.cost.profile.pu(p) for p in seg.pu.parts]
             return sum(p.active_power_w.value - p.idle_power_w.value for p in parts)
         pu = self.cost.profile.pu(seg.pu)
         n = max(1, len(pu.cores)) if pu.kind == "cpu" else 1
