@@ -14,13 +14,16 @@ import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from device_profiles.schema import DeviceProfile
 from models.errors import ModelError, ParapipeError
 from models.files import atomic_write
 from models.graph import OpGraph
 from models.inputs import InputSpec
+from models.schema import first_problem
 from planner.unitname import UnitName
 
 PLAN_VERSION = 1
@@ -128,122 +131,118 @@ class Plan:
         return atomic_write(path, json.dumps(self.to_json(), indent=2) + "\n")
 
 
-def _need(data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
-    if key not in data:
-        raise PlanError(f"{where}{key}: missing field")
-    value = data[key]
-    if not isinstance(value, kind) or (isinstance(value, bool) and kind in (int, float, (int, float))):
-        raise PlanError(f"{where}{key}: expected {getattr(kind, '__name__', kind)}, got {value!r}")
-    return value
+class _File(BaseModel):
+    """A part of a plan file. Fields this parapipe does not know are ignored (a newer one may have written them)."""
+
+    model_config = ConfigDict(strict=True, frozen=True)
 
 
-def _predicted(raw: Any, where: str) -> Predicted | None:
-    if raw is None:
-        return None
-    if not isinstance(raw, Mapping):
-        raise PlanError(f"{where}: expected an object")
-    return Predicted(
-        float(_need(raw, "latency_ms", (int, float), f"{where}.")),
-        float(_need(raw, "throughput_fps", (int, float), f"{where}.")),
-        float(_need(raw, "energy_mj", (int, float), f"{where}.")),
-        str(raw.get("energy_source", "modelled")),
-        str(raw.get("method", "analytic")),
-    )
+class _AssignmentFile(_File):
+    pu: UnitName
+    cores: int = Field(ge=1)
+    blocks: list[str]
+    core_ids: list[int] = []
+
+    @field_validator("pu", mode="plain")
+    @classmethod
+    def _unit(cls, value: object) -> UnitName:
+        if not isinstance(value, str):
+            raise ValueError(f"expected a PU name, got {value!r}")
+        return UnitName(value)
+
+
+class _StageFile(_File):
+    groups: list[Annotated[list[_AssignmentFile], Field(min_length=1)]] = Field(min_length=1)
+
+
+class _ProvenanceFile(_File):
+    method: str = "hand"
+    solver: str = ""
+    status: str = ""
+    objective: str = ""
+    gap: float | None = None
+    bound: float | None = None
+    seconds: float = 0.0
+    solver_value: float | None = None
+
+
+class _PredictedFile(_File):
+    latency_ms: float
+    throughput_fps: float
+    energy_mj: float
+    energy_source: str = "modelled"
+    method: str = "analytic"
+
+
+class _PlanFile(_File):
+    version: int
+    model_sha256: str
+    model_name: str = ""
+    device: str
+    device_sha256: str = ""
+    granularity: str = "custom"
+    blocks: dict[str, Annotated[list[str], Field(min_length=1)]]
+    stages: list[_StageFile] = Field(min_length=1)
+    provenance: _ProvenanceFile = _ProvenanceFile()
+    predicted: _PredictedFile | None = None
+    simulated: _PredictedFile | None = None
+    name: str = ""
+    pipelined: bool = True
+    model_path: str = ""
+    notes: list[str] = []
+    inputs: list[dict[str, Any]] = []
 
 
 def plan_from_json(data: Any, origin: str = "plan") -> Plan:
     """Parse and shape-check a plan (hand-written or solved); errors name the field."""
     if not isinstance(data, Mapping):
         raise PlanError(f"{origin}: a plan is a JSON object")
-    version = _need(data, "version", int, "")
-    if version != PLAN_VERSION:
-        raise PlanError(f"version: {version} is not supported; this parapipe reads plan version {PLAN_VERSION}")
-    blocks_raw = _need(data, "blocks", dict, "")
-    blocks: dict[str, tuple[str, ...]] = {}
-    for name, members in blocks_raw.items():
-        if not isinstance(members, list) or not members or not all(isinstance(m, str) for m in members):
-            raise PlanError(f"blocks.{name}: expected a non-empty list of ONNX node names")
-        blocks[name] = tuple(members)
-    stages_raw = _need(data, "stages", list, "")
-    if not stages_raw:
-        raise PlanError("stages: a plan needs at least one stage")
-    stages = []
-    for s, stage in enumerate(stages_raw):
-        groups_raw = _need(stage, "groups", list, f"stages[{s}].") if isinstance(stage, Mapping) else None
-        if not groups_raw:
-            raise PlanError(f"stages[{s}].groups: expected a non-empty list of replica groups")
-        groups = []
-        for g, group in enumerate(groups_raw):
-            if not isinstance(group, list) or not group:
-                raise PlanError(f"stages[{s}].groups[{g}]: expected a non-empty list of assignments")
-            assignments = []
-            for i, a in enumerate(group):
-                where = f"stages[{s}].groups[{g}][{i}]."
-                if not isinstance(a, Mapping):
-                    raise PlanError(f"{where[:-1]}: expected an object with pu, cores, blocks")
-                cores = _need(a, "cores", int, where)
-                if cores < 1:
-                    raise PlanError(f"{where}cores: must be at least 1, got {cores}")
-                blist = _need(a, "blocks", list, where)
-                for b in blist:
-                    if b not in blocks:
-                        raise PlanError(f"{where}blocks: unknown block {b!r} (not in the plan's blocks)")
-                ids = a.get("core_ids", [])
-                if not isinstance(ids, list) or not all(isinstance(c, int) and not isinstance(c, bool) for c in ids):
-                    raise PlanError(f"{where}core_ids: expected a list of core ids")
-                assignments.append(Assignment(_need(a, "pu", str, where), cores, tuple(blist), tuple(ids)))
-            groups.append(tuple(assignments))
-        stages.append(Stage(tuple(groups)))
-    prov_raw = data.get("provenance", {"method": "hand"})
-    if not isinstance(prov_raw, Mapping):
-        raise PlanError("provenance: expected an object")
-    provenance = Provenance(
-        method=str(prov_raw.get("method", "hand")),
-        solver=str(prov_raw.get("solver", "")),
-        status=str(prov_raw.get("status", "")),
-        objective=str(prov_raw.get("objective", "")),
-        gap=_number(prov_raw.get("gap"), "provenance.gap"),
-        bound=_number(prov_raw.get("bound"), "provenance.bound"),
-        seconds=_number(prov_raw.get("seconds", 0.0), "provenance.seconds") or 0.0,
-        solver_value=_number(prov_raw.get("solver_value"), "provenance.solver_value"),
-    )
+    version = data.get("version")
+    if version is not None and version != PLAN_VERSION:
+        raise PlanError(f"version: {version!r} is not supported; this parapipe reads plan version {PLAN_VERSION}")
+    try:
+        checked = _PlanFile.model_validate(data)
+    except ValidationError as exc:
+        raise PlanError(f"{first_problem(exc)}; fix that field, or plan again with `parapipe plan`") from None
+    stages = tuple(_stage(stage, s, checked.blocks) for s, stage in enumerate(checked.stages))
     return Plan(
-        model_sha256=_need(data, "model_sha256", str, ""),
-        model_name=str(data.get("model_name", "")),
-        device=_need(data, "device", str, ""),
-        device_sha256=str(data.get("device_sha256", "")),
-        granularity=str(data.get("granularity", "custom")),
-        blocks=blocks,
-        stages=tuple(stages),
-        provenance=provenance,
-        predicted=_predicted(data.get("predicted"), "predicted"),
-        simulated=_predicted(data.get("simulated"), "simulated"),
-        name=str(data.get("name", "")),
-        pipelined=bool(data.get("pipelined", True)),
-        model_path=str(data.get("model_path", "")),
-        version=version,
-        notes=_notes(data.get("notes", [])),
-        inputs=_inputs(data.get("inputs", [])),
+        model_sha256=checked.model_sha256,
+        model_name=checked.model_name,
+        device=checked.device,
+        device_sha256=checked.device_sha256,
+        granularity=checked.granularity,
+        blocks={name: tuple(members) for name, members in checked.blocks.items()},
+        stages=stages,
+        provenance=Provenance(**checked.provenance.model_dump()),
+        predicted=Predicted(**checked.predicted.model_dump()) if checked.predicted else None,
+        simulated=Predicted(**checked.simulated.model_dump()) if checked.simulated else None,
+        name=checked.name,
+        pipelined=checked.pipelined,
+        model_path=checked.model_path,
+        version=checked.version,
+        notes=tuple(checked.notes),
+        inputs=_inputs(checked.inputs),
     )
 
 
-def _number(raw: Any, where: str) -> float | None:
-    if raw is None:
-        return None
-    if isinstance(raw, bool) or not isinstance(raw, int | float):
-        raise PlanError(f"{where}: expected a number, got {raw!r}")
-    return float(raw)
+def _stage(stage: _StageFile, s: int, blocks: Mapping[str, list[str]]) -> Stage:
+    """A checked stage, its assignments' blocks looked up in the plan's blocks."""
+    for g, group in enumerate(stage.groups):
+        for i, a in enumerate(group):
+            unknown = [b for b in a.blocks if b not in blocks]
+            if unknown:
+                raise PlanError(
+                    f"stages[{s}].groups[{g}][{i}].blocks: unknown block {unknown[0]!r} (not in the plan's blocks)"
+                )
+    return Stage(
+        tuple(
+            tuple(Assignment(a.pu, a.cores, tuple(a.blocks), tuple(a.core_ids)) for a in group)
+            for group in stage.groups
+        )
+    )
 
 
-def _notes(raw: Any) -> tuple[str, ...]:
-    if not isinstance(raw, list) or not all(isinstance(n, str) for n in raw):
-        raise PlanError(f"notes: expected a list of strings, got {raw!r}")
-    return tuple(raw)
-
-
-def _inputs(raw: Any) -> tuple[InputSpec, ...]:
-    if not isinstance(raw, list) or not all(isinstance(r, Mapping) for r in raw):
-        raise PlanError("inputs: expected a list of {name, dtype, shape} objects")
+def _inputs(raw: list[dict[str, Any]]) -> tuple[InputSpec, ...]:
     try:
         return tuple(InputSpec.from_json(r, f"inputs[{i}]: ") for i, r in enumerate(raw))
     except ModelError as exc:
