@@ -18,7 +18,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from device_profiles.schema import DeviceProfile
+from device_profiles.schema import DeviceProfile, ProcessingUnit
 from models.errors import ModelError, ParapipeError
 from models.files import atomic_write
 from models.graph import OpGraph
@@ -271,6 +271,17 @@ def validate(plan: Plan, graph: OpGraph, profile: DeviceProfile) -> None:
         )
     if plan.device != profile.name:
         raise PlanError(f"device: the plan is for {plan.device!r}, not {profile.name!r}")
+    _check_blocks(plan, graph)
+    stage_of_block = _check_placement(plan, graph, profile)
+    unplaced = set(plan.blocks) - set(stage_of_block)
+    if unplaced:
+        raise PlanError(f"stages: block(s) {sorted(unplaced)[:3]} are placed on no PU")
+    _check_memory(plan, graph, profile)
+    _check_stage_order(plan, graph, stage_of_block)
+
+
+def _check_blocks(plan: Plan, graph: OpGraph) -> None:
+    """Every node of the model is in exactly one block."""
     known = {n.name for n in graph.nodes}
     owner: dict[str, str] = {}
     for name, members in plan.blocks.items():
@@ -283,50 +294,25 @@ def validate(plan: Plan, graph: OpGraph, profile: DeviceProfile) -> None:
     missing = known - set(owner)
     if missing:
         raise PlanError(f"blocks: {len(missing)} node(s) are in no block, e.g. {sorted(missing)[:3]}")
+
+
+def _check_placement(plan: Plan, graph: OpGraph, profile: DeviceProfile) -> dict[str, int]:
+    """Every assignment's PU and cores exist and are its own; every replica group holds the same blocks, each
+    once and in one stage only. Returns the stage of each placed block."""
     stage_of_block: dict[str, int] = {}
     cores = core_ids(plan, profile)
-    pu_names = {p.name for p in profile.pus}
-    taken: dict[tuple[str, int], str] = {}
+    taken: dict[tuple[str, int], str] = {}  # (PU, core; -1: the whole accelerator) -> the assignment using it
     for s, stage in enumerate(plan.stages):
+        first: set[str] = set()
         for g, group in enumerate(stage.groups):
             seen: set[str] = set()
             for i, a in enumerate(group):
                 where = f"stages[{s}].groups[{g}][{i}]"
                 if a.pu.spans:  # one session spanning several CPU clusters
                     _check_spanning(a, where, profile, taken)
-                    seen.update(a.blocks)
-                    stage_of_block.update(dict.fromkeys(a.blocks, s))
-                    continue
-                if a.pu not in pu_names:
-                    raise PlanError(
-                        f"{where}.pu: unknown PU {a.pu!r}; {profile.name} has {', '.join(sorted(pu_names))}"
-                    )
-                pu = profile.pu(a.pu)
-                ids = cores[(s, g, i)]
-                if pu.kind == "cpu":
-                    if len(ids) != a.cores:
-                        raise PlanError(
-                            f"{where}.cores: {a.pu!r} has {len(pu.cores)} core(s) and the plan leaves {len(ids)} free "
-                            f"for this assignment, which asks for {a.cores}"
-                        )
-                    for c in ids:
-                        if c not in pu.cores:
-                            raise PlanError(
-                                f"{where}.core_ids: core {c} is not in PU {a.pu!r} (cores {list(pu.cores)})"
-                            )
-                        if (a.pu, c) in taken:
-                            raise PlanError(
-                                f"{where}.core_ids: core {c} of {a.pu!r} is also used by {taken[(a.pu, c)]}"
-                            )
-                        taken[(a.pu, c)] = where
                 else:
-                    if a.cores != 1:
-                        raise PlanError(f"{where}.cores: {a.pu!r} is a {pu.kind}; it takes cores = 1")
-                    if (a.pu, -1) in taken:
-                        raise PlanError(
-                            f"{where}.pu: {a.pu!r} is also used by {taken[(a.pu, -1)]}; a {pu.kind} runs one assignment"
-                        )
-                    taken[(a.pu, -1)] = where
+                    _check_pu(a, where, profile, cores[(s, g, i)], taken)
+                    _check_supported(a, where, plan, graph, profile.pu(a.pu))
                 for b in a.blocks:
                     if b in seen:
                         raise PlanError(f"{where}.blocks: block {b!r} appears twice in one replica group")
@@ -334,24 +320,65 @@ def validate(plan: Plan, graph: OpGraph, profile: DeviceProfile) -> None:
                         raise PlanError(f"{where}.blocks: block {b!r} is also in stage {stage_of_block[b]}")
                     seen.add(b)
                     stage_of_block[b] = s
-                    for m in plan.blocks[b]:
-                        op = graph.index[m]
-                        for t in op.op_types:
-                            if not pu.supports(t):
-                                raise PlanError(f"{where}: PU {a.pu!r} does not support {t} (node {m!r}, block {b!r})")
             if g == 0:
                 first = seen
             elif seen != first:
                 raise PlanError(f"stages[{s}].groups[{g}]: a replica must hold the same blocks as group 0")
-    unplaced = set(plan.blocks) - set(stage_of_block)
-    if unplaced:
-        raise PlanError(f"stages: block(s) {sorted(unplaced)[:3]} are placed on no PU")
+    return stage_of_block
+
+
+def _check_pu(
+    a: Assignment, where: str, profile: DeviceProfile, ids: tuple[int, ...], taken: dict[tuple[str, int], str]
+) -> None:
+    """The assignment's PU is the profile's; a CPU's cores are that PU's and nobody else's, an accelerator runs
+    one assignment with cores = 1."""
+    pu_names = {p.name for p in profile.pus}
+    if a.pu not in pu_names:
+        raise PlanError(f"{where}.pu: unknown PU {a.pu!r}; {profile.name} has {', '.join(sorted(pu_names))}")
+    pu = profile.pu(a.pu)
+    if pu.kind != "cpu":
+        if a.cores != 1:
+            raise PlanError(f"{where}.cores: {a.pu!r} is a {pu.kind}; it takes cores = 1")
+        if (a.pu, -1) in taken:
+            raise PlanError(
+                f"{where}.pu: {a.pu!r} is also used by {taken[(a.pu, -1)]}; a {pu.kind} runs one assignment"
+            )
+        taken[(a.pu, -1)] = where
+        return
+    if len(ids) != a.cores:
+        raise PlanError(
+            f"{where}.cores: {a.pu!r} has {len(pu.cores)} core(s) and the plan leaves {len(ids)} free "
+            f"for this assignment, which asks for {a.cores}"
+        )
+    for c in ids:
+        if c not in pu.cores:
+            raise PlanError(f"{where}.core_ids: core {c} is not in PU {a.pu!r} (cores {list(pu.cores)})")
+        if (a.pu, c) in taken:
+            raise PlanError(f"{where}.core_ids: core {c} of {a.pu!r} is also used by {taken[(a.pu, c)]}")
+        taken[(a.pu, c)] = where
+
+
+def _check_supported(a: Assignment, where: str, plan: Plan, graph: OpGraph, pu: ProcessingUnit) -> None:
+    """The PU supports every operator type of the assignment's blocks."""
+    for b in a.blocks:
+        for m in plan.blocks[b]:
+            for t in graph.index[m].op_types:
+                if not pu.supports(t):
+                    raise PlanError(f"{where}: PU {a.pu!r} does not support {t} (node {m!r}, block {b!r})")
+
+
+def _check_memory(plan: Plan, graph: OpGraph, profile: DeviceProfile) -> None:
+    pu_names = {p.name for p in profile.pus}
     for pu, used in sorted(memory_use(plan, graph).items()):
         if pu in pu_names and used > profile.pu(pu).memory_bytes.value:
             raise PlanError(
                 f"stages: PU {pu!r} would hold {used / 2**20:.1f} MiB of weights and activations "
                 f"({ACTIVATION_FRAMES} frames of its blocks' outputs) but has {profile.pu(pu).memory_bytes.value / 2**20:.1f} MiB"
             )
+
+
+def _check_stage_order(plan: Plan, graph: OpGraph, stage_of_block: Mapping[str, int]) -> None:
+    """No tensor flows from a later stage back to an earlier one."""
     block_of = {m: b for b, ms in plan.blocks.items() for m in ms}
     for e in graph.edges:
         a, b = stage_of_block[block_of[e.src]], stage_of_block[block_of[e.dst]]
