@@ -68,6 +68,10 @@ def test_profile_cli_measures_then_reuses(exported, tmp_path: Path, monkeypatch)
     assert result["holdout"]["count"] > 0
     again = runner.invoke(app, ["profile", str(model), "--board", "local", "--repeats", "3", "--warmup", "1", "--json"])
     assert json.loads(again.stdout)["measured"] == 0, "a repeated run must reuse the cost table"
+    shown = runner.invoke(app, ["profile", str(model), "--board", "local", "--repeats", "3", "--warmup", "1"])
+    assert shown.exit_code == 0, shown.output
+    assert "held-out error" in shown.stdout and "cpux" in shown.stdout
+    assert f"0 measured, {result['measured']} reused from" in " ".join(shown.stdout.split())
 
 
 def test_interrupted_profile_keeps_what_was_measured(exported, tmp_path: Path) -> None:
