@@ -28,7 +28,7 @@ from planner.catalog import write_folder
 from planner.costmodel import CostModel
 from planner.plan import Plan
 from planner.problem import build_problem
-from planner.search import baselines, pareto_set
+from planner.search import SearchOptions, baselines, pareto_set
 from profiler.costtable import CostTable
 from profiler.session import held_out, pu_configs, run_profile
 
@@ -127,7 +127,10 @@ def _plan_front(demo: Demo, board: str) -> list[Plan]:
     cost = CostModel.from_table(load_profile(board), demo.graph, demo.table)
     base = baselines(demo.blocks, demo.graph, cost, 4, build_problem(demo.blocks, demo.graph, cost, 4))
     where = {"model_path": str(demo.onnx_path.resolve()), "inputs": demo.loaded.inputs}
-    front = [dataclasses.replace(p, **where) for p in pareto_set(demo.blocks, demo.graph, cost, time_limit=2.0)]
+    front = [
+        dataclasses.replace(p, **where)
+        for p in pareto_set(demo.blocks, demo.graph, cost, SearchOptions(time_limit=2.0))
+    ]
     folder = demo.workdir / "plans" / board
     write_folder(folder, front, base)
     out = Table(

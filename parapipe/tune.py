@@ -40,7 +40,7 @@ from parapipe.records import Figures, PartitionMeasurement
 from parapipe.run import RunResult, run_plan
 from planner.costmodel import CostModel
 from planner.plan import Plan
-from planner.search import best_plan, pareto_set
+from planner.search import SearchOptions, best_plan, pareto_set
 from planner.segments import lower
 from profiler.costtable import Conditions, CostEntry, CostTable, entry_key
 
@@ -473,9 +473,9 @@ def tune(
         cost = CostModel.from_table(profile, graph, table)
         say(f"round {r + 1}: planning")
         if objective == "pareto":
-            plans = pareto_set(blocks, graph, cost, time_limit=time_limit)
+            plans = pareto_set(blocks, graph, cost, SearchOptions(time_limit=time_limit))
         else:
-            plans = [best_plan(blocks, graph, cost, objective, time_limit)]
+            plans = [best_plan(blocks, graph, cost, objective, SearchOptions(time_limit=time_limit))]
         last = []
         for i, plan in enumerate(plans):
             plan = dataclasses.replace(plan, model_path=str(model.resolve()), inputs=loaded.inputs)
