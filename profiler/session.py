@@ -34,7 +34,11 @@ Progress = Callable[[str, int, int], None]  # (what, done, total)
 
 
 class Timer(Protocol):
-    """Where measurements are taken: here (``LocalTimer``) or on a board through its agent."""
+    """Where measurements are taken: here (``LocalTimer``) or on a board through its agent, with the
+    onnxruntime version there (a condition of every entry it measures)."""
+
+    @property
+    def ort_version(self) -> str: ...
 
     def op_profile(
         self, model: bytes, feeds: dict[str, np.ndarray], cfg: PuConfig, warmup: int, repeats: int
@@ -46,6 +50,12 @@ class Timer(Protocol):
 
 
 class LocalTimer:
+    @property
+    def ort_version(self) -> str:
+        import onnxruntime as ort
+
+        return str(ort.__version__)
+
     def op_profile(self, model, feeds, cfg, warmup, repeats):  # type: ignore[no-untyped-def]
         return profile_ops(model, feeds, cfg, warmup, repeats)
 
@@ -55,6 +65,16 @@ class LocalTimer:
 
 class ProfilingError(ParapipeError):
     """A profiling run cannot start as asked."""
+
+
+@dataclass(frozen=True)
+class ProfileOptions:
+    """What a profiling run measures and how often: the CLI's --granularity, --repeats and --warmup."""
+
+    granularity: str = "coarse"  # the blocks timed: coarse, fine or both
+    repeats: int = 10  # timed runs per measurement
+    warmup: int = 3  # untimed runs first
+    progress: Progress | None = None
 
 
 @dataclass(frozen=True)
@@ -117,16 +137,14 @@ def run_profile(
     table: CostTable,
     table_path: Path | None,
     configs: list[PuConfig],
-    granularity: str = "coarse",
-    repeats: int = 10,
-    warmup: int = 3,
-    progress: Progress | None = None,
-    ort_version: str | None = None,
+    options: ProfileOptions = ProfileOptions(),
     timer: Timer | None = None,
 ) -> ProfileSummary:
-    import onnxruntime as ort
-
-    ort_version = ort_version or ort.__version__
+    """Measure ``model``'s operators, blocks and calibration partitions on each of ``configs`` with ``timer``
+    (here, by default) into ``table``, skipping what it holds; saved to ``table_path`` even if interrupted."""
+    timer = timer or LocalTimer()
+    ort_version = timer.ort_version
+    granularity, repeats, warmup, progress = options.granularity, options.repeats, options.warmup, options.progress
     start = time.perf_counter()
     feeds = model.feeds()
     granularities = ["fine", "coarse"] if granularity == "both" else [granularity]
@@ -175,7 +193,7 @@ def run_profile(
             if all(k in table for k in op_keys.values()):
                 reused += len(op_keys)
             else:
-                timings = (timer or LocalTimer()).op_profile(full_bytes, feeds, cfg, warmup, repeats)
+                timings = timer.op_profile(full_bytes, feeds, cfg, warmup, repeats)
                 for n in graph.nodes:
                     if n.name in timings:
                         table.add(entry("op", n.name, (n.name,), c_ops, timings[n.name]))
@@ -190,7 +208,7 @@ def run_profile(
                     reused += 1
                 else:
                     sub, sub_feeds = submodel(members)
-                    t = (timer or LocalTimer()).time(sub, sub_feeds, cfg, warmup, repeats, pu)
+                    t = timer.time(sub, sub_feeds, cfg, warmup, repeats, pu)
                     table.add(entry(kind, name, members, c_all, t))
                     measured += 1
                 tick(f"{cfg.label}: {kind} {name}")

@@ -40,6 +40,7 @@ def profile(
     from parapipe.intake import generated_note, open_model
     from parapipe.profiling import profile_on_board
     from profiler.costtable import CostTable
+    from profiler.session import ProfileOptions
 
     loaded = open_model(model, input_shape, input_data)
     graph = build_graph(loaded.proto, loaded.sha256, model.stem)
@@ -49,7 +50,8 @@ def profile(
     table = CostTable.load(path)
     before = len(table)
     with _progress_bar(f"profiling {model.name} on {board}", board, quiet=as_json) as progress:
-        done = profile_on_board(loaded, graph, board, table, path, pu, granularity, repeats, warmup, progress)
+        options = ProfileOptions(granularity, repeats, warmup, progress)
+        done = profile_on_board(loaded, graph, board, table, path, pu, options)
     summary = done.summary
     result = _summarise(table, loaded.sha256, done.profile.name, done.configs, graph)
     result.update(

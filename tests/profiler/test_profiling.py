@@ -18,7 +18,7 @@ from parapipe.cli import app
 from profiler.costtable import CostTable
 from profiler.measure import PuConfig, profile_ops
 from profiler.pinning import run_pinned
-from profiler.session import pu_configs, run_profile
+from profiler.session import ProfileOptions, pu_configs, run_profile
 
 
 def test_op_profile_maps_back_to_onnx_node_names(exported) -> None:
@@ -85,13 +85,14 @@ def test_interrupted_profile_keeps_what_was_measured(exported, tmp_path: Path) -
         if done == 5:
             raise KeyboardInterrupt
 
-    summary = run_profile(
-        loaded, graph, profile, CostTable(), path, configs, repeats=3, warmup=1, progress=stop_after_five
-    )
+    options = ProfileOptions(repeats=3, warmup=1, progress=stop_after_five)
+    summary = run_profile(loaded, graph, profile, CostTable(), path, configs, options)
     assert summary.interrupted
     kept = len(CostTable.load(path))
     assert kept == summary.measured > 0
-    resumed = run_profile(loaded, graph, profile, CostTable.load(path), path, configs, repeats=3, warmup=1)
+    resumed = run_profile(
+        loaded, graph, profile, CostTable.load(path), path, configs, ProfileOptions(repeats=3, warmup=1)
+    )
     assert not resumed.interrupted
     assert resumed.reused == kept, "the resumed run starts where the interrupted one stopped"
     assert resumed.measured > 0
