@@ -93,22 +93,6 @@ class CostModel:
     def fits(self) -> Mapping[Config, Fit]:
         return self.calibration.fits
 
-    @property
-    def holdout(self) -> frozenset[str]:
-        return self.calibration.holdout
-
-    @property
-    def handoff_ms(self) -> float:
-        return self.calibration.handoff_ms
-
-    @property
-    def power_active_scale(self) -> float:
-        return self.calibration.power_active_scale
-
-    @property
-    def power_idle_scale(self) -> float:
-        return self.calibration.power_idle_scale
-
     def roofline_ms(self, node: str, pu: str, cores: int) -> float:
         return self._roofline.ms(node, pu, cores)
 
@@ -179,7 +163,7 @@ class CostModel:
         if cpu is None:
             return 0.0
         n = max(1, len(cpu.cores))
-        return ms * (cpu.active_power_w.value - cpu.idle_power_w.value) / n * self.power_active_scale
+        return ms * (cpu.active_power_w.value - cpu.idle_power_w.value) / n * self.calibration.power_active_scale
 
     def handoff_cpu_ms(self, nbytes: int, src_pu: str, dst_pu: str) -> tuple[float, float]:
         """CPU time a tensor from ``src_pu`` to ``dst_pu`` adds to the unit that sends it and to the unit that
@@ -244,10 +228,10 @@ class CostModel:
 
     def handoff_delay_ms(self, src_pu: str, dst_pu: str) -> float:
         """Extra latency (not link occupancy) of a handoff between PUs of one host; 0 until calibrated."""
-        if src_pu == dst_pu or not self.handoff_ms:
+        if src_pu == dst_pu or not self.calibration.handoff_ms:
             return 0.0
         hosts = {self.profile.pu(p).host for unit in (src_pu, dst_pu) for p in UnitName(unit).parts}
-        return self.handoff_ms if len(hosts) == 1 else 0.0
+        return self.calibration.handoff_ms if len(hosts) == 1 else 0.0
 
     def transfer_mj(self, nbytes: int, src_pu: str, dst_pu: str) -> float:
         link = self.profile.link(src_pu, dst_pu)
@@ -275,7 +259,9 @@ class CostModel:
         rows = []
         for cfg, entries in sorted(self.calibration.partitions.items()):
             for e in entries:
-                if (labels is None and e.name not in self.holdout) or (labels is not None and e.name not in labels):
+                if (labels is None and e.name not in self.calibration.holdout) or (
+                    labels is not None and e.name not in labels
+                ):
                     continue
                 predicted = self.calibration.partition_ms(self._roofline, e)
                 rows.append((f"{e.name}@{cfg[0]}x{cfg[1]}", e.mean_ms, predicted))

@@ -23,7 +23,7 @@ from models.errors import ModelError, ParapipeError
 from models.files import atomic_write
 from models.graph import OpGraph
 from models.inputs import InputSpec
-from models.schema import first_problem
+from models.schema import first_problem, load_record, record_schema
 from planner.unitname import UnitName
 
 PLAN_VERSION = 1
@@ -84,7 +84,7 @@ class Provenance:
     its objective value for its own incumbent, in the unit of the predicted figure (``latency_ms``,
     ``throughput_fps`` or ``energy_mj``), None when it found none."""
 
-    method: str
+    method: str = "hand"
     solver: str = ""
     status: str = ""
     objective: str = ""
@@ -155,23 +155,8 @@ class _StageFile(_File):
     groups: list[Annotated[list[_AssignmentFile], Field(min_length=1)]] = Field(min_length=1)
 
 
-class _ProvenanceFile(_File):
-    method: str = "hand"
-    solver: str = ""
-    status: str = ""
-    objective: str = ""
-    gap: float | None = None
-    bound: float | None = None
-    seconds: float = 0.0
-    solver_value: float | None = None
-
-
-class _PredictedFile(_File):
-    latency_ms: float
-    throughput_fps: float
-    energy_mj: float
-    energy_source: str = "modelled"
-    method: str = "analytic"
+_ProvenanceFile = record_schema(Provenance, extra="ignore")
+_PredictedFile = record_schema(Predicted, extra="ignore")
 
 
 class _PlanFile(_File):
@@ -183,9 +168,9 @@ class _PlanFile(_File):
     granularity: str = "custom"
     blocks: dict[str, Annotated[list[str], Field(min_length=1)]]
     stages: list[_StageFile] = Field(min_length=1)
-    provenance: _ProvenanceFile = _ProvenanceFile()
-    predicted: _PredictedFile | None = None
-    simulated: _PredictedFile | None = None
+    provenance: _ProvenanceFile = _ProvenanceFile()  # type: ignore[valid-type]
+    predicted: _PredictedFile | None = None  # type: ignore[valid-type]
+    simulated: _PredictedFile | None = None  # type: ignore[valid-type]
     name: str = ""
     pipelined: bool = True
     model_path: str = ""
@@ -213,9 +198,9 @@ def plan_from_json(data: Any, origin: str = "plan") -> Plan:
         granularity=checked.granularity,
         blocks={name: tuple(members) for name, members in checked.blocks.items()},
         stages=stages,
-        provenance=Provenance(**checked.provenance.model_dump()),
-        predicted=Predicted(**checked.predicted.model_dump()) if checked.predicted else None,
-        simulated=Predicted(**checked.simulated.model_dump()) if checked.simulated else None,
+        provenance=load_record(Provenance, checked.provenance),
+        predicted=load_record(Predicted, checked.predicted) if checked.predicted else None,
+        simulated=load_record(Predicted, checked.simulated) if checked.simulated else None,
         name=checked.name,
         pipelined=checked.pipelined,
         model_path=checked.model_path,

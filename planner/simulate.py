@@ -107,10 +107,10 @@ class PlanModel:
         return sum(self.cost.transfer_ms(n, src, dst) for n in parts)
 
     def idle_w(self) -> float:
-        return sum(p.idle_power_w.value for p in self.cost.profile.pus) * self.cost.power_idle_scale
+        return sum(p.idle_power_w.value for p in self.cost.profile.pus) * self.cost.calibration.power_idle_scale
 
     def busy_extra_w(self, seg: Segment) -> float:
-        return self._busy_extra_w(seg) * self.cost.power_active_scale
+        return self._busy_extra_w(seg) * self.cost.calibration.power_active_scale
 
     def _busy_extra_w(self, seg: Segment) -> float:
         if seg.pu.spans:  # one session spanning clusters: all their cores busy

@@ -181,7 +181,7 @@ def _unit_fit(measured: Calibration, roofline: Roofline, cfg: Config) -> Fit:
     fusion_ratios = []
     for (c, members), e in measured.fused.items():
         if c == cfg and e.kind == "block" and all((cfg, m) in measured.ops for m in members):
-            unfused = sum(measured.ops[(cfg, m)] for m in members)
+            unfused = math.fsum(measured.ops[(cfg, m)] for m in members)  # exact: members is a set
             if unfused > 0:
                 fusion_ratios.append(e.mean_ms / unfused)
     return Fit(
