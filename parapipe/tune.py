@@ -174,6 +174,7 @@ def feed_back(
                 energy_mj=None,
                 energy_source="none",
                 flops=sum(flops[m] for m in seg.members),
+                measured_at=time.time(),
             )
         )
         added += 1

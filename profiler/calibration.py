@@ -127,12 +127,15 @@ class Calibration:
 
 
 def _measured(model_sha256: str, board: str, entries: Iterable[CostEntry], holdout: frozenset[str]) -> Calibration:
-    """The table's entries for one model and board sorted into a calibration, nothing fitted yet (latest wins)."""
+    """The table's entries for one model and board sorted into a calibration, nothing fitted yet.
+
+    Where entries fill one place (a block and a partition of the same nodes, a handoff, a power scale), the
+    latest measurement wins, whatever order the table holds them in (in memory: as measured; loaded: by key)."""
     ops: dict[tuple[Config, str], float] = {}
     fused: dict[tuple[Config, frozenset[str]], CostEntry] = {}
     partitions: dict[Config, list[CostEntry]] = {}
     latest: dict[tuple[str, str], CostEntry] = {}  # (kind, name) -> the latest handoff / power entry
-    for e in entries:
+    for e in sorted(entries, key=lambda e: e.measured_at):  # stable: equal times keep the table's order
         cfg = e.config
         if e.kind == "op":
             ops[(cfg, e.members[0])] = e.mean_ms
@@ -143,9 +146,7 @@ def _measured(model_sha256: str, board: str, entries: Iterable[CostEntry], holdo
                 fused[(cfg, frozenset(e.members))] = e
             partitions.setdefault(cfg, []).append(e)
         elif e.kind == "handoff" or (e.kind == "power" and e.value is not None):
-            key = (e.kind, "handoff" if e.kind == "handoff" else e.name)
-            if key not in latest or e.measured_at >= latest[key].measured_at:
-                latest[key] = e
+            latest[(e.kind, "handoff" if e.kind == "handoff" else e.name)] = e
 
     def scale(name: str) -> float:
         e = latest.get(("power", name))

@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from device_profiles.loader import load_profile
 from models.coarsen import coarsen
@@ -187,3 +189,23 @@ print(repr(sorted((cfg, repr(fit)) for cfg, fit in cost.fits.items())), repr(cos
         assert ran.returncode == 0, ran.stderr
         outs.add(ran.stdout)
     assert len(outs) == 1, outs
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(order=st.randoms(use_true_random=False))
+def test_the_calibration_does_not_depend_on_the_tables_order(squeeze, order) -> None:
+    """A block and a partition of the same nodes fill one place: the later measurement wins, in memory (as
+    measured) and loaded (by key) alike."""
+    graph, blocks = squeeze
+    table, _ = _synthetic_table(graph, blocks, alpha=0.9, beta=0.3)
+    b = blocks.nodes[5]
+    again = _entry(graph, "partition", "run:again", b.members, 7.0)  # what a plan's run measured later
+    entries = [dataclasses.replace(e, measured_at=float(i)) for i, e in enumerate(table)]
+    entries.append(dataclasses.replace(again, measured_at=float(len(entries))))
+    order.shuffle(entries)
+    shuffled = CostTable({e.key: e for e in entries})
+    profile = load_profile("local")
+    cost = CostModel.from_table(profile, graph, shuffled)
+    assert cost.group_ms(b.members, "cpu", 1).ms == 7.0
+    in_time_order = CostTable({e.key: e for e in sorted(entries, key=lambda e: e.measured_at)})
+    assert cost.calibration == CostModel.from_table(profile, graph, in_time_order).calibration
