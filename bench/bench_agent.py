@@ -36,7 +36,7 @@ from models.graph import build_graph
 from models.onnx_io import load_onnx
 from parapipe.local_agent import LocalAgent
 from planner.costmodel import CostModel
-from planner.search import best_plan
+from planner.search import SearchOptions, best_plan
 from profiler.costtable import CostTable
 from profiler.pinning import pin_current_thread, release_current_thread, throttle_current_thread
 from profiler.session import pu_configs, run_profile
@@ -174,10 +174,10 @@ def main() -> None:
             profile = load_profile("local")
             table = CostTable.load(costs)
             run_profile(loaded, graph, profile, table, costs, pu_configs(profile))
-            cost = CostModel(profile, graph, table)
+            cost = CostModel.from_table(profile, graph, table)
             blocks = coarsen(graph, "coarse")
-            thr_plan = best_plan(blocks, graph, cost, "throughput", time_limit=5)
-            lat_plan = best_plan(blocks, graph, cost, "latency", time_limit=5)
+            thr_plan = best_plan(blocks, graph, cost, "throughput", SearchOptions(time_limit=5))
+            lat_plan = best_plan(blocks, graph, cost, "latency", SearchOptions(time_limit=5))
             o12, o21, ours_t, o_lat, ours_l = [], [], [], [], []
             for _ in range(args.repeats):
                 lat, thr = ort_one_session(path, feeds, args.frames, cores)
@@ -212,8 +212,8 @@ def main() -> None:
                 feeds = generate_inputs(compile_inputs(graph))
                 table = CostTable.load(costs)
                 run_profile(loaded, graph, bl, table, costs, pu_configs(bl))
-                cost = CostModel(bl, graph, table)
-                plan = best_plan(coarsen(graph, "coarse"), graph, cost, "throughput", time_limit=5)
+                cost = CostModel.from_table(bl, graph, table)
+                plan = best_plan(coarsen(graph, "coarse"), graph, cost, "throughput", SearchOptions(time_limit=5))
                 ort_t, ours, limit = [], [], []
                 little = bl.pu("little")
                 for _ in range(args.repeats):

@@ -26,7 +26,7 @@ from models.onnx_io import load_onnx
 from models.zoo import ZOO
 from planner.costmodel import CostModel
 from profiler.costtable import CostTable
-from profiler.session import held_out, pu_configs, run_profile
+from profiler.session import ProfileOptions, held_out, pu_configs, run_profile
 
 
 def main() -> None:
@@ -53,10 +53,10 @@ def main() -> None:
             graph = build_graph(loaded.proto, loaded.sha256, name)
             table = CostTable.load(costs)
             t0 = time.perf_counter()
-            run_profile(loaded, graph, profile, table, costs, pu_configs(profile), repeats=args.repeats)
+            run_profile(loaded, graph, profile, table, costs, pu_configs(profile), ProfileOptions(repeats=args.repeats))
             seconds = time.perf_counter() - t0
             holdout = held_out(table, loaded.sha256, board)
-            calibrated = CostModel(profile, graph, table, holdout=holdout).evaluate()
+            calibrated = CostModel.from_table(profile, graph, table, holdout=holdout).evaluate()
             roof = CostModel(profile, graph, None)
             roof_errs = [
                 abs(roof.group_ms(e.members, e.conditions.pu, e.conditions.cores).ms - e.mean_ms) / e.mean_ms * 100

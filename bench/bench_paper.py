@@ -33,7 +33,7 @@ from models.graph import build_graph
 from models.onnx_io import load_onnx
 from planner.costmodel import CostModel
 from planner.problem import build_problem
-from planner.search import baselines, best_plan
+from planner.search import SearchOptions, baselines, best_plan
 
 PAPER = {"fpj_vs_pipe": 11.0, "fpj_vs_para": 23.3, "fps_vs_para": 11.9, "lat_vs_pipe": -36.0}
 PAPER_ILP = {"googlenet": "< 1 min", "inception_v3": "4 min", "inception_v4": "361 min*", "inception_resnet_v2": "-"}
@@ -69,10 +69,12 @@ def main() -> None:
         problem = build_problem(blocks, graph, cost, 4)
         base = baselines(blocks, graph, cost, 4, problem)
         t0 = time.perf_counter()
-        hybrid_t = best_plan(blocks, graph, cost, "throughput", args.time_limit, problem=problem)
+        hybrid_t = best_plan(
+            blocks, graph, cost, "throughput", SearchOptions(time_limit=args.time_limit), problem=problem
+        )
         t_thr = time.perf_counter() - t0
         t0 = time.perf_counter()
-        hybrid_l = best_plan(blocks, graph, cost, "latency", args.time_limit, problem=problem)
+        hybrid_l = best_plan(blocks, graph, cost, "latency", SearchOptions(time_limit=args.time_limit), problem=problem)
         t_lat = time.perf_counter() - t0
         pipe, para = base["pipe-only"].predicted, base["para-only"].predicted
         ht, hl = hybrid_t.predicted, hybrid_l.predicted

@@ -156,7 +156,7 @@ def plot_pareto(time_limit: float) -> Path | None:
     from models.onnx_io import load_onnx
     from parapipe.commands.planning import _plot
     from planner.costmodel import CostModel
-    from planner.search import baselines, pareto_set
+    from planner.search import SearchOptions, baselines, pareto_set
 
     path = ROOT / "build" / "bench" / "zoo" / "googlenet.onnx"
     if not path.exists():
@@ -165,7 +165,7 @@ def plot_pareto(time_limit: float) -> Path | None:
     graph = build_graph(loaded.proto, loaded.sha256, "googlenet")
     blocks = coarsen(graph, "coarse")
     cost = CostModel(load_profile("khadas-vim3"), graph, None)
-    front = pareto_set(blocks, graph, cost, time_limit=time_limit)
+    front = pareto_set(blocks, graph, cost, SearchOptions(time_limit=time_limit))
     base = baselines(blocks, graph, cost, 4)
     out = IMG / "pareto-googlenet-khadas-vim3.png"
     _plot(front, list(base.values()), out)

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from device_profiles.schema import DeviceProfile
+from planner.unitname import UnitName
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,7 @@ class UnitTarget:
 
 def unit_target(pu: str, core_ids: tuple[int, ...], profile: DeviceProfile) -> UnitTarget:
     """The profile's facts for a unit on ``pu`` (``"a+b"`` for one spanning clusters) using ``core_ids``."""
-    parts = [profile.pu(name) for name in pu.split("+")]
+    parts = [profile.pu(name) for name in UnitName(pu).parts]
     throttled: list[int] = []
     percent = None
     for p in parts:

@@ -18,8 +18,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pydantic import ValidationError
+
 from models.errors import ParapipeError
 from models.files import atomic_write, locked
+from models.schema import first_problem, load_record, record_schema
 from parapipe.home import parapipe_home
 
 if TYPE_CHECKING:
@@ -64,29 +67,20 @@ def load_boards() -> dict[str, Board]:
         data = tomllib.loads(path.read_text())
     except (tomllib.TOMLDecodeError, OSError) as exc:
         raise BoardError(f"{path} is not valid TOML ({exc}); fix or remove it") from None
-    boards = {}
-    fields = Board.__dataclass_fields__
     table = data.get("boards", {})
     if not isinstance(table, dict):
         raise BoardError(f"{path}: `boards` must be a table of boards ([boards.NAME] sections), not {table!r}")
+    schema = record_schema(Board, exclude=frozenset({"name"}))
+    boards = {}
     for name, raw in table.items():
-        if not isinstance(raw, dict):
-            raise BoardError(f"{path}: boards.{name} must be a table of fields, not {raw!r}")
-        unknown = set(raw) - set(fields)
-        if unknown:
-            raise BoardError(f"{path}: boards.{name}: unknown field(s) {sorted(unknown)}")
-        for k, v in raw.items():
-            want = _FIELD_TYPES.get(str(fields[k].type))
-            if want is not None and (not isinstance(v, want) or isinstance(v, bool)):
-                raise BoardError(f"{path}: boards.{name}.{k} must be {fields[k].type}, not {v!r}")
         try:
-            boards[name] = Board(name=name, **{k: v for k, v in raw.items() if k != "name"})
-        except TypeError as exc:
-            raise BoardError(f"{path}: boards.{name}: {exc}") from None
+            boards[name] = load_record(Board, schema.model_validate(raw), name=name)
+        except ValidationError as exc:
+            raise BoardError(
+                f"{path}: {first_problem(exc, f'boards.{name}')}; fix it there or add the board again "
+                "with `parapipe boards add`"
+            ) from None
     return boards
-
-
-_FIELD_TYPES: dict[str, type | tuple[type, ...]] = {"str": str, "int": int, "float": (int, float)}
 
 
 @contextmanager

@@ -28,7 +28,7 @@ from planner.catalog import write_folder
 from planner.costmodel import CostModel
 from planner.plan import Plan
 from planner.problem import build_problem
-from planner.search import baselines, pareto_set
+from planner.search import SearchOptions, baselines, pareto_set
 from profiler.costtable import CostTable
 from profiler.session import held_out, pu_configs, run_profile
 
@@ -115,7 +115,7 @@ def _profile(demo: Demo) -> None:
         highlight=False,
     )
     holdout = held_out(demo.table, demo.loaded.sha256, "local")
-    evaluation = CostModel(profile, demo.graph, demo.table, holdout=holdout).evaluate()
+    evaluation = CostModel.from_table(profile, demo.graph, demo.table, holdout=holdout).evaluate()
     demo.console.print(
         f"cost model on {evaluation.count} partitions it was not fitted on: median error "
         f"{evaluation.median_abs_pct:.1f}%, RMSPE {evaluation.rmspe_pct:.1f}%",
@@ -124,10 +124,13 @@ def _profile(demo: Demo) -> None:
 
 
 def _plan_front(demo: Demo, board: str) -> list[Plan]:
-    cost = CostModel(load_profile(board), demo.graph, demo.table)
+    cost = CostModel.from_table(load_profile(board), demo.graph, demo.table)
     base = baselines(demo.blocks, demo.graph, cost, 4, build_problem(demo.blocks, demo.graph, cost, 4))
     where = {"model_path": str(demo.onnx_path.resolve()), "inputs": demo.loaded.inputs}
-    front = [dataclasses.replace(p, **where) for p in pareto_set(demo.blocks, demo.graph, cost, time_limit=2.0)]
+    front = [
+        dataclasses.replace(p, **where)
+        for p in pareto_set(demo.blocks, demo.graph, cost, SearchOptions(time_limit=2.0))
+    ]
     folder = demo.workdir / "plans" / board
     write_folder(folder, front, base)
     out = Table(
@@ -166,7 +169,7 @@ def _plan_front(demo: Demo, board: str) -> list[Plan]:
 
 def _run_chosen(demo: Demo, front: list[Plan]) -> None:
     demo.console.rule("6. run the chosen plans on a real local agent (gRPC on 127.0.0.1) beside plain onnxruntime")
-    cost = CostModel(load_profile("local"), demo.graph, demo.table)
+    cost = CostModel.from_table(load_profile("local"), demo.graph, demo.table)
     chosen = {
         "throughput": max(front, key=lambda p: p.predicted.throughput_fps),
         "latency": min(front, key=lambda p: p.predicted.latency_ms),

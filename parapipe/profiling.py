@@ -17,7 +17,7 @@ from models.onnx_io import LoadedModel
 from parapipe.reach import LOCAL_BOARDS, board_device, open_board
 from profiler.costtable import CostTable
 from profiler.measure import PuConfig
-from profiler.session import ProfileSummary, ProfilingError, Progress, pu_configs, run_profile
+from profiler.session import ProfileOptions, ProfileSummary, ProfilingError, pu_configs, run_profile
 
 
 @dataclass(frozen=True)
@@ -34,16 +34,14 @@ def profile_on_board(
     table: CostTable,
     path: Path | None,
     pus: list[str] | None = None,
-    granularity: str = "coarse",
-    repeats: int = 10,
-    warmup: int = 3,
-    progress: Progress | None = None,
+    options: ProfileOptions | None = None,
 ) -> BoardProfile:
     """Measure ``loaded`` on ``board`` into ``table`` (saved to ``path`` as it goes)."""
+    options = options or ProfileOptions()
     from parapipe.boards import BoardError
 
-    if granularity not in ("coarse", "fine", "both"):
-        raise ProfilingError(f"--granularity must be coarse, fine or both, not {granularity!r}")
+    if options.granularity not in ("coarse", "fine", "both"):
+        raise ProfilingError(f"--granularity must be coarse, fine or both, not {options.granularity!r}")
     try:
         device = board_device(board)
     except BoardError:
@@ -54,25 +52,12 @@ def profile_on_board(
     profile = load_profile(device)
     configs = pu_configs(profile, pus)
     if board in LOCAL_BOARDS:
-        summary = run_profile(loaded, graph, profile, table, path, configs, granularity, repeats, warmup, progress)
+        summary = run_profile(loaded, graph, profile, table, path, configs, options)
         return BoardProfile(summary, profile, configs)
     from parapipe.remote_profile import RemoteTimer
 
-    if progress:
-        progress("starting the agent", 0, 0)
+    if options.progress:
+        options.progress("starting the agent", 0, 0)
     with open_board(board) as session:
-        summary = run_profile(
-            loaded,
-            graph,
-            profile,
-            table,
-            path,
-            configs,
-            granularity,
-            repeats,
-            warmup,
-            progress,
-            ort_version=session.client.status().ort_version,
-            timer=RemoteTimer(session.client),
-        )
+        summary = run_profile(loaded, graph, profile, table, path, configs, options, RemoteTimer(session.client))
     return BoardProfile(summary, profile, configs)

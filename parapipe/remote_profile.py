@@ -21,6 +21,14 @@ class RemoteTimer:
 
     def __init__(self, client: AgentClient) -> None:
         self.client = client
+        self._ort_version: str | None = None
+
+    @property
+    def ort_version(self) -> str:
+        """The onnxruntime version of the board's agent (asked once)."""
+        if self._ort_version is None:
+            self._ort_version = self.client.status().ort_version
+        return self._ort_version
 
     def _request(
         self, model: bytes, feeds: dict[str, np.ndarray], cfg: PuConfig, warmup: int, repeats: int, per_op: bool

@@ -40,7 +40,7 @@ from parapipe.records import Figures, PartitionMeasurement
 from parapipe.run import RunResult, run_plan
 from planner.costmodel import CostModel
 from planner.plan import Plan
-from planner.search import best_plan, pareto_set
+from planner.search import SearchOptions, best_plan, pareto_set
 from planner.segments import lower
 from profiler.costtable import Conditions, CostEntry, CostTable, entry_key
 
@@ -70,7 +70,7 @@ class Noise:
 
 
 @dataclass(frozen=True)
-class Calibration:
+class Recalibration:
     """Whether this round's recalibration was kept: the new and previous tables on every plan measured so far."""
 
     kept: bool
@@ -99,7 +99,7 @@ class Round:
     target_pct: float = 0.0  # the target asked for
     effective_target_pct: float = 0.0  # max(target, 1.5x noise): what the loop stops at
     noise_limited: bool = False  # the target is below what the measurement noise can resolve
-    calibration: Calibration | None = None  # None: not recalibrated after this round (the loop stopped)
+    calibration: Recalibration | None = None  # None: not recalibrated after this round (the loop stopped)
     stop: str | None = None  # why the loop stopped after this round: target | noise | rounds
     note: str = ""
 
@@ -135,7 +135,7 @@ def feed_back(
         per_unit[seg.unit_key] = per_unit.get(seg.unit_key, 0) + 1
     for p in result.partitions:
         seg = segments.get(p.name)
-        if seg is None or "+" in seg.pu:
+        if seg is None or seg.pu.spans:
             continue
         # Back to back, a partition's time includes what running beside the others costs it
         # (memory, caches, the executor's own threads): what the pipeline's throughput depends
@@ -174,6 +174,7 @@ def feed_back(
                 energy_mj=None,
                 energy_source="none",
                 flops=sum(flops[m] for m in seg.members),
+                measured_at=time.time(),
             )
         )
         added += 1
@@ -200,11 +201,11 @@ def fit_handoff(
     """
     from planner.build import evaluate
 
-    cost = CostModel(profile, graph, table)
+    calibrated = CostModel.from_table(profile, graph, table)
     best: tuple[float, float] | None = None
     varies = False
     for h in HANDOFF_GRID_MS:
-        cost.handoff_ms = h
+        cost = calibrated.recalibrated(calibrated.calibration.with_handoff(h))
         pairs = [
             (evaluate(plan, graph, cost, frames=0).predicted.latency_ms, res.measured.latency_ms)  # type: ignore[union-attr]
             for plan, res in runs
@@ -257,13 +258,13 @@ def fit_power(
     measured = [(plan, res.measured.energy_mj) for plan, res in runs if res.energy_source == "measured"]
     if not measured:
         return None
-    cost = CostModel(profile, graph, table)
+    calibrated = CostModel.from_table(profile, graph, table)
+    busy_only = calibrated.recalibrated(calibrated.calibration.with_power(1.0, 0.0))
+    idle_only = calibrated.recalibrated(calibrated.calibration.with_power(0.0, 1.0))
     rows = []
     for plan, _ in measured:
-        cost.power_active_scale, cost.power_idle_scale = 1.0, 0.0
-        busy = evaluate(plan, graph, cost, frames=0).predicted.energy_mj  # type: ignore[union-attr]
-        cost.power_active_scale, cost.power_idle_scale = 0.0, 1.0
-        idle = evaluate(plan, graph, cost, frames=0).predicted.energy_mj  # type: ignore[union-attr]
+        busy = evaluate(plan, graph, busy_only, frames=0).predicted.energy_mj  # type: ignore[union-attr]
+        idle = evaluate(plan, graph, idle_only, frames=0).predicted.energy_mj  # type: ignore[union-attr]
         rows.append((busy, idle))
     a_mat = np.array(rows)
     y = np.array([m for _, m in measured])
@@ -359,7 +360,7 @@ def table_errors(
     """
     from planner.build import evaluate
 
-    cost = CostModel(profile, graph, table)
+    cost = CostModel.from_table(profile, graph, table)
     lat, thr, every = [], [], []
     for plan, res in runs:
         pred = evaluate(plan, graph, cost, frames=0).predicted
@@ -390,7 +391,7 @@ def recalibrate(
     graph: OpGraph,
     profile: DeviceProfile,
     ort_version: str,
-) -> tuple[Calibration, float | None, tuple[float, float] | None]:
+) -> tuple[Recalibration, float | None, tuple[float, float] | None]:
     """Feed ``runs`` back into ``table``; keep that only if it predicts ``measured`` (all so far) better.
 
     Returns the verdict and the handoff and power scales learnt (None where reverted or nothing learnt).
@@ -407,7 +408,7 @@ def recalibrate(
     if not kept:
         _restore(table, graph.model_sha256, profile.name, previous)
         handoff = power = None
-    return Calibration(kept, before, after, len(measured)), handoff, power
+    return Recalibration(kept, before, after, len(measured)), handoff, power
 
 
 def stop_reason(round_rmspe: float, target: float, effective_target: float, last: bool) -> str | None:
@@ -470,12 +471,12 @@ def tune(
     measured: list[tuple[Plan, RunResult]] = []  # every plan measured so far, for the kept-calibration rule
     noise: Noise | None = None
     for r in range(rounds):
-        cost = CostModel(profile, graph, table)
+        cost = CostModel.from_table(profile, graph, table)
         say(f"round {r + 1}: planning")
         if objective == "pareto":
-            plans = pareto_set(blocks, graph, cost, time_limit=time_limit)
+            plans = pareto_set(blocks, graph, cost, SearchOptions(time_limit=time_limit))
         else:
-            plans = [best_plan(blocks, graph, cost, objective, time_limit)]
+            plans = [best_plan(blocks, graph, cost, objective, SearchOptions(time_limit=time_limit))]
         last = []
         for i, plan in enumerate(plans):
             plan = dataclasses.replace(plan, model_path=str(model.resolve()), inputs=loaded.inputs)

@@ -14,13 +14,17 @@ import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from device_profiles.schema import DeviceProfile
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from device_profiles.schema import DeviceProfile, ProcessingUnit
 from models.errors import ModelError, ParapipeError
 from models.files import atomic_write
 from models.graph import OpGraph
 from models.inputs import InputSpec
+from models.schema import first_problem, load_record, record_schema
+from planner.unitname import UnitName
 
 PLAN_VERSION = 1
 # Frames whose outputs a unit holds at once: the one it is producing and the one waiting in the bounded
@@ -42,10 +46,13 @@ class Assignment:
     runs them as several partitions (segments), see ``planner.segments``.
     """
 
-    pu: str
+    pu: UnitName  # one PU, or the CPU clusters one session spans (a plain str given is parsed)
     cores: int
     blocks: tuple[str, ...]  # in the order the unit runs them (data-flow order where that contradicts it)
     core_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "pu", UnitName(self.pu))
 
 
 @dataclass(frozen=True)
@@ -77,7 +84,7 @@ class Provenance:
     its objective value for its own incumbent, in the unit of the predicted figure (``latency_ms``,
     ``throughput_fps`` or ``energy_mj``), None when it found none."""
 
-    method: str
+    method: str = "hand"
     solver: str = ""
     status: str = ""
     objective: str = ""
@@ -124,122 +131,103 @@ class Plan:
         return atomic_write(path, json.dumps(self.to_json(), indent=2) + "\n")
 
 
-def _need(data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
-    if key not in data:
-        raise PlanError(f"{where}{key}: missing field")
-    value = data[key]
-    if not isinstance(value, kind) or (isinstance(value, bool) and kind in (int, float, (int, float))):
-        raise PlanError(f"{where}{key}: expected {getattr(kind, '__name__', kind)}, got {value!r}")
-    return value
+class _File(BaseModel):
+    """A part of a plan file. Fields this parapipe does not know are ignored (a newer one may have written them)."""
+
+    model_config = ConfigDict(strict=True, frozen=True)
 
 
-def _predicted(raw: Any, where: str) -> Predicted | None:
-    if raw is None:
-        return None
-    if not isinstance(raw, Mapping):
-        raise PlanError(f"{where}: expected an object")
-    return Predicted(
-        float(_need(raw, "latency_ms", (int, float), f"{where}.")),
-        float(_need(raw, "throughput_fps", (int, float), f"{where}.")),
-        float(_need(raw, "energy_mj", (int, float), f"{where}.")),
-        str(raw.get("energy_source", "modelled")),
-        str(raw.get("method", "analytic")),
-    )
+class _AssignmentFile(_File):
+    pu: UnitName
+    cores: int = Field(ge=1)
+    blocks: list[str]
+    core_ids: list[int] = []
+
+    @field_validator("pu", mode="plain")
+    @classmethod
+    def _unit(cls, value: object) -> UnitName:
+        if not isinstance(value, str):
+            raise ValueError(f"expected a PU name, got {value!r}")
+        return UnitName(value)
+
+
+class _StageFile(_File):
+    groups: list[Annotated[list[_AssignmentFile], Field(min_length=1)]] = Field(min_length=1)
+
+
+_ProvenanceFile = record_schema(Provenance, extra="ignore")
+_PredictedFile = record_schema(Predicted, extra="ignore")
+
+
+class _PlanFile(_File):
+    version: int
+    model_sha256: str
+    model_name: str = ""
+    device: str
+    device_sha256: str = ""
+    granularity: str = "custom"
+    blocks: dict[str, Annotated[list[str], Field(min_length=1)]]
+    stages: list[_StageFile] = Field(min_length=1)
+    provenance: _ProvenanceFile = _ProvenanceFile()  # type: ignore[valid-type]
+    predicted: _PredictedFile | None = None  # type: ignore[valid-type]
+    simulated: _PredictedFile | None = None  # type: ignore[valid-type]
+    name: str = ""
+    pipelined: bool = True
+    model_path: str = ""
+    notes: list[str] = []
+    inputs: list[dict[str, Any]] = []
 
 
 def plan_from_json(data: Any, origin: str = "plan") -> Plan:
     """Parse and shape-check a plan (hand-written or solved); errors name the field."""
     if not isinstance(data, Mapping):
         raise PlanError(f"{origin}: a plan is a JSON object")
-    version = _need(data, "version", int, "")
-    if version != PLAN_VERSION:
-        raise PlanError(f"version: {version} is not supported; this parapipe reads plan version {PLAN_VERSION}")
-    blocks_raw = _need(data, "blocks", dict, "")
-    blocks: dict[str, tuple[str, ...]] = {}
-    for name, members in blocks_raw.items():
-        if not isinstance(members, list) or not members or not all(isinstance(m, str) for m in members):
-            raise PlanError(f"blocks.{name}: expected a non-empty list of ONNX node names")
-        blocks[name] = tuple(members)
-    stages_raw = _need(data, "stages", list, "")
-    if not stages_raw:
-        raise PlanError("stages: a plan needs at least one stage")
-    stages = []
-    for s, stage in enumerate(stages_raw):
-        groups_raw = _need(stage, "groups", list, f"stages[{s}].") if isinstance(stage, Mapping) else None
-        if not groups_raw:
-            raise PlanError(f"stages[{s}].groups: expected a non-empty list of replica groups")
-        groups = []
-        for g, group in enumerate(groups_raw):
-            if not isinstance(group, list) or not group:
-                raise PlanError(f"stages[{s}].groups[{g}]: expected a non-empty list of assignments")
-            assignments = []
-            for i, a in enumerate(group):
-                where = f"stages[{s}].groups[{g}][{i}]."
-                if not isinstance(a, Mapping):
-                    raise PlanError(f"{where[:-1]}: expected an object with pu, cores, blocks")
-                cores = _need(a, "cores", int, where)
-                if cores < 1:
-                    raise PlanError(f"{where}cores: must be at least 1, got {cores}")
-                blist = _need(a, "blocks", list, where)
-                for b in blist:
-                    if b not in blocks:
-                        raise PlanError(f"{where}blocks: unknown block {b!r} (not in the plan's blocks)")
-                ids = a.get("core_ids", [])
-                if not isinstance(ids, list) or not all(isinstance(c, int) and not isinstance(c, bool) for c in ids):
-                    raise PlanError(f"{where}core_ids: expected a list of core ids")
-                assignments.append(Assignment(_need(a, "pu", str, where), cores, tuple(blist), tuple(ids)))
-            groups.append(tuple(assignments))
-        stages.append(Stage(tuple(groups)))
-    prov_raw = data.get("provenance", {"method": "hand"})
-    if not isinstance(prov_raw, Mapping):
-        raise PlanError("provenance: expected an object")
-    provenance = Provenance(
-        method=str(prov_raw.get("method", "hand")),
-        solver=str(prov_raw.get("solver", "")),
-        status=str(prov_raw.get("status", "")),
-        objective=str(prov_raw.get("objective", "")),
-        gap=_number(prov_raw.get("gap"), "provenance.gap"),
-        bound=_number(prov_raw.get("bound"), "provenance.bound"),
-        seconds=_number(prov_raw.get("seconds", 0.0), "provenance.seconds") or 0.0,
-        solver_value=_number(prov_raw.get("solver_value"), "provenance.solver_value"),
-    )
+    version = data.get("version")
+    if version is not None and version != PLAN_VERSION:
+        raise PlanError(f"version: {version!r} is not supported; this parapipe reads plan version {PLAN_VERSION}")
+    try:
+        checked = _PlanFile.model_validate(data)
+    except ValidationError as exc:
+        raise PlanError(f"{first_problem(exc)}; fix that field, or plan again with `parapipe plan`") from None
+    stages = tuple(_stage(stage, s, checked.blocks) for s, stage in enumerate(checked.stages))
     return Plan(
-        model_sha256=_need(data, "model_sha256", str, ""),
-        model_name=str(data.get("model_name", "")),
-        device=_need(data, "device", str, ""),
-        device_sha256=str(data.get("device_sha256", "")),
-        granularity=str(data.get("granularity", "custom")),
-        blocks=blocks,
-        stages=tuple(stages),
-        provenance=provenance,
-        predicted=_predicted(data.get("predicted"), "predicted"),
-        simulated=_predicted(data.get("simulated"), "simulated"),
-        name=str(data.get("name", "")),
-        pipelined=bool(data.get("pipelined", True)),
-        model_path=str(data.get("model_path", "")),
-        version=version,
-        notes=_notes(data.get("notes", [])),
-        inputs=_inputs(data.get("inputs", [])),
+        model_sha256=checked.model_sha256,
+        model_name=checked.model_name,
+        device=checked.device,
+        device_sha256=checked.device_sha256,
+        granularity=checked.granularity,
+        blocks={name: tuple(members) for name, members in checked.blocks.items()},
+        stages=stages,
+        provenance=load_record(Provenance, checked.provenance),
+        predicted=load_record(Predicted, checked.predicted) if checked.predicted else None,
+        simulated=load_record(Predicted, checked.simulated) if checked.simulated else None,
+        name=checked.name,
+        pipelined=checked.pipelined,
+        model_path=checked.model_path,
+        version=checked.version,
+        notes=tuple(checked.notes),
+        inputs=_inputs(checked.inputs),
     )
 
 
-def _number(raw: Any, where: str) -> float | None:
-    if raw is None:
-        return None
-    if isinstance(raw, bool) or not isinstance(raw, int | float):
-        raise PlanError(f"{where}: expected a number, got {raw!r}")
-    return float(raw)
+def _stage(stage: _StageFile, s: int, blocks: Mapping[str, list[str]]) -> Stage:
+    """A checked stage, its assignments' blocks looked up in the plan's blocks."""
+    for g, group in enumerate(stage.groups):
+        for i, a in enumerate(group):
+            unknown = [b for b in a.blocks if b not in blocks]
+            if unknown:
+                raise PlanError(
+                    f"stages[{s}].groups[{g}][{i}].blocks: unknown block {unknown[0]!r} (not in the plan's blocks)"
+                )
+    return Stage(
+        tuple(
+            tuple(Assignment(a.pu, a.cores, tuple(a.blocks), tuple(a.core_ids)) for a in group)
+            for group in stage.groups
+        )
+    )
 
 
-def _notes(raw: Any) -> tuple[str, ...]:
-    if not isinstance(raw, list) or not all(isinstance(n, str) for n in raw):
-        raise PlanError(f"notes: expected a list of strings, got {raw!r}")
-    return tuple(raw)
-
-
-def _inputs(raw: Any) -> tuple[InputSpec, ...]:
-    if not isinstance(raw, list) or not all(isinstance(r, Mapping) for r in raw):
-        raise PlanError("inputs: expected a list of {name, dtype, shape} objects")
+def _inputs(raw: list[dict[str, Any]]) -> tuple[InputSpec, ...]:
     try:
         return tuple(InputSpec.from_json(r, f"inputs[{i}]: ") for i, r in enumerate(raw))
     except ModelError as exc:
@@ -268,6 +256,17 @@ def validate(plan: Plan, graph: OpGraph, profile: DeviceProfile) -> None:
         )
     if plan.device != profile.name:
         raise PlanError(f"device: the plan is for {plan.device!r}, not {profile.name!r}")
+    _check_blocks(plan, graph)
+    stage_of_block = _check_placement(plan, graph, profile)
+    unplaced = set(plan.blocks) - set(stage_of_block)
+    if unplaced:
+        raise PlanError(f"stages: block(s) {sorted(unplaced)[:3]} are placed on no PU")
+    _check_memory(plan, graph, profile)
+    _check_stage_order(plan, graph, stage_of_block)
+
+
+def _check_blocks(plan: Plan, graph: OpGraph) -> None:
+    """Every node of the model is in exactly one block."""
     known = {n.name for n in graph.nodes}
     owner: dict[str, str] = {}
     for name, members in plan.blocks.items():
@@ -280,50 +279,25 @@ def validate(plan: Plan, graph: OpGraph, profile: DeviceProfile) -> None:
     missing = known - set(owner)
     if missing:
         raise PlanError(f"blocks: {len(missing)} node(s) are in no block, e.g. {sorted(missing)[:3]}")
+
+
+def _check_placement(plan: Plan, graph: OpGraph, profile: DeviceProfile) -> dict[str, int]:
+    """Every assignment's PU and cores exist and are its own; every replica group holds the same blocks, each
+    once and in one stage only. Returns the stage of each placed block."""
     stage_of_block: dict[str, int] = {}
     cores = core_ids(plan, profile)
-    pu_names = {p.name for p in profile.pus}
-    taken: dict[tuple[str, int], str] = {}
+    taken: dict[tuple[str, int], str] = {}  # (PU, core; -1: the whole accelerator) -> the assignment using it
     for s, stage in enumerate(plan.stages):
+        first: set[str] = set()
         for g, group in enumerate(stage.groups):
             seen: set[str] = set()
             for i, a in enumerate(group):
                 where = f"stages[{s}].groups[{g}][{i}]"
-                if "+" in a.pu:  # one session spanning several CPU clusters
+                if a.pu.spans:  # one session spanning several CPU clusters
                     _check_spanning(a, where, profile, taken)
-                    seen.update(a.blocks)
-                    stage_of_block.update(dict.fromkeys(a.blocks, s))
-                    continue
-                if a.pu not in pu_names:
-                    raise PlanError(
-                        f"{where}.pu: unknown PU {a.pu!r}; {profile.name} has {', '.join(sorted(pu_names))}"
-                    )
-                pu = profile.pu(a.pu)
-                ids = cores[(s, g, i)]
-                if pu.kind == "cpu":
-                    if len(ids) != a.cores:
-                        raise PlanError(
-                            f"{where}.cores: {a.pu!r} has {len(pu.cores)} core(s) and the plan leaves {len(ids)} free "
-                            f"for this assignment, which asks for {a.cores}"
-                        )
-                    for c in ids:
-                        if c not in pu.cores:
-                            raise PlanError(
-                                f"{where}.core_ids: core {c} is not in PU {a.pu!r} (cores {list(pu.cores)})"
-                            )
-                        if (a.pu, c) in taken:
-                            raise PlanError(
-                                f"{where}.core_ids: core {c} of {a.pu!r} is also used by {taken[(a.pu, c)]}"
-                            )
-                        taken[(a.pu, c)] = where
                 else:
-                    if a.cores != 1:
-                        raise PlanError(f"{where}.cores: {a.pu!r} is a {pu.kind}; it takes cores = 1")
-                    if (a.pu, -1) in taken:
-                        raise PlanError(
-                            f"{where}.pu: {a.pu!r} is also used by {taken[(a.pu, -1)]}; a {pu.kind} runs one assignment"
-                        )
-                    taken[(a.pu, -1)] = where
+                    _check_pu(a, where, profile, cores[(s, g, i)], taken)
+                    _check_supported(a, where, plan, graph, profile.pu(a.pu))
                 for b in a.blocks:
                     if b in seen:
                         raise PlanError(f"{where}.blocks: block {b!r} appears twice in one replica group")
@@ -331,24 +305,65 @@ def validate(plan: Plan, graph: OpGraph, profile: DeviceProfile) -> None:
                         raise PlanError(f"{where}.blocks: block {b!r} is also in stage {stage_of_block[b]}")
                     seen.add(b)
                     stage_of_block[b] = s
-                    for m in plan.blocks[b]:
-                        op = graph.index[m]
-                        for t in op.op_types:
-                            if not pu.supports(t):
-                                raise PlanError(f"{where}: PU {a.pu!r} does not support {t} (node {m!r}, block {b!r})")
             if g == 0:
                 first = seen
             elif seen != first:
                 raise PlanError(f"stages[{s}].groups[{g}]: a replica must hold the same blocks as group 0")
-    unplaced = set(plan.blocks) - set(stage_of_block)
-    if unplaced:
-        raise PlanError(f"stages: block(s) {sorted(unplaced)[:3]} are placed on no PU")
+    return stage_of_block
+
+
+def _check_pu(
+    a: Assignment, where: str, profile: DeviceProfile, ids: tuple[int, ...], taken: dict[tuple[str, int], str]
+) -> None:
+    """The assignment's PU is the profile's; a CPU's cores are that PU's and nobody else's, an accelerator runs
+    one assignment with cores = 1."""
+    pu_names = {p.name for p in profile.pus}
+    if a.pu not in pu_names:
+        raise PlanError(f"{where}.pu: unknown PU {a.pu!r}; {profile.name} has {', '.join(sorted(pu_names))}")
+    pu = profile.pu(a.pu)
+    if pu.kind != "cpu":
+        if a.cores != 1:
+            raise PlanError(f"{where}.cores: {a.pu!r} is a {pu.kind}; it takes cores = 1")
+        if (a.pu, -1) in taken:
+            raise PlanError(
+                f"{where}.pu: {a.pu!r} is also used by {taken[(a.pu, -1)]}; a {pu.kind} runs one assignment"
+            )
+        taken[(a.pu, -1)] = where
+        return
+    if len(ids) != a.cores:
+        raise PlanError(
+            f"{where}.cores: {a.pu!r} has {len(pu.cores)} core(s) and the plan leaves {len(ids)} free "
+            f"for this assignment, which asks for {a.cores}"
+        )
+    for c in ids:
+        if c not in pu.cores:
+            raise PlanError(f"{where}.core_ids: core {c} is not in PU {a.pu!r} (cores {list(pu.cores)})")
+        if (a.pu, c) in taken:
+            raise PlanError(f"{where}.core_ids: core {c} of {a.pu!r} is also used by {taken[(a.pu, c)]}")
+        taken[(a.pu, c)] = where
+
+
+def _check_supported(a: Assignment, where: str, plan: Plan, graph: OpGraph, pu: ProcessingUnit) -> None:
+    """The PU supports every operator type of the assignment's blocks."""
+    for b in a.blocks:
+        for m in plan.blocks[b]:
+            for t in graph.index[m].op_types:
+                if not pu.supports(t):
+                    raise PlanError(f"{where}: PU {a.pu!r} does not support {t} (node {m!r}, block {b!r})")
+
+
+def _check_memory(plan: Plan, graph: OpGraph, profile: DeviceProfile) -> None:
+    pu_names = {p.name for p in profile.pus}
     for pu, used in sorted(memory_use(plan, graph).items()):
         if pu in pu_names and used > profile.pu(pu).memory_bytes.value:
             raise PlanError(
                 f"stages: PU {pu!r} would hold {used / 2**20:.1f} MiB of weights and activations "
                 f"({ACTIVATION_FRAMES} frames of its blocks' outputs) but has {profile.pu(pu).memory_bytes.value / 2**20:.1f} MiB"
             )
+
+
+def _check_stage_order(plan: Plan, graph: OpGraph, stage_of_block: Mapping[str, int]) -> None:
+    """No tensor flows from a later stage back to an earlier one."""
     block_of = {m: b for b, ms in plan.blocks.items() for m in ms}
     for e in graph.edges:
         a, b = stage_of_block[block_of[e.src]], stage_of_block[block_of[e.dst]]
@@ -375,8 +390,8 @@ def memory_use(plan: Plan, graph: OpGraph) -> dict[str, int]:
     acts = {b: activation_bytes(ms, graph) for b, ms in plan.blocks.items()}
     use: dict[str, int] = {}
     for _, _, a in plan.assignments():
-        for pu in a.pu.split("+")[:1]:  # a session spanning clusters allocates once, in the first's memory
-            use[pu] = use.get(pu, 0) + sum(weights[b] + ACTIVATION_FRAMES * acts[b] for b in a.blocks)
+        pu = a.pu.first  # a session spanning clusters allocates once, in the first's memory
+        use[pu] = use.get(pu, 0) + sum(weights[b] + ACTIVATION_FRAMES * acts[b] for b in a.blocks)
     return use
 
 
@@ -401,7 +416,7 @@ def core_ids(plan: Plan, profile: DeviceProfile) -> dict[tuple[int, int, int], t
 
 def _check_spanning(a: Assignment, where: str, profile: DeviceProfile, taken: dict[tuple[str, int], str]) -> None:
     names = {p.name: p for p in profile.pus}
-    parts = a.pu.split("+")
+    parts = a.pu.parts
     for part in parts:
         if part not in names or names[part].kind != "cpu":
             raise PlanError(f"{where}.pu: {part!r} in {a.pu!r} is not a CPU PU of {profile.name}")

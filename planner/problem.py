@@ -135,9 +135,11 @@ def build_problem(blocks: OpGraph, graph: OpGraph, cost: CostModel, max_stages: 
         pu = cost.profile.pu(u.pu)
         if pu.kind == "cpu":
             n = max(1, len(pu.cores))
-            busy_extra[ui] = (pu.active_power_w.value - pu.idle_power_w.value) / n * u.cores * cost.power_active_scale
+            busy_extra[ui] = (
+                (pu.active_power_w.value - pu.idle_power_w.value) / n * u.cores * cost.calibration.power_active_scale
+            )
         else:
-            busy_extra[ui] = (pu.active_power_w.value - pu.idle_power_w.value) * cost.power_active_scale
+            busy_extra[ui] = (pu.active_power_w.value - pu.idle_power_w.value) * cost.calibration.power_active_scale
     return Problem(
         model_name=blocks.name,
         blocks=tuple(names),
@@ -152,7 +154,7 @@ def build_problem(blocks: OpGraph, graph: OpGraph, cost: CostModel, max_stages: 
         memory={p.name: p.memory_bytes.value for p in cost.profile.pus},
         unit_overhead=overhead,
         busy_extra_w=busy_extra,
-        idle_w=sum(p.idle_power_w.value for p in cost.profile.pus) * cost.power_idle_scale,
+        idle_w=sum(p.idle_power_w.value for p in cost.profile.pus) * cost.calibration.power_idle_scale,
         independent=tuple(_independent_pairs(succ)),
         regions=tuple(_fork_join_regions(succ)),
         max_stages=max_stages,

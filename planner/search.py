@@ -17,12 +17,14 @@ from models.graph import OpGraph
 from planner import heuristics as H
 from planner.build import evaluate, replicate, to_plan
 from planner.costmodel import CostModel
-from planner.ilp import OBJECTIVES, Assignment, fits, schedule, solve
+from planner.ilp import OBJECTIVES, Assignment, Solution, fits, schedule, solve
 from planner.plan import Plan, PlanError, Provenance, memory_use
 from planner.problem import Problem, build_problem
 from planner.select import Constraints, meets
+from planner.unitname import UnitName
 
 Progress = Callable[[str], None]
+UNBOUNDED = Constraints()
 # The baselines whose plans lie inside the ILP's search space (the ILP may never lose to them).
 IN_ILP_SPACE = ("pipe-only", "para-only", "single-pu", "layer-switched", "heft", "cpop")
 
@@ -92,7 +94,7 @@ def _ort_all_cores(blocks: OpGraph, profile: DeviceProfile) -> Plan | None:
     cpus = [p for p in profile.pus if p.kind == "cpu" and p.host == profile.pus[0].host]
     if not cpus:
         return None
-    pu = "+".join(p.name for p in cpus)
+    pu = UnitName.spanning(p.name for p in cpus)
     cores = sum(len(p.cores) for p in cpus)
     ids = tuple(c for p in cpus for c in p.cores)
     stage = Stage(((PlanAssignment(pu, cores, tuple(b.name for b in blocks.nodes), ids),),))
@@ -110,48 +112,32 @@ def _ort_all_cores(blocks: OpGraph, profile: DeviceProfile) -> Plan | None:
     )
 
 
+@dataclass(frozen=True)
+class SearchOptions:
+    """How hard to search: what the solver gets per objective and what the problem allows."""
+
+    time_limit: float = 10.0  # seconds per solve
+    max_stages: int = 4
+    solver: str = "highs"
+    progress: Progress | None = None
+
+
 def best_plan(
     blocks: OpGraph,
     graph: OpGraph,
     cost: CostModel,
     objective: str,
-    time_limit: float = 10.0,
-    max_stages: int = 4,
-    max_latency_ms: float | None = None,
-    min_fps: float | None = None,
-    max_mj: float | None = None,
-    solver: str = "highs",
+    search: SearchOptions = SearchOptions(),
+    bounds: Constraints = UNBOUNDED,
     problem: Problem | None = None,
-    progress: Progress | None = None,
 ) -> Plan:
     """The ILP's plan for ``objective`` under the bounds, never worse than the best in-space baseline."""
-    problem = problem or build_problem(blocks, graph, cost, max_stages)
-    profile = cost.profile
-    cands = _candidates(problem)
-    if objective == "throughput":
-        if "balanced" not in problem.derived:
-            problem.derived["balanced"] = H.balanced(problem)
-        if (bal := problem.derived["balanced"]) is not None:
-            cands.append(Candidate("balanced", bal, True))
-    measure = {
-        "latency": lambda a: schedule(problem, a).latency_ms,
-        "throughput": lambda a: schedule(problem, a).period_ms,
-        "energy": lambda a: schedule(problem, a).energy_mj,
-    }[objective]
-    warm = min(cands, key=lambda c: (not fits(problem, c.assignment), measure(c.assignment)))
-    if progress:
-        progress(f"solving for {objective} ({len(problem.blocks)} blocks, {len(problem.units)} units)")
-    max_period = 1000.0 / min_fps if min_fps else None
-    solution = solve(
-        problem,
-        objective,
-        time_limit,
-        max_latency_ms,
-        max_period,
-        max_mj,
-        warm=warm.assignment if _meets(problem, warm.assignment, max_latency_ms, max_period, max_mj) else None,
-        solver=solver,
+    goal = _Goal(
+        blocks, graph, cost, objective, bounds, problem or build_problem(blocks, graph, cost, search.max_stages)
     )
+    cands = goal.candidates()
+    warm = min(cands, key=lambda c: (not fits(goal.problem, c.assignment), goal.measure(c.assignment)))
+    solution = goal.solve(search, warm)
     provenance = Provenance(
         method=f"heuristic:{warm.name}" if solution.warm_kept else "ilp",
         solver=solution.solver,
@@ -162,87 +148,121 @@ def best_plan(
         seconds=round(solution.seconds, 3),
         solver_value=_in_predicted_unit(solution.value, objective),
     )
-    plan = evaluate(
-        to_plan(problem, solution.assignment, blocks, profile, provenance, f"ilp-{objective}"), graph, cost, frames=0
-    )
+    plan = goal.plan_of(solution.assignment, provenance)
     if solution.warm_kept:
         plan = dataclasses.replace(
             plan, notes=(f"{warm.name}, given to the solver as a start, predicts better than the solver's incumbent",)
         )
-
-    def better(other: Plan, current: Plan) -> bool:
-        """``other`` predicts better for the objective, meets the bounds and fits the PUs' memory."""
-        return (
-            key(other, objective) < key(current, objective) * (1 - 1e-9)
-            and _plan_meets(other, max_latency_ms, min_fps, max_mj)
-            and _fits(other, graph, profile)
-        )
-
     # Never return less than a plan inside the ILP's space: evaluate every candidate the same way.
     for c in cands:
-        other = evaluate(
-            to_plan(
-                problem,
-                c.assignment,
-                blocks,
-                profile,
-                dataclasses.replace(provenance, method=f"heuristic:{c.name}"),
-                f"ilp-{objective}",
-            ),
-            graph,
-            cost,
-            frames=0,
-        )
-        if better(other, plan):
+        other = goal.plan_of(c.assignment, dataclasses.replace(provenance, method=f"heuristic:{c.name}"))
+        if goal.better(other, plan):
             plan = dataclasses.replace(
                 other, notes=(f"{c.name}, given to the solver as a start, predicts better than the solver's incumbent",)
             )
-    # Outside the ILP's space: one session over every CPU core of the board (threads spanning clusters).
-    ort = _ort_all_cores(blocks, profile)
-    if ort is not None:
-        other = evaluate(
-            dataclasses.replace(
-                ort,
-                provenance=dataclasses.replace(provenance, method="heuristic:ort-all-cores"),
-                name=f"ilp-{objective}",
-            ),
-            graph,
-            cost,
-            frames=0,
-        )
-        if better(other, plan):
-            plan = dataclasses.replace(
-                other, notes=("one onnxruntime session on every CPU core predicts better than the solver's plan",)
-            )
+    plan = goal.or_ort_all_cores(plan, provenance)
     if objective != "latency":
-        # Replication (frames alternate between copies of a stage) is outside the ILP: try it on the
-        # solution and on the whole model per core (one session per core), keep what predicts best.
+        plan = goal.replicated(plan, provenance)
+    return evaluate(plan, graph, cost)
+
+
+@dataclass(frozen=True)
+class _Goal:
+    """One objective under bounds on one problem: the values ``best_plan``'s steps all need."""
+
+    blocks: OpGraph
+    graph: OpGraph
+    cost: CostModel
+    objective: str
+    bounds: Constraints
+    problem: Problem
+
+    @property
+    def name(self) -> str:
+        return f"ilp-{self.objective}"
+
+    def candidates(self) -> list[Candidate]:
+        """The in-space heuristics, and for throughput the balanced pipeline."""
+        cands = _candidates(self.problem)
+        if self.objective == "throughput":
+            if "balanced" not in self.problem.derived:
+                self.problem.derived["balanced"] = H.balanced(self.problem)
+            if (bal := self.problem.derived["balanced"]) is not None:
+                cands.append(Candidate("balanced", bal, True))
+        return cands
+
+    def measure(self, a: Assignment) -> float:
+        f = schedule(self.problem, a)
+        return {"latency": f.latency_ms, "throughput": f.period_ms, "energy": f.energy_mj}[self.objective]
+
+    def solve(self, search: SearchOptions, warm: Candidate) -> Solution:
+        if search.progress:
+            search.progress(
+                f"solving for {self.objective} ({len(self.problem.blocks)} blocks, {len(self.problem.units)} units)"
+            )
+        max_period = 1000.0 / self.bounds.min_fps if self.bounds.min_fps else None
+        max_l, max_e = self.bounds.max_latency_ms, self.bounds.max_mj
+        return solve(
+            self.problem,
+            self.objective,
+            search.time_limit,
+            max_l,
+            max_period,
+            max_e,
+            warm=warm.assignment if _meets(self.problem, warm.assignment, max_l, max_period, max_e) else None,
+            solver=search.solver,
+        )
+
+    def plan_of(self, a: Assignment, provenance: Provenance) -> Plan:
+        plan = to_plan(self.problem, a, self.blocks, self.cost.profile, provenance, self.name)
+        return evaluate(plan, self.graph, self.cost, frames=0)
+
+    def acceptable(self, plan: Plan) -> bool:
+        """Meets the bounds and fits the PUs' memory."""
+        return meets(plan, self.bounds) and _fits(plan, self.graph, self.cost.profile)
+
+    def better(self, other: Plan, current: Plan) -> bool:
+        """``other`` predicts better for the objective, meets the bounds and fits the PUs' memory."""
+        return key(other, self.objective) < key(current, self.objective) * (1 - 1e-9) and self.acceptable(other)
+
+    def or_ort_all_cores(self, plan: Plan, provenance: Provenance) -> Plan:
+        """Outside the ILP's space: one session over every CPU core of the board (threads spanning clusters)."""
+        ort = _ort_all_cores(self.blocks, self.cost.profile)
+        if ort is None:
+            return plan
+        provenance = dataclasses.replace(provenance, method="heuristic:ort-all-cores")
+        other = evaluate(
+            dataclasses.replace(ort, provenance=provenance, name=self.name), self.graph, self.cost, frames=0
+        )
+        if not self.better(other, plan):
+            return plan
+        return dataclasses.replace(
+            other, notes=("one onnxruntime session on every CPU core predicts better than the solver's plan",)
+        )
+
+    def replicated(self, plan: Plan, provenance: Provenance) -> Plan:
+        """Replication (frames alternate between copies of a stage) is outside the ILP: try it on the
+        solution and on the whole model per core (one session per core), keep what predicts best."""
         seeds = [plan]
         try:
-            seeds.append(_single_core(problem, blocks, profile, graph, cost))
+            seeds.append(_single_core(self.problem, self.blocks, self.cost.profile, self.graph, self.cost))
         except PlanError:
             pass
         for seed in seeds:
-            rep = replicate(seed, graph, cost, profile)
-            if (
-                rep is not seed
-                and key(rep, objective) < key(plan, objective)
-                and _plan_meets(rep, max_latency_ms, min_fps, max_mj)
-                and _fits(rep, graph, profile)
-            ):
-                note = (
-                    "stage replicated onto free cores"
-                    if seed is plan
-                    else "one copy of the model per core beat the ILP's plan"
-                )
-                method = f"{plan.provenance.method}+replicated" if seed is plan else "heuristic:single-core+replicated"
-                plan = dataclasses.replace(
-                    rep,
-                    provenance=dataclasses.replace(provenance, method=method),
-                    name=f"ilp-{objective}",
-                    notes=(*plan.notes, note),
-                )
-    return evaluate(plan, graph, cost)
+            rep = replicate(seed, self.graph, self.cost, self.cost.profile)
+            if rep is seed or not key(rep, self.objective) < key(plan, self.objective) or not self.acceptable(rep):
+                continue
+            if seed is plan:
+                note, method = "stage replicated onto free cores", f"{plan.provenance.method}+replicated"
+            else:
+                note, method = "one copy of the model per core beat the ILP's plan", "heuristic:single-core+replicated"
+            plan = dataclasses.replace(
+                rep,
+                provenance=dataclasses.replace(provenance, method=method),
+                name=self.name,
+                notes=(*plan.notes, note),
+            )
+        return plan
 
 
 def _in_predicted_unit(value: float | None, objective: str) -> float | None:
@@ -275,10 +295,6 @@ def _meets(problem: Problem, a: Assignment, max_l: float | None, max_p: float | 
         and (max_p is None or f.period_ms <= max_p)
         and (max_e is None or f.energy_mj <= max_e)
     )
-
-
-def _plan_meets(plan: Plan, max_l: float | None, min_fps: float | None, max_e: float | None) -> bool:
-    return meets(plan, Constraints(max_l, min_fps, max_e))
 
 
 def _fits(plan: Plan, graph: OpGraph, profile: DeviceProfile) -> bool:
@@ -315,50 +331,22 @@ def pareto_front(plans: list[Plan]) -> list[Plan]:
 
 
 def pareto_set(
-    blocks: OpGraph,
-    graph: OpGraph,
-    cost: CostModel,
-    time_limit: float = 10.0,
-    max_stages: int = 4,
-    steps: int = 4,
-    solver: str = "highs",
-    progress: Progress | None = None,
+    blocks: OpGraph, graph: OpGraph, cost: CostModel, search: SearchOptions = SearchOptions(), steps: int = 4
 ) -> list[Plan]:
     """Epsilon-constraint sweep: the three single-objective optima, then latency-optimal plans under
     throughput floors between them, and energy-optimal plans under latency ceilings."""
-    problem = build_problem(blocks, graph, cost, max_stages)
-    found: list[Plan] = []
-    for objective in OBJECTIVES:
-        found.append(
-            best_plan(
-                blocks,
-                graph,
-                cost,
-                objective,
-                time_limit,
-                max_stages,
-                solver=solver,
-                problem=problem,
-                progress=progress,
-            )
-        )
+    problem = build_problem(blocks, graph, cost, search.max_stages)
+
+    def solved(objective: str, bounds: Constraints = UNBOUNDED) -> Plan:
+        return best_plan(blocks, graph, cost, objective, search, bounds, problem)
+
+    found = [solved(objective) for objective in OBJECTIVES]
     lat_best, thr_best = found[0], found[1]
     fps_lo, fps_hi = lat_best.predicted.throughput_fps, thr_best.predicted.throughput_fps
     for i in range(1, steps):
         fps = fps_lo + (fps_hi - fps_lo) * i / steps
         try:
-            plan = best_plan(
-                blocks,
-                graph,
-                cost,
-                "latency",
-                time_limit,
-                max_stages,
-                min_fps=fps,
-                solver=solver,
-                problem=problem,
-                progress=progress,
-            )
+            plan = solved("latency", Constraints(min_fps=fps))
         except PlanError:
             continue
         found.append(dataclasses.replace(plan, name=f"ilp-latency@{fps:.1f}fps"))
@@ -366,18 +354,7 @@ def pareto_set(
     for i in range(1, steps):
         ceiling = lat_lo + (lat_hi - lat_lo) * i / steps
         try:
-            plan = best_plan(
-                blocks,
-                graph,
-                cost,
-                "energy",
-                time_limit,
-                max_stages,
-                max_latency_ms=ceiling,
-                solver=solver,
-                problem=problem,
-                progress=progress,
-            )
+            plan = solved("energy", Constraints(max_latency_ms=ceiling))
         except PlanError:
             continue
         found.append(dataclasses.replace(plan, name=f"ilp-energy@{ceiling:.0f}ms"))

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from device_profiles.schema import DeviceProfile
 from models.graph import OpGraph
 from planner.plan import Plan, core_ids
+from planner.unitname import UnitName
 
 UnitKey = tuple[int, int, int]  # (stage, replica group, assignment index)
 
@@ -35,7 +36,7 @@ class Segment:
     group: int
     unit: int  # assignment index within the group
     index: int  # segment number within the unit (dense, from 0)
-    pu: str
+    pu: UnitName
     cores: int
     core_ids: tuple[int, ...]
     blocks: tuple[str, ...]  # topological order

@@ -107,14 +107,14 @@ class PlanModel:
         return sum(self.cost.transfer_ms(n, src, dst) for n in parts)
 
     def idle_w(self) -> float:
-        return sum(p.idle_power_w.value for p in self.cost.profile.pus) * self.cost.power_idle_scale
+        return sum(p.idle_power_w.value for p in self.cost.profile.pus) * self.cost.calibration.power_idle_scale
 
     def busy_extra_w(self, seg: Segment) -> float:
-        return self._busy_extra_w(seg) * self.cost.power_active_scale
+        return self._busy_extra_w(seg) * self.cost.calibration.power_active_scale
 
     def _busy_extra_w(self, seg: Segment) -> float:
-        if "+" in seg.pu:  # one session spanning clusters: all their cores busy
-            parts = [self.cost.profile.pu(p) for p in seg.pu.split("+")]
+        if seg.pu.spans:  # one session spanning clusters: all their cores busy
+            parts = [self.cost.profile.pu(p) for p in seg.pu.parts]
             return sum(p.active_power_w.value - p.idle_power_w.value for p in parts)
         pu = self.cost.profile.pu(seg.pu)
         n = max(1, len(pu.cores)) if pu.kind == "cpu" else 1
@@ -194,118 +194,132 @@ def _run(
     model: PlanModel, frames: int, window: int, interval_ms: float | None
 ) -> tuple[list[float], list[float], dict[str, float], float]:
     """One event-driven run: (entry times, in-order leave times, busy ms per segment, busy energy mJ)."""
-    events: list[tuple[float, int, str, tuple]] = []
-    seq = 0
+    run = _Run(model, frames, window, interval_ms)
+    run.loop()
+    return [run.enter[f] for f in range(frames)], run.leave_times(), run.busy, run.extra_mj
 
-    def push(t: float, kind: str, data: tuple) -> None:
-        nonlocal seq
-        heapq.heappush(events, (t, seq, kind, data))
-        seq += 1
 
-    segs = {f: model.frame_segments(f) for f in range(min(frames, model.period))}
-    flows = {f: model.frame_flows(f) for f in range(min(frames, model.period))}
-    waiting: dict[tuple[int, tuple], int] = {}
-    unit_busy_until: dict[tuple, float] = {}
-    unit_queue: dict[tuple, list[tuple[int, int, tuple]]] = {}
-    next_index: dict[tuple[tuple, int], int] = {}  # (unit, frame) -> the index of its next segment there
-    link_free: dict[tuple[str, str], float] = {}
-    done_count: dict[int, int] = {}
-    enter: dict[int, float] = {}
-    finish: dict[int, float] = {}
-    busy: dict[str, float] = {}
-    extra_mj = 0.0
-    admitted = 0
-    inflight = 0
-    seg_by_key = {s.key: s for s in model.segments}
+class _Run:
+    """The state of one event-driven run: frames admitted into a window, segments queued on their units in the
+    unit's order, tensors crossing links one at a time; events are (time, sequence, kind, data)."""
 
-    gate = {f: model.frame_traffic_ms(f) for f in segs}
-    next_entry = 0.0  # a shared memory moves one frame's bytes per frame_traffic_ms: the next frame enters then
+    def __init__(self, model: PlanModel, frames: int, window: int, interval_ms: float | None) -> None:
+        self.model, self.frames, self.window, self.interval_ms = model, frames, window, interval_ms
+        self.events: list[tuple[float, int, str, tuple]] = []
+        self.seq = 0
+        self.segs = {f: model.frame_segments(f) for f in range(min(frames, model.period))}
+        self.flows = {f: model.frame_flows(f) for f in range(min(frames, model.period))}
+        self.seg_by_key = {s.key: s for s in model.segments}
+        self.waiting: dict[tuple[int, tuple], int] = {}
+        self.unit_busy_until: dict[tuple, float] = {}
+        self.unit_queue: dict[tuple, list[tuple[int, int, tuple]]] = {}
+        self.next_index: dict[tuple[tuple, int], int] = {}  # (unit, frame) -> the index of its next segment there
+        self.link_free: dict[tuple[str, str], float] = {}
+        self.done_count: dict[int, int] = {}
+        self.enter: dict[int, float] = {}
+        self.finish: dict[int, float] = {}
+        self.busy: dict[str, float] = {}
+        self.extra_mj = 0.0
+        self.admitted = self.inflight = 0
+        self.gate = {f: model.frame_traffic_ms(f) for f in self.segs}
+        self.next_entry = 0.0  # a shared memory moves one frame's bytes per frame_traffic_ms: the next enters then
 
-    def admit(now: float) -> None:
-        nonlocal admitted, inflight, next_entry
-        while admitted < frames and inflight < window:
-            f = admitted
-            due = max(f * interval_ms if interval_ms is not None else 0.0, next_entry)
+    def push(self, t: float, kind: str, data: tuple) -> None:
+        heapq.heappush(self.events, (t, self.seq, kind, data))
+        self.seq += 1
+
+    def loop(self) -> None:
+        self.push(0.0, "admit", ())
+        while self.events:
+            now, _, kind, data = heapq.heappop(self.events)
+            if kind == "admit":
+                self.admit(now)
+            elif kind == "done":
+                self.done(now, *data)
+            elif kind == "arrive":
+                self.arrive(now, *data)
+            # a unit that just became free may have queued work
+            for unit, until in list(self.unit_busy_until.items()):
+                if until <= now and self.unit_queue.get(unit):
+                    self.dispatch(now, unit)
+
+    def admit(self, now: float) -> None:
+        """Frames enter while the window has room, at their due time and no faster than the shared memory."""
+        while self.admitted < self.frames and self.inflight < self.window:
+            f = self.admitted
+            due = max(f * self.interval_ms if self.interval_ms is not None else 0.0, self.next_entry)
             if due > now:
-                push(due, "admit", ())
+                self.push(due, "admit", ())
                 return
-            admitted += 1
-            inflight += 1
-            enter[f] = now
-            next_entry = now + gate[f % model.period]
-            done_count[f] = 0
-            fs = segs[f % model.period]
+            self.admitted += 1
+            self.inflight += 1
+            self.enter[f] = now
+            self.next_entry = now + self.gate[f % self.model.period]
+            self.done_count[f] = 0
+            fs = self.segs[f % self.model.period]
             incoming: dict[tuple, int] = {s.key: 0 for s in fs}
-            for _, dst in flows[f % model.period]:
+            for _, dst in self.flows[f % self.model.period]:
                 incoming[dst] += 1
             for s in fs:
-                waiting[(f, s.key)] = incoming[s.key]
+                self.waiting[(f, s.key)] = incoming[s.key]
                 if incoming[s.key] == 0:
-                    ready(now, f, s.key)
+                    self.ready(now, f, s.key)
 
-    def ready(now: float, f: int, key: tuple) -> None:
-        seg = seg_by_key[key]
-        unit_queue.setdefault(seg.unit_key, []).append((f, seg.index, key))
-        dispatch(now, seg.unit_key)
+    def ready(self, now: float, f: int, key: tuple) -> None:
+        seg = self.seg_by_key[key]
+        self.unit_queue.setdefault(seg.unit_key, []).append((f, seg.index, key))
+        self.dispatch(now, seg.unit_key)
 
-    def dispatch(now: float, unit: tuple) -> None:
+    def dispatch(self, now: float, unit: tuple) -> None:
         """The oldest frame whose next segment on this unit (in the unit's order) is ready runs it."""
-        nonlocal extra_mj
-        queue = unit_queue.get(unit)
-        if not queue or unit_busy_until.get(unit, 0.0) > now:
+        queue = self.unit_queue.get(unit)
+        if not queue or self.unit_busy_until.get(unit, 0.0) > now:
             return
-        runnable = [e for e in queue if e[1] == next_index.get((unit, e[0]), 0)]
+        runnable = [e for e in queue if e[1] == self.next_index.get((unit, e[0]), 0)]
         if not runnable:
             return
         entry = min(runnable)
         queue.remove(entry)
         f, index, key = entry
-        next_index[(unit, f)] = index + 1
-        seg = seg_by_key[key]
-        ms = model.ms[key]
-        unit_busy_until[unit] = now + ms
-        busy[seg.name] = busy.get(seg.name, 0.0) + ms
-        extra_mj += ms * model.busy_extra_w(seg)
-        push(now + ms, "done", (f, key))
+        self.next_index[(unit, f)] = index + 1
+        seg = self.seg_by_key[key]
+        ms = self.model.ms[key]
+        self.unit_busy_until[unit] = now + ms
+        self.busy[seg.name] = self.busy.get(seg.name, 0.0) + ms
+        self.extra_mj += ms * self.model.busy_extra_w(seg)
+        self.push(now + ms, "done", (f, key))
 
-    push(0.0, "admit", ())
-    while events:
-        now, _, kind, data = heapq.heappop(events)
-        if kind == "admit":
-            admit(now)
-        elif kind == "done":
-            f, key = data
-            seg = seg_by_key[key]
-            dispatch(now, seg.unit_key)
-            fl = flows[f % model.period]
-            for (src, dst), (nbytes, x, y, parts) in fl.items():
-                if src != key:
-                    continue
-                t = model.flow_ms(parts, x, y)
-                delay = model.cost.handoff_delay_ms(x, y)  # latency only: it occupies no link
-                if t == 0:
-                    push(now + delay, "arrive", (f, dst))
-                else:
-                    start = max(now, link_free.get((x, y), 0.0))
-                    link_free[(x, y)] = start + t
-                    extra_mj += model.cost.transfer_mj(nbytes, x, y)
-                    push(start + t + delay, "arrive", (f, dst))
-            done_count[f] += 1
-            if done_count[f] == len(segs[f % model.period]):
-                finish[f] = now
-                inflight -= 1
-                admit(now)
-        elif kind == "arrive":
-            f, dst = data
-            waiting[(f, dst)] -= 1
-            if waiting[(f, dst)] == 0:
-                ready(now, f, dst)
-        # a unit that just became free may have queued work
-        for unit, until in list(unit_busy_until.items()):
-            if until <= now and unit_queue.get(unit):
-                dispatch(now, unit)
-    leave, last = [], 0.0
-    for f in range(frames):  # frames leave in order, and no faster than the shared memory moves their bytes
-        last = max(last + gate[f % model.period] if f else 0.0, finish[f])
-        leave.append(last)
-    return [enter[f] for f in range(frames)], leave, busy, extra_mj
+    def done(self, now: float, f: int, key: tuple) -> None:
+        """A segment ended: its unit takes the next, its outputs cross their links, the frame may be finished."""
+        model = self.model
+        self.dispatch(now, self.seg_by_key[key].unit_key)
+        for (src, dst), (nbytes, x, y, parts) in self.flows[f % model.period].items():
+            if src != key:
+                continue
+            t = model.flow_ms(parts, x, y)
+            delay = model.cost.handoff_delay_ms(x, y)  # latency only: it occupies no link
+            if t == 0:
+                self.push(now + delay, "arrive", (f, dst))
+            else:
+                start = max(now, self.link_free.get((x, y), 0.0))
+                self.link_free[(x, y)] = start + t
+                self.extra_mj += model.cost.transfer_mj(nbytes, x, y)
+                self.push(start + t + delay, "arrive", (f, dst))
+        self.done_count[f] += 1
+        if self.done_count[f] == len(self.segs[f % model.period]):
+            self.finish[f] = now
+            self.inflight -= 1
+            self.admit(now)
+
+    def arrive(self, now: float, f: int, dst: tuple) -> None:
+        self.waiting[(f, dst)] -= 1
+        if self.waiting[(f, dst)] == 0:
+            self.ready(now, f, dst)
+
+    def leave_times(self) -> list[float]:
+        """Frames leave in order, and no faster than the shared memory moves their bytes."""
+        leave, last = [], 0.0
+        for f in range(self.frames):
+            last = max(last + self.gate[f % self.model.period] if f else 0.0, self.finish[f])
+            leave.append(last)
+        return leave

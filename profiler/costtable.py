@@ -8,6 +8,7 @@ a file lock and writes through a temporary file and a rename.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import time
@@ -16,8 +17,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+
 from models.errors import ParapipeError
 from models.files import atomic_write, locked
+from models.schema import first_problem, load_record, record_schema
 
 if TYPE_CHECKING:
     from profiler.measure import Timing
@@ -99,6 +103,17 @@ class CostEntry:
         return (self.conditions.pu, self.conditions.cores)
 
 
+@functools.cache
+def _table_schema() -> type[BaseModel]:
+    """A cost table file: its version and its entries, each a ``CostEntry`` with its ``Conditions``."""
+    return create_model(
+        "CostTableFile",
+        __config__=ConfigDict(strict=True),
+        version=(int, ...),
+        entries=(list[record_schema(CostEntry)], ...),  # type: ignore[misc]
+    )
+
+
 def entry_key(model_sha256: str, kind: str, members: Iterable[str], cond: Conditions) -> str:
     payload = json.dumps(
         {"model": model_sha256, "kind": kind, "members": sorted(members), "cond": _conditions_json(cond)},
@@ -158,22 +173,15 @@ class CostTable:
             raise CostTableError(f"{origin} is not a parapipe cost table (no version field)")
         if data["version"] != TABLE_VERSION:
             raise CostTableError(f"{origin} has version {data['version']}; this parapipe reads version {TABLE_VERSION}")
+        try:
+            checked = _table_schema().model_validate(data)
+        except ValidationError as exc:
+            raise CostTableError(
+                f"{origin} is malformed ({first_problem(exc)}); fix that field or move the file away to start a new table"
+            ) from None
         table = CostTable()
-        entries = data.get("entries")
-        if not isinstance(entries, list):
-            raise CostTableError(f"{origin}: 'entries' must be a list; move the file away to start a new table")
-        for i, raw in enumerate(entries):
-            try:
-                if not isinstance(raw, dict) or not isinstance(raw.get("conditions"), dict):
-                    raise TypeError("expected an object with conditions")
-                raw = dict(raw)
-                cond = Conditions(**raw.pop("conditions"))
-                raw["members"] = tuple(raw["members"])
-                table.add(CostEntry(conditions=cond, **raw))
-            except (KeyError, TypeError, ValueError, AttributeError) as exc:
-                raise CostTableError(
-                    f"{origin} has a malformed entry (entries[{i}]: {exc}); move the file away to start a new table"
-                ) from None
+        for raw in checked.entries:  # type: ignore[attr-defined]
+            table.add(load_record(CostEntry, raw))
         return table
 
     @staticmethod

@@ -34,7 +34,11 @@ Progress = Callable[[str, int, int], None]  # (what, done, total)
 
 
 class Timer(Protocol):
-    """Where measurements are taken: here (``LocalTimer``) or on a board through its agent."""
+    """Where measurements are taken: here (``LocalTimer``) or on a board through its agent, with the
+    onnxruntime version there (a condition of every entry it measures)."""
+
+    @property
+    def ort_version(self) -> str: ...
 
     def op_profile(
         self, model: bytes, feeds: dict[str, np.ndarray], cfg: PuConfig, warmup: int, repeats: int
@@ -46,6 +50,12 @@ class Timer(Protocol):
 
 
 class LocalTimer:
+    @property
+    def ort_version(self) -> str:
+        import onnxruntime as ort
+
+        return str(ort.__version__)
+
     def op_profile(self, model, feeds, cfg, warmup, repeats):  # type: ignore[no-untyped-def]
         return profile_ops(model, feeds, cfg, warmup, repeats)
 
@@ -55,6 +65,16 @@ class LocalTimer:
 
 class ProfilingError(ParapipeError):
     """A profiling run cannot start as asked."""
+
+
+@dataclass(frozen=True)
+class ProfileOptions:
+    """What a profiling run measures and how often: the CLI's --granularity, --repeats and --warmup."""
+
+    granularity: str = "coarse"  # the blocks timed: coarse, fine or both
+    repeats: int = 10  # timed runs per measurement
+    warmup: int = 3  # untimed runs first
+    progress: Progress | None = None
 
 
 @dataclass(frozen=True)
@@ -117,89 +137,121 @@ def run_profile(
     table: CostTable,
     table_path: Path | None,
     configs: list[PuConfig],
-    granularity: str = "coarse",
-    repeats: int = 10,
-    warmup: int = 3,
-    progress: Progress | None = None,
-    ort_version: str | None = None,
+    options: ProfileOptions = ProfileOptions(),
     timer: Timer | None = None,
 ) -> ProfileSummary:
-    import onnxruntime as ort
-
-    ort_version = ort_version or ort.__version__
+    """Measure ``model``'s operators, blocks and calibration partitions on each of ``configs`` with ``timer``
+    (here, by default) into ``table``, skipping what it holds; saved to ``table_path`` even if interrupted."""
     start = time.perf_counter()
-    feeds = model.feeds()
-    granularities = ["fine", "coarse"] if granularity == "both" else [granularity]
-    block_sets = [coarsen(graph, g) for g in granularities]
-    coarse = block_sets[-1] if granularity != "fine" else coarsen(graph, "coarse")
-    blocks = {b.members: b for bs in block_sets for b in bs.nodes}
-    partitions = calibration_partitions(coarse)
-    flops = {n.name: n.flops for n in graph.nodes}
-    by_pu = {p.name: p for p in profile.pus}
     energy_source = EnergyMeter(PowerModel(1, 0), 1).source
-    measured = reused = 0
-    values: dict[str, np.ndarray] | None = None
-    extractor: GroupExtractor | None = None
-    total = len(configs) * (1 + len(blocks) + len(partitions))
-    done = 0
+    run = _ProfileRun(model, graph, profile, table, options, timer or LocalTimer(), len(configs))
     interrupted = False
-
-    def cond(cfg: PuConfig, opt: str) -> Conditions:
-        return Conditions(
-            profile.name, cfg.pu, len(cfg.cores), cfg.threads, cfg.provider, ort_version, opt, cfg.throttle_percent
-        )
-
-    def entry(kind: str, name: str, members: tuple[str, ...], c: Conditions, t: Timing) -> CostEntry:
-        return CostEntry.from_timing(model.sha256, kind, name, members, c, t, sum(flops[m] for m in members))
-
-    def tick(what: str) -> None:
-        nonlocal done
-        done += 1
-        if progress:
-            progress(what, done, total)
-
-    def submodel(members: tuple[str, ...]) -> tuple[bytes, dict[str, np.ndarray]]:
-        nonlocal values, extractor
-        if values is None or extractor is None:
-            values = tensor_values(model.ort_proto, feeds)
-            extractor = GroupExtractor(model.proto, graph)
-        part = extractor.extract("measured", members)
-        return part.model.SerializeToString(), {t: values[t] for t in part.inputs}
-
     try:
-        full_bytes = model.ort_proto.SerializeToString()
         for cfg in configs:
-            pu = by_pu[cfg.pu]
-            c_ops = cond(cfg, "disable")
-            op_keys = {n.name: entry_key(model.sha256, "op", (n.name,), c_ops) for n in graph.nodes}
-            if all(k in table for k in op_keys.values()):
-                reused += len(op_keys)
-            else:
-                timings = (timer or LocalTimer()).op_profile(full_bytes, feeds, cfg, warmup, repeats)
-                for n in graph.nodes:
-                    if n.name in timings:
-                        table.add(entry("op", n.name, (n.name,), c_ops, timings[n.name]))
-                        measured += 1
-            tick(f"{cfg.label}: operators")
-            c_all = cond(cfg, "all")
-            work = [("block", b.name, members) for members, b in blocks.items()]
-            work += [("partition", label, members) for label, members in partitions]
-            for kind, name, members in work:
-                key = entry_key(model.sha256, kind, members, c_all)
-                if key in table:
-                    reused += 1
-                else:
-                    sub, sub_feeds = submodel(members)
-                    t = (timer or LocalTimer()).time(sub, sub_feeds, cfg, warmup, repeats, pu)
-                    table.add(entry(kind, name, members, c_all, t))
-                    measured += 1
-                tick(f"{cfg.label}: {kind} {name}")
+            run.operators(cfg)
+            run.fused(cfg)
     except KeyboardInterrupt:
         interrupted = True
     finally:
         if table_path is not None:
             table.save(table_path)
-    return ProfileSummary(measured, reused, len(table), time.perf_counter() - start, interrupted, energy_source)
+    return ProfileSummary(run.measured, run.reused, len(table), time.perf_counter() - start, interrupted, energy_source)
+
+
+class _ProfileRun:
+    """One profiling run's state: what it times (the blocks of the chosen granularity and the calibration
+    partitions), the entries it adds to the table, and its progress."""
+
+    def __init__(
+        self,
+        model: LoadedModel,
+        graph: OpGraph,
+        profile: DeviceProfile,
+        table: CostTable,
+        options: ProfileOptions,
+        timer: Timer,
+        configs: int,
+    ) -> None:
+        self.model, self.graph, self.profile, self.table, self.options, self.timer = (
+            model,
+            graph,
+            profile,
+            table,
+            options,
+            timer,
+        )
+        self.ort_version = timer.ort_version
+        self.feeds = model.feeds()
+        granularity = options.granularity
+        block_sets = [coarsen(graph, g) for g in (["fine", "coarse"] if granularity == "both" else [granularity])]
+        coarse = block_sets[-1] if granularity != "fine" else coarsen(graph, "coarse")
+        self.work = [
+            ("block", b.name, b.members) for b in {b.members: b for bs in block_sets for b in bs.nodes}.values()
+        ]
+        self.work += [("partition", label, members) for label, members in calibration_partitions(coarse)]
+        self.flops = {n.name: n.flops for n in graph.nodes}
+        self.measured = self.reused = self.done = 0
+        self.total = configs * (1 + len(self.work))
+        self.full_bytes = model.ort_proto.SerializeToString()
+        self._values: dict[str, np.ndarray] | None = None
+        self._extractor: GroupExtractor | None = None
+
+    def conditions(self, cfg: PuConfig, opt: str) -> Conditions:
+        return Conditions(
+            self.profile.name,
+            cfg.pu,
+            len(cfg.cores),
+            cfg.threads,
+            cfg.provider,
+            self.ort_version,
+            opt,
+            cfg.throttle_percent,
+        )
+
+    def add(self, kind: str, name: str, members: tuple[str, ...], c: Conditions, t: Timing) -> None:
+        flops = sum(self.flops[m] for m in members)
+        self.table.add(CostEntry.from_timing(self.model.sha256, kind, name, members, c, t, flops))
+        self.measured += 1
+
+    def tick(self, what: str) -> None:
+        self.done += 1
+        if self.options.progress:
+            self.options.progress(what, self.done, self.total)
+
+    def submodel(self, members: tuple[str, ...]) -> tuple[bytes, dict[str, np.ndarray]]:
+        """The ONNX model of just ``members`` and its inputs' values (from one run of the whole model)."""
+        if self._values is None or self._extractor is None:
+            self._values = tensor_values(self.model.ort_proto, self.feeds)
+            self._extractor = GroupExtractor(self.model.proto, self.graph)
+        part = self._extractor.extract("measured", members)
+        return part.model.SerializeToString(), {t: self._values[t] for t in part.inputs}
+
+    def operators(self, cfg: PuConfig) -> None:
+        """Per-operator times (unfused), unless the table has every operator on ``cfg`` already."""
+        c_ops = self.conditions(cfg, "disable")
+        keys = {n.name: entry_key(self.model.sha256, "op", (n.name,), c_ops) for n in self.graph.nodes}
+        if all(k in self.table for k in keys.values()):
+            self.reused += len(keys)
+        else:
+            o = self.options
+            timings = self.timer.op_profile(self.full_bytes, self.feeds, cfg, o.warmup, o.repeats)
+            for n in self.graph.nodes:
+                if n.name in timings:
+                    self.add("op", n.name, (n.name,), c_ops, timings[n.name])
+        self.tick(f"{cfg.label}: operators")
+
+    def fused(self, cfg: PuConfig) -> None:
+        """Every block and calibration partition on ``cfg`` (fused), but those the table has."""
+        c_all = self.conditions(cfg, "all")
+        pu = self.profile.pu(cfg.pu)
+        for kind, name, members in self.work:
+            if entry_key(self.model.sha256, kind, members, c_all) in self.table:
+                self.reused += 1
+            else:
+                sub, sub_feeds = self.submodel(members)
+                t = self.timer.time(sub, sub_feeds, cfg, self.options.warmup, self.options.repeats, pu)
+                self.add(kind, name, members, c_all, t)
+            self.tick(f"{cfg.label}: {kind} {name}")
 
 
 def _meter(pu: ProcessingUnit, threads: int) -> Callable[[], EnergyMeter]:

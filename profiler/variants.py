@@ -60,11 +60,9 @@ def time_variants(
 ) -> list[VariantTime]:
     """Time each group's variants on each configuration; entries go into ``table`` (when given), and
     entries already there are reused, not measured again."""
-    import onnxruntime as ort
-
-    ort_version = ort_version or ort.__version__
-    maker = maker or VariantMaker(model)
     timer = timer or LocalTimer()
+    ort_version = ort_version or timer.ort_version
+    maker = maker or VariantMaker(model)
     precisions = tuple(precisions)
     flops = {n.name: n.flops for n in maker.graph.nodes}
     # one fp32 run per frame for every group's boundary values, not one per group

@@ -41,7 +41,7 @@ def _load_inputs(
     table = CostTable.load(costs or default_costs())
     granularity = choose_granularity(graph, granularity)
     blocks = coarsen(graph, granularity)
-    return profile, graph, blocks, CostModel(profile, graph, table), loaded
+    return profile, graph, blocks, CostModel.from_table(profile, graph, table), loaded
 
 
 def plan_row(plan: Any) -> dict[str, Any]:
@@ -126,7 +126,7 @@ def plan(
     from parapipe.intake import generated_note
     from planner.objective import parse_objective
     from planner.problem import build_problem
-    from planner.search import baselines, best_plan, pareto_set
+    from planner.search import SearchOptions, baselines, best_plan, pareto_set
 
     parse_objective(objective, allow_pareto=True)
     profile, graph, blocks, cost, loaded = _load_inputs(model, device, costs, granularity, input_shape, input_data)
@@ -136,25 +136,14 @@ def plan(
         def progress(msg: str) -> None:
             status.update(msg)
 
+        search = SearchOptions(time_limit, max_stages, solver, progress)
         problem = build_problem(blocks, graph, cost, max_stages)
         progress("baselines")
         base = baselines(blocks, graph, cost, max_stages, problem)
         if objective == "pareto":
-            plans = pareto_set(blocks, graph, cost, time_limit, max_stages, solver=solver, progress=progress)
+            plans = pareto_set(blocks, graph, cost, search)
         else:
-            plans = [
-                best_plan(
-                    blocks,
-                    graph,
-                    cost,
-                    objective,
-                    time_limit,
-                    max_stages,
-                    solver=solver,
-                    problem=problem,
-                    progress=progress,
-                )
-            ]
+            plans = [best_plan(blocks, graph, cost, objective, search, problem=problem)]
     import dataclasses
 
     where = {"model_path": str(model.resolve()), "inputs": loaded.inputs}
@@ -393,14 +382,15 @@ def compare(
     """Our best plan per objective against every baseline, with ratios (>1 means ours is better)."""
     from planner.objective import Objective
     from planner.problem import build_problem
-    from planner.search import baselines, best_plan
+    from planner.search import SearchOptions, baselines, best_plan
     from planner.select import ratios
 
     profile, graph, blocks, cost, _ = _load_inputs(model, device, costs, granularity, input_shape, input_data)
     with err.status("planning"):
         problem = build_problem(blocks, graph, cost, max_stages)
         base = baselines(blocks, graph, cost, max_stages, problem)
-        ours = {o: best_plan(blocks, graph, cost, o, time_limit, max_stages, problem=problem) for o in Objective}
+        search = SearchOptions(time_limit, max_stages)
+        ours = {o: best_plan(blocks, graph, cost, o, search, problem=problem) for o in Objective}
     rows = []
     for name, b in base.items():
         r = ratios(ours, b)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -38,6 +40,7 @@ def profile(
     from parapipe.intake import generated_note, open_model
     from parapipe.profiling import profile_on_board
     from profiler.costtable import CostTable
+    from profiler.session import ProfileOptions
 
     loaded = open_model(model, input_shape, input_data)
     graph = build_graph(loaded.proto, loaded.sha256, model.stem)
@@ -46,23 +49,11 @@ def profile(
     path = output or default_costs()
     table = CostTable.load(path)
     before = len(table)
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err,
-        transient=as_json,
-        disable=as_json,
-    ) as bar:
-        task = bar.add_task(f"profiling {model.name} on {board}", total=None)
-
-        def progress(what: str, done: int, total: int) -> None:
-            bar.update(task, completed=done, total=total or None, description=f"{board}: {what}"[:60])
-
-        done = profile_on_board(loaded, graph, board, table, path, pu, granularity, repeats, warmup, progress)
-    summary, profile_, configs = done.summary, done.profile, done.configs
-    result = _summarise(table, loaded.sha256, profile_.name, configs, graph)
+    with _progress_bar(f"profiling {model.name} on {board}", board, quiet=as_json) as progress:
+        options = ProfileOptions(granularity, repeats, warmup, progress)
+        done = profile_on_board(loaded, graph, board, table, path, pu, options)
+    summary = done.summary
+    result = _summarise(table, loaded.sha256, done.profile.name, done.configs, graph)
     result.update(
         {
             "costs": str(path),
@@ -78,28 +69,45 @@ def profile(
     if as_json:
         print_json(result)
     else:
-        t = Table(
-            "PU config", "ops", "blocks", "whole model ms", "sum of blocks ms", "energy mJ/frame", "held-out error"
-        )
-        for row in result["configs"]:
-            t.add_row(
-                row["config"],
-                str(row["ops"]),
-                str(row["blocks"]),
-                f"{row['model_ms']:.2f}",
-                f"{row['blocks_sum_ms']:.2f}",
-                f"{row['energy_mj']:.1f} ({row['energy_source']})" if row["energy_mj"] is not None else "-",
-                f"{row['holdout_median_pct']:.1f}%" if row["holdout_median_pct"] is not None else "-",
-            )
-        out.print(t)
-        out.print(
-            f"{summary.measured} measured, {summary.reused} reused from {path} ({summary.entries} entries) "
-            f"in {summary.seconds:.1f}s; energy is {summary.energy_source}",
-            highlight=False,
-        )
+        _print_profile(result)
     if summary.interrupted:
         err.print("interrupted: what was measured is saved; run the same command to continue")
         raise typer.Exit(130)
+
+
+@contextmanager
+def _progress_bar(description: str, label: str, quiet: bool) -> Iterator[Callable[[str, int, int], None]]:
+    """A progress bar on stderr (none when ``quiet``), yielding the ``progress(what, done, total)`` callback that
+    shows ``label: what``."""
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=err, transient=quiet, disable=quiet) as bar:
+        task = bar.add_task(description, total=None)
+
+        def progress(what: str, done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total or None, description=f"{label}: {what}"[:60])
+
+        yield progress
+
+
+def _print_profile(result: dict) -> None:
+    """The profile's summary as a table: per PU configuration, then what was measured and reused."""
+    t = Table("PU config", "ops", "blocks", "whole model ms", "sum of blocks ms", "energy mJ/frame", "held-out error")
+    for row in result["configs"]:
+        t.add_row(
+            row["config"],
+            str(row["ops"]),
+            str(row["blocks"]),
+            f"{row['model_ms']:.2f}",
+            f"{row['blocks_sum_ms']:.2f}",
+            f"{row['energy_mj']:.1f} ({row['energy_source']})" if row["energy_mj"] is not None else "-",
+            f"{row['holdout_median_pct']:.1f}%" if row["holdout_median_pct"] is not None else "-",
+        )
+    out.print(t)
+    out.print(
+        f"{result['measured']} measured, {result['reused']} reused from {result['costs']} ({result['entries']} "
+        f"entries) in {result['seconds']:.1f}s; energy is {result['energy_source']}",
+        highlight=False,
+    )
 
 
 def _summarise(table, sha: str, board: str, configs, graph) -> dict:
@@ -111,7 +119,7 @@ def _summarise(table, sha: str, board: str, configs, graph) -> dict:
     rows = []
     entries = table.select(model_sha256=sha, board=board)
     holdout = held_out(table, sha, board)
-    cost = CostModel(load_profile(board), graph, table, holdout=holdout)
+    cost = CostModel.from_table(load_profile(board), graph, table, holdout=holdout)
     evaluation = cost.evaluate()
     for cfg in configs:
         mine = [e for e in entries if e.conditions.pu == cfg.pu and e.conditions.cores == len(cfg.cores)]
@@ -172,7 +180,7 @@ def simulate(
     loaded = open_model(model, input_shape, plan=the_plan)
     graph = build_graph(loaded.proto, loaded.sha256, model.stem)
     validate(the_plan, graph, prof)
-    cost = CostModel(prof, graph, CostTable.load(costs or default_costs()))
+    cost = CostModel.from_table(prof, graph, CostTable.load(costs or default_costs()))
     lowered = PlanModel(the_plan, graph, cost)
     a, s = analytic(lowered), run_sim(lowered, frames)
     result = {

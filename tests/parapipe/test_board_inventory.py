@@ -59,6 +59,37 @@ def test_a_bad_inventory_is_one_line_and_exit_2(tmp_path: Path, monkeypatch, tex
     assert "boards" in result.output and "Traceback" not in result.output
 
 
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ('[boards.x]\nhost = "h"\nport = "22"\n', "boards.x.port"),
+        ('[boards.x]\nhots = "h"\n', "boards.x.hots: unknown field"),
+        ("[boards.x]\ntimeout_s = true\n", "boards.x.timeout_s"),
+        ("[boards]\nx = 5\n", "boards.x: expected an object (a table) of fields"),
+    ],
+)
+def test_a_malformed_inventory_is_one_line_naming_the_field(tmp_path: Path, monkeypatch, text: str, field: str) -> None:
+    monkeypatch.setenv("PARAPIPE_HOME", str(tmp_path))
+    (tmp_path / "boards.toml").write_text(text)
+    result = CliRunner().invoke(app, ["boards", "list"])
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and field in lines[0] and "parapipe boards add" in lines[0], result.output
+
+
+def test_an_inventory_round_trips_through_its_schema(tmp_path: Path, monkeypatch) -> None:
+    from parapipe.boards import Board, load_boards, save_boards
+
+    monkeypatch.setenv("PARAPIPE_HOME", str(tmp_path))
+    board = Board("b1", "10.0.0.7", 2222, "pi", "/k", "rpi5", host_key_sha256="SHA256:x", timeout_s=20)
+    save_boards({"b1": board})
+    assert load_boards() == {"b1": board}
+    (tmp_path / "boards.toml").write_text(
+        '[boards.b2]\nhost = "h"\nport = 22\nuser = "u"\nkey = "k"\ndevice = "local"\n'
+    )
+    assert load_boards()["b2"] == Board("b2", "h", 22, "u", "k", "local")
+
+
 def test_an_agent_failure_is_a_user_error() -> None:
     from agents.client import AgentError
 

@@ -138,7 +138,7 @@ def test_a_calibration_that_predicts_the_measured_plans_better_is_kept(tuned, ex
     plan, real = tuned["last"][0]
     scratch = CostTable.load(costs)
     assert feed_back(scratch, plan, real, graph, profile, ort.__version__) > 0  # fed back unconditionally
-    agreed = evaluate(plan, graph, CostModel(profile, graph, scratch), frames=0).predicted
+    agreed = evaluate(plan, graph, CostModel.from_table(profile, graph, scratch), frames=0).predicted
     consistent = dataclasses.replace(
         real,
         measured=dataclasses.replace(real.measured, latency_ms=agreed.latency_ms, throughput_fps=agreed.throughput_fps),
@@ -238,7 +238,7 @@ def test_measured_energy_rescales_the_power_model(exported, tmp_path, monkeypatc
     from planner.costmodel import CostModel
 
     graph, profile = _context(exported)
-    cost = CostModel(profile, graph, table)
+    cost = CostModel.from_table(profile, graph, table)
     plan, result = last[0]
     predicted = evaluate(plan, graph, cost, frames=0).predicted.energy_mj
     assert predicted == pytest.approx(result.measured.energy_mj, rel=0.01)

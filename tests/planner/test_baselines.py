@@ -14,7 +14,7 @@ from planner import heuristics as H
 from planner.costmodel import CostModel
 from planner.plan import validate
 from planner.problem import Unit, build_problem, toy_problem
-from planner.search import baselines, best_plan, key
+from planner.search import SearchOptions, baselines, best_plan, key
 from profiler.costtable import Conditions, CostEntry, CostTable, entry_key
 
 PROFILES = [n for n in shipped_names() if n != "local-biglittle"] + ["local-biglittle"]
@@ -77,7 +77,7 @@ def test_ort_all_cores_uses_measured_multicore_runs(exported) -> None:
         cond = Conditions(profile.name, pu, cores, cores, "CPUExecutionProvider", "x", "all")
         key_ = entry_key(graph.model_sha256, "partition", members, cond)
         table.add(CostEntry(key_, "partition", graph.model_sha256, "part1of0", members, cond, ms, ms, ms, ms, 10))
-    cost = CostModel(profile, graph, table)
+    cost = CostModel.from_table(profile, graph, table)
     plan = baselines(blocks, graph, cost)["ort-all-cores"]
     # six threads split every operator; the A53s, measured at 50 ms on 2 cores (100 core-ms), set the pace
     assert plan.predicted.latency_ms == pytest.approx(max(40.0 * 4, 50.0 * 2) / 6)
@@ -92,7 +92,7 @@ def test_baselines_are_computed_once_per_problem(exported, monkeypatch) -> None:
     monkeypatch.setattr(H, "pipe_only", lambda *a, **k: calls.append(1) or real(*a, **k))
     first = baselines(blocks, graph, cost, 4, problem)
     for objective in ("latency", "throughput", "energy"):
-        best_plan(blocks, graph, cost, objective, time_limit=1, problem=problem)
+        best_plan(blocks, graph, cost, objective, SearchOptions(time_limit=1), problem=problem)
     assert baselines(blocks, graph, cost, 4, problem) == first
     assert len(calls) == 1
 
@@ -111,7 +111,7 @@ def test_the_plan_of_each_objective_is_never_worse_than_any_baseline(exported, n
     for plan in base.values():
         validate(plan, graph, profile)
     for objective in ("latency", "throughput", "energy"):
-        plan = best_plan(blocks, graph, cost, objective, time_limit=0.3, problem=problem)
+        plan = best_plan(blocks, graph, cost, objective, SearchOptions(time_limit=0.3), problem=problem)
         validate(plan, graph, profile)
         assert plan.predicted is not None and plan.simulated is not None
         for other, theirs in base.items():

@@ -1,15 +1,28 @@
-"""CostModel: roofline without measurements, measured when it can, calibration recovering known relations."""
+"""CostModel: roofline without measurements, measured when it can, calibration recovering known relations;
+the calibration a value that never changes, the same whatever the hash seed."""
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from device_profiles.loader import load_profile
 from models.coarsen import coarsen
 from models.graph import build_graph
 from models.onnx_io import load_onnx
-from planner.costmodel import CostModel
+from planner.costmodel import CostModel, Fit
+from profiler.calibration import calibrate
 from profiler.costtable import Conditions, CostEntry, CostTable, entry_key
+from profiler.roofline import Roofline
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +78,7 @@ def test_roofline_without_measurements(squeeze) -> None:
 def test_measured_group_is_used_as_is(squeeze) -> None:
     graph, blocks = squeeze
     table, _ = _synthetic_table(graph, blocks, 0.9, 0.3)
-    cost = CostModel(load_profile("local"), graph, table)
+    cost = CostModel.from_table(load_profile("local"), graph, table)
     b = blocks.nodes[3]
     prediction = cost.group_ms(b.members, "cpu", 1)
     assert prediction.source == "measured"
@@ -76,7 +89,7 @@ def test_calibration_recovers_partition_relation_on_held_out_data(squeeze) -> No
     graph, blocks = squeeze
     table, labels = _synthetic_table(graph, blocks, alpha=0.9, beta=0.3)
     holdout = labels[1::2]
-    cost = CostModel(load_profile("local"), graph, table, holdout=holdout)
+    cost = CostModel.from_table(load_profile("local"), graph, table, holdout=holdout)
     fit = cost.fits[("cpu", 1)]
     assert fit.alpha == pytest.approx(0.9, rel=1e-6) and fit.beta_ms == pytest.approx(0.3, rel=1e-6)
     assert fit.fusion == pytest.approx(0.8, rel=1e-6)
@@ -88,7 +101,7 @@ def test_calibration_recovers_partition_relation_on_held_out_data(squeeze) -> No
 def test_unmeasured_config_falls_back_to_roofline(squeeze) -> None:
     graph, blocks = squeeze
     table, _ = _synthetic_table(graph, blocks, 1.0, 0.0)
-    cost = CostModel(load_profile("local"), graph, table)
+    cost = CostModel.from_table(load_profile("local"), graph, table)
     whole = [n.name for n in graph.nodes]
     cores = len(load_profile("local").pu("cpu").cores)
     if cores == 1:
@@ -105,3 +118,94 @@ def test_transfer_cost_uses_the_link(squeeze) -> None:
     # latency + bytes / 3 GB/s + layout conversion + the host feeding the GPU (default estimate, 80 us)
     assert cpu_gpu == pytest.approx(0.08 + 1 / 3.0 + 0.35 + 0.08)
     assert cost.transfer_ms(mb, "a73", "a53") < cpu_gpu
+
+
+def test_a_cost_model_and_its_calibration_never_change(squeeze) -> None:
+    graph, blocks = squeeze
+    table, labels = _synthetic_table(graph, blocks, alpha=0.9, beta=0.3)
+    profile = load_profile("local")
+    cost = CostModel.from_table(profile, graph, table, holdout=labels[1::2])
+    calibration = cost.calibration
+    assert calibration == calibrate(Roofline(profile, graph), table, labels[1::2])
+    with pytest.raises(AttributeError):
+        cost.calibration = calibration  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        calibration.handoff_ms = 1.0  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        calibration.fits[("cpu", 1)] = calibration.fits[("cpu", 1)]  # type: ignore[index]
+    whole = [n.name for n in graph.nodes]
+    before = cost.group_ms(whole, "cpu", 1).ms
+    faster = cost.recalibrated(calibration.with_fit(("cpu", 1), Fit({}, 0.0, 1.0, 0.5, 0.0, 3)))
+    assert faster.group_ms(whole, "cpu", 1).ms != before
+    assert cost.group_ms(whole, "cpu", 1).ms == before, "a new calibration makes a new model; the old one is as was"
+    assert faster.recalibrated(calibration.with_handoff(2.0)).calibration.handoff_ms == 2.0
+    assert cost.calibration.handoff_ms == 0.0
+
+
+def test_a_calibration_is_for_one_model_on_one_board(squeeze) -> None:
+    graph, blocks = squeeze
+    table, _ = _synthetic_table(graph, blocks, 1.0, 0.0)
+    local = CostModel.from_table(load_profile("local"), graph, table).calibration
+    with pytest.raises(ValueError, match="given for model"):
+        CostModel(load_profile("khadas-vim3"), graph, local)
+
+
+def test_the_fits_do_not_depend_on_the_hash_seed(squeeze, exported, tmp_path) -> None:
+    graph, _ = squeeze
+    # irregular operator times, so that their sums depend on the order they are added in; one block, the whole
+    # model, so the fusion factor is that block's ratio; partitions: the model cut in 2, 3 and 4
+    names = [n.name for n in graph.nodes]
+    op_ms = {n: 0.1 + (i * 0.6180339887) % 1 * 10.0 ** (i % 7 - 3) for i, n in enumerate(names)}
+    table = CostTable()
+    for n in names:
+        table.add(_entry(graph, "op", n, (n,), op_ms[n]))
+    table.add(_entry(graph, "block", "whole", names, 0.8 * sum(op_ms.values())))
+    for parts in (2, 3, 4):
+        for k in range(parts):
+            members = names[k * len(names) // parts : (k + 1) * len(names) // parts]
+            table.add(_entry(graph, "partition", f"p{parts}{k}", members, 0.9 * sum(op_ms[m] for m in members) + 0.3))
+    labels = ["", "p31"]
+    table.save(tmp_path / "costs.json")
+    script = f"""
+import sys
+from pathlib import Path
+from device_profiles.loader import load_profile
+from models.graph import build_graph
+from models.onnx_io import load_onnx
+from planner.costmodel import CostModel
+from profiler.costtable import CostTable
+loaded = load_onnx(sys.argv[1])
+graph = build_graph(loaded.proto, loaded.sha256, "squeezenet1_1")
+cost = CostModel.from_table(load_profile("local"), graph, CostTable.load(Path(sys.argv[2])), holdout={labels[1::2]!r})
+print(repr(sorted((cfg, repr(fit)) for cfg, fit in cost.fits.items())), repr(cost.evaluate()))
+"""
+    model = str(exported("squeezenet1_1").path)
+    outs = set()
+    for seed in ("1", "2", "3"):
+        env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(ROOT)}
+        ran = subprocess.run(
+            [sys.executable, "-c", script, model, str(tmp_path / "costs.json")], env=env, capture_output=True, text=True
+        )
+        assert ran.returncode == 0, ran.stderr
+        outs.add(ran.stdout)
+    assert len(outs) == 1, outs
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(order=st.randoms(use_true_random=False))
+def test_the_calibration_does_not_depend_on_the_tables_order(squeeze, order) -> None:
+    """A block and a partition of the same nodes fill one place: the later measurement wins, in memory (as
+    measured) and loaded (by key) alike."""
+    graph, blocks = squeeze
+    table, _ = _synthetic_table(graph, blocks, alpha=0.9, beta=0.3)
+    b = blocks.nodes[5]
+    again = _entry(graph, "partition", "run:again", b.members, 7.0)  # what a plan's run measured later
+    entries = [dataclasses.replace(e, measured_at=float(i)) for i, e in enumerate(table)]
+    entries.append(dataclasses.replace(again, measured_at=float(len(entries))))
+    order.shuffle(entries)
+    shuffled = CostTable({e.key: e for e in entries})
+    profile = load_profile("local")
+    cost = CostModel.from_table(profile, graph, shuffled)
+    assert cost.group_ms(b.members, "cpu", 1).ms == 7.0
+    in_time_order = CostTable({e.key: e for e in sorted(entries, key=lambda e: e.measured_at)})
+    assert cost.calibration == CostModel.from_table(profile, graph, in_time_order).calibration

@@ -154,11 +154,13 @@ def cases(draw):
     return _graph(flops, edges, nbytes), draw(boards()), objective, calibration
 
 
-def _calibrate(cost: CostModel, alpha: float, beta: float) -> None:
+def _calibrate(cost: CostModel, alpha: float, beta: float) -> CostModel:
     """What ``parapipe tune`` learns on a board: partition = alpha * sum(blocks) + beta, for every config."""
+    calibration = cost.calibration
     for p in cost.profile.pus:
         for k in range(1, len(p.cores) + 1) if p.kind == "cpu" else (1,):
-            cost.fits[(p.name, k)] = Fit({}, 0.0, 1.0, alpha, beta, 3)
+            calibration = calibration.with_fit((p.name, k), Fit({}, 0.0, 1.0, alpha, beta, 3))
+    return cost.recalibrated(calibration)
 
 
 def _check_partitions(plan: Plan, graph: OpGraph, profile: DeviceProfile) -> None:
@@ -209,7 +211,7 @@ def test_solver_analytic_and_simulation_are_one_model(case) -> None:
     (graph, blocks), profile, objective, calibration = case
     cost = CostModel(profile, graph)
     if calibration is not None:
-        _calibrate(cost, *calibration)
+        cost = _calibrate(cost, *calibration)
     problem = build_problem(blocks, graph, cost, 4)
     solution = solve(problem, objective, time_limit=20, gap=1e-6)
     assert solution.status == "optimal"

@@ -20,10 +20,10 @@ from models.graph import build_graph
 from models.onnx_io import load_onnx
 from planner import heuristics as H
 from planner.baselines import single_pu
-from planner.costmodel import CostModel, Fit
+from planner.costmodel import Calibration, CostModel, Fit
 from planner.ilp import Assignment, _formulate, _set_warm_start, canonical, schedule, solve
 from planner.problem import Problem, Unit, build_problem, toy_problem
-from planner.search import best_plan, key
+from planner.search import SearchOptions, best_plan, key
 from planner.simulate import PlanModel, analytic
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -116,8 +116,8 @@ def test_balanced_warm_start_on_googlenet_is_feasible_for_the_solver(exported) -
 def test_calibration_is_applied_once(exported) -> None:
     graph, blocks = _load(exported, "squeezenet1_1")
     profile = load_profile("khadas-vim3")
-    cost = CostModel(profile, graph)
-    cost.fits[("a73", 4)] = Fit({}, 0.0, 1.0, alpha=1.5, beta_ms=2.0, partitions_fitted=3)
+    fit = Fit({}, 0.0, 1.0, alpha=1.5, beta_ms=2.0, partitions_fitted=3)
+    cost = CostModel(profile, graph, Calibration(graph.model_sha256, profile.name).with_fit(("a73", 4), fit))
     members = [n.name for n in graph.nodes]
     units = sum(cost.roofline_ms(m, "a73", 4) for m in members)
     assert cost.group_ms(members, "a73", 4).ms == pytest.approx(1.5 * units + 2.0)
@@ -138,14 +138,14 @@ from models.coarsen import coarsen
 from models.graph import build_graph
 from models.onnx_io import load_onnx
 from planner.costmodel import CostModel
-from planner.search import best_plan
+from planner.search import SearchOptions, best_plan
 loaded = load_onnx(sys.argv[1])
 graph = build_graph(loaded.proto, loaded.sha256, "squeezenet1_1")
 blocks = coarsen(graph, "coarse")
 cost = CostModel(load_profile(sys.argv[2]), graph)
 out = {}
 for objective in ("latency", "throughput", "energy"):
-    data = best_plan(blocks, graph, cost, objective, time_limit=60).to_json()
+    data = best_plan(blocks, graph, cost, objective, SearchOptions(time_limit=60)).to_json()
     data["provenance"]["seconds"] = 0.0  # wall-clock time, the one field that may differ
     out[objective] = data
 print(json.dumps(out, sort_keys=True))
@@ -171,11 +171,11 @@ def test_a_plan_is_labelled_by_how_it_was_found(exported) -> None:
     graph, blocks = _load(exported, "googlenet")
     cost = CostModel(load_profile("khadas-vim3"), graph)
     problem = build_problem(blocks, graph, cost, 4)
-    solved = best_plan(blocks, graph, cost, "energy", time_limit=30, problem=problem)
+    solved = best_plan(blocks, graph, cost, "energy", SearchOptions(time_limit=30), problem=problem)
     assert solved.provenance.method == "ilp" and solved.provenance.status == "optimal"
     assert solved.provenance.solver_value == pytest.approx(solved.predicted.energy_mj, rel=0.01)
     # no time to find a plan of its own: the warm start (a heuristic) is what comes back, named as such
-    rushed = best_plan(blocks, graph, cost, "latency", time_limit=0.001, problem=problem)
+    rushed = best_plan(blocks, graph, cost, "latency", SearchOptions(time_limit=0.001), problem=problem)
     assert rushed.provenance.method.startswith("heuristic:"), rushed.provenance
     assert rushed.provenance.status != "optimal"
     name = rushed.provenance.method.split(":", 1)[1]

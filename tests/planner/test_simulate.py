@@ -166,7 +166,7 @@ def test_a_learnt_handoff_delays_latency_but_occupies_no_link(googlenet) -> None
     plan = flop_pipeline(blocks, vim3, [("a73", 4), ("a53", 2)])
     cost = CostModel(vim3, graph)
     before = analytic(PlanModel(plan, graph, cost))
-    cost.handoff_ms = 5.0
+    cost = cost.recalibrated(cost.calibration.with_handoff(5.0))
     after = analytic(PlanModel(plan, graph, cost))
     hops = sum(1 for f in PlanModel(plan, graph, cost).frame_flows(0).values() if f[1] != f[2])
     assert hops >= 1

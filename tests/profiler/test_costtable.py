@@ -54,3 +54,39 @@ def test_unknown_version_and_garbage_are_refused(tmp_path: Path) -> None:
     path.write_text("{not json")
     with pytest.raises(CostTableError, match="move it away"):
         CostTable.load(path)
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        (lambda e: e.update(members="a"), "entries[0].members"),
+        (lambda e: e["conditions"].update(cores="1"), "entries[0].conditions.cores"),
+        (lambda e: e["conditions"].pop("board"), "entries[0].conditions.board: missing field"),
+        (lambda e: e.update(mean_ms=None), "entries[0].mean_ms"),
+        (lambda e: e.update(repeats=True), "entries[0].repeats"),
+        (lambda e: e.update(colour="red"), "entries[0].colour: unknown field"),
+    ],
+)
+def test_a_malformed_entry_is_one_line_naming_the_field(tmp_path: Path, change, field: str) -> None:
+    table = CostTable()
+    table.add(_entry("a", 1.0))
+    data = json.loads(json.dumps(table.to_json()))
+    change(data["entries"][0])
+    path = tmp_path / "costs.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(CostTableError) as info:
+        CostTable.load(path)
+    message = str(info.value)
+    assert f"({field}" in message and "\n" not in message, message
+    assert "move the file away" in message
+
+
+def test_a_table_written_before_precisions_loads_with_integer_times(tmp_path: Path) -> None:
+    table = CostTable()
+    table.add(_entry("a", 2.0))
+    data = json.loads(json.dumps(table.to_json()))
+    data["entries"][0]["mean_ms"] = 2  # JSON written by hand or another tool: an integer time
+    assert "precision" not in data["entries"][0]["conditions"]
+    (entry,) = CostTable.from_json(data)
+    assert entry.mean_ms == 2.0 and entry.conditions.precision == "fp32" and entry.members == ("a",)
+    assert entry == _entry("a", 2.0).__class__(**{**entry.__dict__})

@@ -18,7 +18,7 @@ from parapipe.cli import app
 from profiler.costtable import CostTable
 from profiler.measure import PuConfig, profile_ops
 from profiler.pinning import run_pinned
-from profiler.session import pu_configs, run_profile
+from profiler.session import ProfileOptions, pu_configs, run_profile
 
 
 def test_op_profile_maps_back_to_onnx_node_names(exported) -> None:
@@ -68,6 +68,10 @@ def test_profile_cli_measures_then_reuses(exported, tmp_path: Path, monkeypatch)
     assert result["holdout"]["count"] > 0
     again = runner.invoke(app, ["profile", str(model), "--board", "local", "--repeats", "3", "--warmup", "1", "--json"])
     assert json.loads(again.stdout)["measured"] == 0, "a repeated run must reuse the cost table"
+    shown = runner.invoke(app, ["profile", str(model), "--board", "local", "--repeats", "3", "--warmup", "1"])
+    assert shown.exit_code == 0, shown.output
+    assert "held-out error" in shown.stdout and "cpux" in shown.stdout
+    assert f"0 measured, {result['measured']} reused from" in " ".join(shown.stdout.split())
 
 
 def test_interrupted_profile_keeps_what_was_measured(exported, tmp_path: Path) -> None:
@@ -81,13 +85,14 @@ def test_interrupted_profile_keeps_what_was_measured(exported, tmp_path: Path) -
         if done == 5:
             raise KeyboardInterrupt
 
-    summary = run_profile(
-        loaded, graph, profile, CostTable(), path, configs, repeats=3, warmup=1, progress=stop_after_five
-    )
+    options = ProfileOptions(repeats=3, warmup=1, progress=stop_after_five)
+    summary = run_profile(loaded, graph, profile, CostTable(), path, configs, options)
     assert summary.interrupted
     kept = len(CostTable.load(path))
     assert kept == summary.measured > 0
-    resumed = run_profile(loaded, graph, profile, CostTable.load(path), path, configs, repeats=3, warmup=1)
+    resumed = run_profile(
+        loaded, graph, profile, CostTable.load(path), path, configs, ProfileOptions(repeats=3, warmup=1)
+    )
     assert not resumed.interrupted
     assert resumed.reused == kept, "the resumed run starts where the interrupted one stopped"
     assert resumed.measured > 0

@@ -1,0 +1,229 @@
+"""``Calibration``: what a cost table's measurements say about one model on one board.
+
+Computed once by ``calibrate`` and never changed afterwards: the measured operators, fused blocks and
+partitions of each PU configuration, the per-configuration ``Fit`` learnt from them, and the
+board-wide values ``parapipe tune`` learns from measured plans (the handoff delay between PUs of a
+host, the scales of the profile's busy and idle power). A different calibration (tune's candidates,
+a test's) is a new value made with ``with_handoff`` / ``with_power`` / ``with_fit``.
+
+For a group of ONNX nodes on a configuration, the units it is made of are the measured blocks inside
+it, then single operators: measured, else the roofline scaled per op class by the factors fitted on
+this configuration's operator profile, times the fitted fusion factor. A partition is
+``alpha * sum(units) + beta``, with alpha and beta fitted by relative least squares on the measured
+partitions of the configuration (fused execution is not the sum of its ops). ``holdout`` keeps chosen
+partitions out of every fit, so the model's error on what it has not seen can be reported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+import numpy as np
+
+from profiler.costtable import CostEntry, CostTable
+from profiler.roofline import Roofline
+
+Config = tuple[str, int]  # (PU name, cores)
+
+# Partitions shorter than this stay out of the alpha/beta fit (they are still used as measured
+# values): their times are dominated by dispatch and, on a CFS-throttled core, by whether the
+# run fits in what is left of the quota, and in a relative fit they would outweigh the rest.
+MIN_FIT_MS = 1.0
+
+
+@dataclass(frozen=True)
+class Fit:
+    """What calibration learnt for one PU configuration."""
+
+    class_scale: Mapping[str, float]  # measured / roofline per op class, from the operator profile
+    op_overhead_ms: float
+    fusion: float  # fused block time / sum of its operators' unfused times
+    alpha: float  # partition = alpha * sum(unit predictions) + beta
+    beta_ms: float
+    partitions_fitted: int
+
+
+def _frozen(mapping: Mapping) -> Mapping:  # type: ignore[type-arg]
+    return MappingProxyType(dict(mapping))
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The measurements of one model on one board and what was fitted on them; read-only."""
+
+    model_sha256: str
+    board: str
+    ops: Mapping[tuple[Config, str], float] = field(default_factory=lambda: _frozen({}))
+    fused: Mapping[tuple[Config, frozenset[str]], CostEntry] = field(default_factory=lambda: _frozen({}))
+    partitions: Mapping[Config, tuple[CostEntry, ...]] = field(default_factory=lambda: _frozen({}))
+    blocks: tuple[frozenset[str], ...] = ()  # the measured blocks, in table order
+    fits: Mapping[Config, Fit] = field(default_factory=lambda: _frozen({}))
+    # Delay of handing a tensor to a worker on another PU of the same host (waking it, and on a
+    # throttled core waiting for its quota): learnt from measured plans by ``parapipe tune``.
+    handoff_ms: float = 0.0
+    # Measured energy (a board with a power sensor) rescales the profile's busy and idle power.
+    power_active_scale: float = 1.0
+    power_idle_scale: float = 1.0
+    holdout: frozenset[str] = frozenset()  # partition labels kept out of every fit
+
+    def __post_init__(self) -> None:
+        for name in ("ops", "fused", "partitions", "fits"):
+            value = getattr(self, name)
+            if not isinstance(value, MappingProxyType):
+                object.__setattr__(self, name, _frozen(value))
+        object.__setattr__(self, "holdout", frozenset(self.holdout))
+
+    # ------------------------------------------------------------------ new values
+
+    def with_handoff(self, ms: float) -> Calibration:
+        return dataclasses.replace(self, handoff_ms=ms)
+
+    def with_power(self, active_scale: float, idle_scale: float) -> Calibration:
+        return dataclasses.replace(self, power_active_scale=active_scale, power_idle_scale=idle_scale)
+
+    def with_fit(self, cfg: Config, fit: Fit) -> Calibration:
+        return dataclasses.replace(self, fits={**self.fits, cfg: fit})
+
+    # ------------------------------------------------------------------ unit sums
+
+    def op_ms(self, roofline: Roofline, node: str, cfg: Config) -> tuple[float, str]:
+        """One operator on ``cfg``: measured, else the calibrated roofline, else the roofline."""
+        measured = self.ops.get((cfg, node))
+        if measured is not None:
+            return measured, "calibrated"
+        fit = self.fits.get(cfg)
+        n = roofline.graph.index[node]
+        if fit and n.flops == 0 and fit.op_overhead_ms:
+            return fit.op_overhead_ms, "calibrated"
+        if fit and n.op_class in fit.class_scale:
+            return roofline.ms(node, *cfg) * fit.class_scale[n.op_class], "calibrated"
+        return roofline.ms(node, *cfg), "roofline"
+
+    def units_ms(self, roofline: Roofline, members: frozenset[str], cfg: Config, exclude_self: bool = False) -> float:
+        """Sum over the measured blocks inside ``members``, then operators for the rest (times the fusion)."""
+        # math.fsum: the exact sum, whatever order a set iterates in (the hash seed must not change a plan)
+        parts, left = [], set(members)
+        for block in self.blocks:
+            if block <= left and not (exclude_self and block == members):
+                entry = self.fused.get((cfg, block))
+                if entry is not None:
+                    parts.append(entry.mean_ms)
+                    left -= block
+        fit = self.fits.get(cfg)
+        fusion = fit.fusion if fit else 1.0
+        return math.fsum(parts) + fusion * math.fsum(self.op_ms(roofline, m, cfg)[0] for m in left)
+
+    def partition_ms(self, roofline: Roofline, entry: CostEntry) -> float:
+        """A measured partition as predicted from its units, not from its own measurement."""
+        cfg = entry.config
+        units = self.units_ms(roofline, frozenset(entry.members), cfg, exclude_self=True)
+        fit = self.fits[cfg]
+        return fit.alpha * units + fit.beta_ms if fit.partitions_fitted else units
+
+
+def _measured(model_sha256: str, board: str, entries: Iterable[CostEntry], holdout: frozenset[str]) -> Calibration:
+    """The table's entries for one model and board sorted into a calibration, nothing fitted yet.
+
+    Where entries fill one place (a block and a partition of the same nodes, a handoff, a power scale), the
+    latest measurement wins, whatever order the table holds them in (in memory: as measured; loaded: by key)."""
+    ops: dict[tuple[Config, str], float] = {}
+    fused: dict[tuple[Config, frozenset[str]], CostEntry] = {}
+    partitions: dict[Config, list[CostEntry]] = {}
+    latest: dict[tuple[str, str], CostEntry] = {}  # (kind, name) -> the latest handoff / power entry
+    for e in sorted(entries, key=lambda e: e.measured_at):  # stable: equal times keep the table's order
+        cfg = e.config
+        if e.kind == "op":
+            ops[(cfg, e.members[0])] = e.mean_ms
+        elif e.kind == "block":
+            fused[(cfg, frozenset(e.members))] = e
+        elif e.kind == "partition":
+            if e.name not in holdout:
+                fused[(cfg, frozenset(e.members))] = e
+            partitions.setdefault(cfg, []).append(e)
+        elif e.kind == "handoff" or (e.kind == "power" and e.value is not None):
+            latest[(e.kind, "handoff" if e.kind == "handoff" else e.name)] = e
+
+    def scale(name: str) -> float:
+        e = latest.get(("power", name))
+        return e.value if e is not None and e.value is not None else 1.0
+
+    handoff = latest.get(("handoff", "handoff"))
+    return Calibration(
+        model_sha256,
+        board,
+        ops=ops,
+        fused=fused,
+        partitions={cfg: tuple(es) for cfg, es in partitions.items()},
+        blocks=tuple(frozenset(e.members) for e in fused.values() if e.kind == "block"),
+        handoff_ms=handoff.mean_ms if handoff is not None else 0.0,
+        power_active_scale=scale("active-scale"),
+        power_idle_scale=scale("idle-scale"),
+        holdout=holdout,
+    )
+
+
+def _unit_fit(measured: Calibration, roofline: Roofline, cfg: Config) -> Fit:
+    """The per-operator part of ``cfg``'s fit: op-class scales, operator overhead, fusion factor."""
+    ratios: dict[str, list[float]] = {}
+    overheads: list[float] = []
+    for n in roofline.graph.nodes:
+        ms = measured.ops.get((cfg, n.name))
+        if ms is None:
+            continue
+        if n.flops == 0:
+            overheads.append(ms)
+        else:
+            ratios.setdefault(n.op_class, []).append(ms / roofline.ms(n.name, *cfg))
+    fusion_ratios = []
+    for (c, members), e in measured.fused.items():
+        if c == cfg and e.kind == "block" and all((cfg, m) in measured.ops for m in members):
+            unfused = math.fsum(measured.ops[(cfg, m)] for m in members)  # exact: members is a set
+            if unfused > 0:
+                fusion_ratios.append(e.mean_ms / unfused)
+    return Fit(
+        class_scale={cls: statistics.median(r) for cls, r in ratios.items()},
+        op_overhead_ms=statistics.median(overheads) if overheads else 0.0,
+        fusion=statistics.median(fusion_ratios) if fusion_ratios else 1.0,
+        alpha=1.0,
+        beta_ms=0.0,
+        partitions_fitted=0,
+    )
+
+
+def _partition_fit(units: Calibration, roofline: Roofline, cfg: Config) -> Fit:
+    """``cfg``'s unit fit completed with alpha and beta, fitted on its measured partitions not held out."""
+    xs, ys = [], []
+    for e in units.partitions.get(cfg, ()):
+        if e.name in units.holdout or e.mean_ms < MIN_FIT_MS:
+            continue
+        xs.append(units.units_ms(roofline, frozenset(e.members), cfg, exclude_self=True))
+        ys.append(e.mean_ms)
+    alpha, beta = 1.0, 0.0
+    if len(xs) >= 2:
+        # Relative least squares: minimise sum(((alpha*x + beta) - y) / y)^2
+        a = np.array([[x / y, 1 / y] for x, y in zip(xs, ys, strict=True)])
+        (alpha, beta), *_ = np.linalg.lstsq(a, np.ones(len(ys)), rcond=None)
+        if alpha <= 0:
+            alpha, beta = float(np.median(np.array(ys) / np.array(xs))), 0.0
+    elif len(xs) == 1:
+        alpha = ys[0] / xs[0]
+    return dataclasses.replace(units.fits[cfg], alpha=float(alpha), beta_ms=float(beta), partitions_fitted=len(xs))
+
+
+def calibrate(roofline: Roofline, table: CostTable | None, holdout: Iterable[str] = ()) -> Calibration:
+    """What ``table`` measured for ``roofline``'s model on its board, and the fits made from it."""
+    graph, board = roofline.graph, roofline.profile.name
+    if graph.granularity != "op":
+        raise ValueError("calibration needs the operator-level graph")
+    held = frozenset(holdout)
+    entries = table.select(model_sha256=graph.model_sha256, board=board) if table else []
+    measured = _measured(graph.model_sha256, board, entries, held)
+    configs = sorted({c for c, _ in measured.ops} | {c for c, _ in measured.fused})
+    # Alpha and beta of a configuration are fitted on unit sums made with its unit fit (and no other's).
+    units = dataclasses.replace(measured, fits={cfg: _unit_fit(measured, roofline, cfg) for cfg in configs})
+    return dataclasses.replace(units, fits={cfg: _partition_fit(units, roofline, cfg) for cfg in configs})
