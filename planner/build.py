@@ -72,48 +72,17 @@ def to_plan(
 
 
 def _levels(units: list[int], succ: dict[int, set[int]]) -> dict[int, int]:
-    """Longest-path level of each unit's strongly connected component."""
-    index, low, on_stack, stack, comp = {}, {}, set(), [], {}
-    counter = [0]
-    components: list[list[int]] = []
+    """Longest-path level of each unit's strongly connected component (networkx's condensation)."""
+    import networkx as nx
 
-    def strong(v: int) -> None:  # Tarjan
-        index[v] = low[v] = counter[0]
-        counter[0] += 1
-        stack.append(v)
-        on_stack.add(v)
-        for w in succ[v]:
-            if w not in index:
-                strong(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            members = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                comp[w] = len(components)
-                members.append(w)
-                if w == v:
-                    break
-            components.append(members)
-
-    for u in units:
-        if u not in index:
-            strong(u)
-    csucc: dict[int, set[int]] = {c: set() for c in range(len(components))}
-    for u in units:
-        for w in succ[u]:
-            if comp[u] != comp[w]:
-                csucc[comp[u]].add(comp[w])
+    g = nx.DiGraph()
+    g.add_nodes_from(units)
+    g.add_edges_from((u, w) for u in units for w in succ[u])
+    dag = nx.condensation(g)
     depth: dict[int, int] = {}
-    for c in reversed(range(len(components))):  # Tarjan emits components in reverse topological order
-        depth[c] = 0
-    for c in reversed(range(len(components))):
-        for d in csucc[c]:
-            depth[d] = max(depth[d], depth[c] + 1)
-    return {u: depth[comp[u]] for u in units}
+    for c in nx.topological_sort(dag):
+        depth[c] = max((depth[p] + 1 for p in dag.predecessors(c)), default=0)
+    return {u: depth[dag.graph["mapping"][u]] for u in units}
 
 
 def evaluate(plan: Plan, graph: OpGraph, cost: CostModel, frames: int = 240) -> Plan:
