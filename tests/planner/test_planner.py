@@ -46,9 +46,11 @@ def test_analytic_and_simulated_throughput_agree(exported) -> None:
         plan = best_plan(blocks, graph, cost, objective, SearchOptions(time_limit=1.0))
         # the analytic figure is the busiest unit's bound; the simulation's steady state reaches it, but a
         # plan that balances five units exactly fills its 133-frame window slowly: 240 frames see 6% less
-        # (2400 frames: within 0.5%). Known gap, see issue 11.
+        # (2400 frames: within 0.5%). Frames that entered while the window filled also leave in a burst
+        # inside the measured half: a plan with a 133-frame window measures up to 1.6% above the bound at
+        # 240 frames (0.2% at 2400), so the bound is checked to 2%.
         assert plan.predicted.throughput_fps * 0.92 <= plan.simulated.throughput_fps
-        assert plan.simulated.throughput_fps <= plan.predicted.throughput_fps * 1.01
+        assert plan.simulated.throughput_fps <= plan.predicted.throughput_fps * 1.02
         assert plan.simulated.latency_ms >= plan.predicted.latency_ms * 0.99  # at full rate, never faster than alone
 
 
