@@ -8,16 +8,19 @@
   pipe_only       Pipe-it style: consecutive blocks in stages, one unit per stage,
                   split by dynamic programming for the smallest period
   balanced        load balancing for throughput (longest job first, then moves and swaps)
+  segmented       latency: the ILP on each segment between articulation blocks, one after the other
 All work on full clusters and non-CPU PUs unless told which units to use.
 """
 
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import itertools
 from collections.abc import Sequence
 
-from planner.ilp import Assignment, schedule
+from planner.ilp import Assignment, fits, schedule
+from planner.plan import PlanError
 from planner.problem import Problem
 
 
@@ -92,7 +95,8 @@ def list_schedule(
     priority: Sequence[float] | None = None,
     pinned: dict[int, int] | None = None,
 ) -> Assignment:
-    """Earliest finish time: take ready blocks by priority (highest first), put each where it ends first."""
+    """Earliest finish time: take ready blocks by priority (highest first), put each where it ends first;
+    the units run their blocks in that order."""
     n = len(problem.blocks)
     preds = _preds(problem)
     prio = priority or [-b for b in range(n)]
@@ -100,6 +104,7 @@ def list_schedule(
     finish: dict[int, float] = {}
     free: dict[int, float] = {}
     remaining = set(range(n))
+    order: list[int] = []
     while remaining:
         ready = [b for b in remaining if all(i in placed for i, _ in preds[b])]
         b = max(ready, key=lambda x: (prio[x], -x))
@@ -118,7 +123,9 @@ def list_schedule(
         finish[b], placed[b] = best
         free[best[1]] = best[0]
         remaining.remove(b)
-    return Assignment(tuple(placed[b] for b in range(n)))
+        order.append(b)
+    # each unit runs its blocks in the order they were placed (the list schedule's own order)
+    return Assignment(tuple(placed[b] for b in range(n)), () if order == sorted(order) else tuple(order))
 
 
 def heft(problem: Problem, units: Sequence[int]) -> Assignment:
@@ -307,4 +314,85 @@ def balanced(problem: Problem) -> Assignment | None:
                         current, period, improved = cand, p, True
         if best is None or period < best[0]:
             best = (period, current)
+    return best[1] if best else None
+
+
+def segmented(problem: Problem, units: Sequence[int], time_limit: float = 1.0) -> Assignment | None:
+    """Latency warm start: the segments between articulation blocks (nothing runs beside them) one after
+    the other, each solved by the ILP on ``units`` for its shortest span, its first block kept on the unit
+    the segment before it chose. A frame's latency is the sum of its segments' spans, so this is exact
+    but for that greedy choice at the joins (and the per-partition overhead the segments do not see)."""
+    from planner.ilp import solve  # the ILP on a segment: a sub-problem far smaller than the model
+
+    n = len(problem.blocks)
+    allowed = set(units)
+    cuts = [c for c in problem.articulations() if c > 0]
+    bounds = [0, *cuts] if cuts and cuts[-1] == n - 1 else [0, *cuts, n - 1]
+    unit_of: dict[int, int] = {}
+    order: list[int] = []
+    per = time_limit / max(1, len(bounds) - 1)
+    for lo, hi in itertools.pairwise(bounds):
+        sub = problem.segment(lo, hi, sink=hi != n - 1)
+        # the first block stays where the segment before put it; identical units are interchangeable within
+        # a segment, so it is pinned to the first of its kind (the ILP's symmetry rows ask for that) and the
+        # two swap back afterwards
+        pinned = unit_of.get(lo)
+        swap: dict[int, int] = {}
+        if pinned is not None:
+            x = problem.units[pinned]
+            first = next(u for u, y in enumerate(problem.units) if (y.pu, y.cores, y.instance) == (x.pu, x.cores, 0))
+            swap = {first: pinned, pinned: first}
+        cost = {
+            (b, u): v
+            for (b, u), v in sub.cost.items()
+            if u in allowed and (b != 0 or pinned is None or u == swap[pinned])
+        }
+        if len({b for b, _ in cost}) < hi - lo + 1:
+            return None  # a block none of these units can run
+        try:
+            solution = solve(dataclasses.replace(sub, cost=cost, derived={}), "latency", per, gap=1e-4)
+        except PlanError:
+            return None
+        for b in solution.assignment.sequence():
+            u = solution.assignment.block_unit[b]
+            unit_of[lo + b] = swap.get(u, u)
+            if lo + b not in order:
+                order.append(lo + b)
+    if len(unit_of) < n:
+        return None
+    return Assignment(tuple(unit_of[b] for b in range(n)), () if order == sorted(order) else tuple(order))
+
+
+def improve_latency(problem: Problem, start: Assignment, units: Sequence[int]) -> Assignment:
+    """Moves one block at a time to another of ``units`` while the latency drops (and memory fits)."""
+    current, best = start, schedule(problem, start).latency_ms
+    improved = True
+    while improved:
+        improved = False
+        for b in range(len(problem.blocks)):
+            for u in units:
+                if u == current.block_unit[b] or not _runs(problem, b, u):
+                    continue
+                trial = list(current.block_unit)
+                trial[b] = u
+                candidate = Assignment(tuple(trial), current.order)
+                latency = schedule(problem, candidate).latency_ms
+                if latency < best - 1e-9 and fits(problem, candidate):
+                    current, best, improved = candidate, latency, True
+    return current
+
+
+def fastest(problem: Problem, tries: int = 2, time_limit: float = 1.0) -> Assignment | None:
+    """Latency warm start: on the ``tries`` ways to cut the board into units where HEFT is fastest, the
+    segment-by-segment ILP (``segmented``) and HEFT, each improved by single-block moves; the fastest."""
+    ranked = sorted(_unit_sets(problem), key=lambda us: schedule(problem, heft(problem, us)).latency_ms)
+    best: tuple[float, Assignment] | None = None
+    for units in ranked[:tries]:
+        for start in (segmented(problem, units, time_limit / tries), heft(problem, units)):
+            if start is None:
+                continue
+            a = improve_latency(problem, start, units)
+            latency = schedule(problem, a).latency_ms
+            if best is None or latency < best[0]:
+                best = (latency, a)
     return best[1] if best else None

@@ -30,6 +30,7 @@ partition (``z``), the way the lowering (``planner.segments``) cuts partitions.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import os
 import time
@@ -240,10 +241,12 @@ def solve(
         horizon,
         _load_bound(problem),
         start.latency_ms if objective == "latency" and start is not None else None,
+        segment_bounds(problem, time_limit / 4) if objective == "latency" or max_latency_ms is not None else (),
     )
     if warm is not None:
         _set_warm_start(problem, v, warm)
-    backend = _solver(solver, time_limit, gap, warm is not None)
+    remaining = max(time_limit - (time.perf_counter() - started), 0.1 * time_limit)
+    backend = _solver(solver, remaining, gap, warm is not None)
     try:
         with _quiet():
             lp.solve(backend)
@@ -359,6 +362,7 @@ def _formulate(
     horizon: float | None,
     upper_load: float | None = None,
     upper_latency: float | None = None,
+    segments: tuple[tuple[int, int, float], ...] = (),
 ) -> tuple[pulp.LpProblem, dict]:
     m = _variables(problem, objective == "latency" or max_l is not None)
     _partition_rows(m)
@@ -371,6 +375,7 @@ def _formulate(
         _order_rows(m, dur, _big_m(m, horizon))
         _region_rows(m, dur)
         _latency_rows(m, dur, upper_latency if objective == "latency" else None)
+        _segment_rows(m, segments)
     _load_rows(m, upper_load)
     _link_and_memory_rows(m)
     _energy_row(m)
@@ -555,6 +560,58 @@ def _latency_rows(m: _Model, dur: dict[int, pulp.LpAffineExpression], upper: flo
         m.lp += m.L >= m.t[b] + dur[b], f"latency_{b}"
     if upper is not None:
         m.lp += m.L <= upper * 1.0001, "bound_latency_warm"
+
+
+def _segment_rows(m: _Model, segments: tuple[tuple[int, int, float], ...]) -> None:
+    """Cut: between two blocks nothing runs beside (articulations), at least the span their segment takes
+    on its own (``segment_bounds``); -1 stands for the frame's arrival, n for its departure."""
+    for x, y, span in segments:
+        early = m.t[x] if x >= 0 else 0
+        late = m.t[y] if y < m.n else m.L
+        m.lp += late >= early + span, f"segment_{x}_{y}"
+
+
+def segment_bounds(problem: Problem, budget: float) -> tuple[tuple[int, int, float], ...]:
+    """Lower bounds on the time between consecutive articulation blocks (x, y, ms), each the proven bound of
+    the latency ILP of the blocks from x to y on their own (a relaxation: no partition overhead, no gRPC
+    CPU time, y costing nothing): the latency of a chain of fork/join modules is the sum of its modules'
+    spans, which the big-M ordering rows alone bound weakly. Computed once per problem, within ``budget``
+    seconds; x = -1 is the frame's arrival, y = n its departure (the last segment includes its last block).
+    Segments of two blocks (the precedence row says as much) or of more than half of a large model (as
+    costly as the model) are left out."""
+    if "segment_bounds" in problem.derived:
+        return problem.derived["segment_bounds"]
+    n = len(problem.blocks)
+    cuts = list(problem.articulations())
+    ends = ([-1] if not cuts or cuts[0] != 0 else []) + cuts + ([n] if not cuts or cuts[-1] != n - 1 else [])
+    pairs = [(x, y) for x, y in itertools.pairwise(ends) if 2 <= y - x <= max(n // 2, 8)]
+    deadline = time.perf_counter() + budget
+    out = []
+    for k, (x, y) in enumerate(pairs):
+        left = deadline - time.perf_counter()
+        if left <= 0.05:
+            break
+        sink = y < n
+        sub = problem.segment(max(x, 0), y if sink else n - 1, sink=sink)
+        span = _latency_bound(sub, left / (len(pairs) - k))
+        if span is not None and span > 0:
+            out.append((x, y, span))
+    problem.derived["segment_bounds"] = tuple(out)
+    return problem.derived["segment_bounds"]
+
+
+def _latency_bound(problem: Problem, time_limit: float) -> float | None:
+    """The proven lower bound on a problem's latency (HiGHS's dual bound of the pure latency ILP)."""
+    lp, v = _formulate(problem, "latency", None, None, None, None, _load_bound(problem))
+    lp.setObjective(v["L"])
+    backend = _solver("highs", max(time_limit, 0.05), 1e-4, False)
+    try:
+        with _quiet():
+            lp.solve(backend)
+    except pulp.PulpSolverError:
+        return None
+    status, _, bound = _status(lp, backend)
+    return bound if status != "infeasible" else None
 
 
 def _load_rows(m: _Model, upper_load: float | None) -> None:

@@ -64,6 +64,33 @@ def _compute_candidates(problem: Problem) -> list[Candidate]:
     return out
 
 
+def warm_candidates(problem: Problem, objective: str) -> list[Candidate]:
+    """The in-space baselines, and the warm starts built for the objective (computed once per problem):
+    load balancing for throughput, the segment-by-segment ILP for latency."""
+    cands = _candidates(problem)
+    if objective == "throughput":
+        if "balanced" not in problem.derived:
+            problem.derived["balanced"] = H.balanced(problem)
+        if (bal := problem.derived["balanced"]) is not None:
+            cands.append(Candidate("balanced", bal, True))
+    if objective == "latency":
+        if "fastest" not in problem.derived:
+            problem.derived["fastest"] = H.fastest(problem)
+        if (fast := problem.derived["fastest"]) is not None:
+            cands.append(Candidate("segmented", fast, False))
+    return cands
+
+
+def warm_start(problem: Problem, objective: str, cands: list[Candidate]) -> Candidate:
+    """The candidate that fits memory and predicts best for the objective in the ILP's model."""
+    measure = {
+        "latency": lambda a: schedule(problem, a).latency_ms,
+        "throughput": lambda a: schedule(problem, a).period_ms,
+        "energy": lambda a: schedule(problem, a).energy_mj,
+    }[objective]
+    return min(cands, key=lambda c: (not fits(problem, c.assignment), measure(c.assignment)))
+
+
 def baselines(
     blocks: OpGraph, graph: OpGraph, cost: CostModel, max_stages: int = 4, problem: Problem | None = None
 ) -> dict[str, Plan]:
@@ -127,18 +154,8 @@ def best_plan(
     """The ILP's plan for ``objective`` under the bounds, never worse than the best in-space baseline."""
     problem = problem or build_problem(blocks, graph, cost, max_stages)
     profile = cost.profile
-    cands = _candidates(problem)
-    if objective == "throughput":
-        if "balanced" not in problem.derived:
-            problem.derived["balanced"] = H.balanced(problem)
-        if (bal := problem.derived["balanced"]) is not None:
-            cands.append(Candidate("balanced", bal, True))
-    measure = {
-        "latency": lambda a: schedule(problem, a).latency_ms,
-        "throughput": lambda a: schedule(problem, a).period_ms,
-        "energy": lambda a: schedule(problem, a).energy_mj,
-    }[objective]
-    warm = min(cands, key=lambda c: (not fits(problem, c.assignment), measure(c.assignment)))
+    cands = warm_candidates(problem, objective)
+    warm = warm_start(problem, objective, cands)
     if progress:
         progress(f"solving for {objective} ({len(problem.blocks)} blocks, {len(problem.units)} units)")
     max_period = 1000.0 / min_fps if min_fps else None
