@@ -95,8 +95,7 @@ def list_schedule(
     priority: Sequence[float] | None = None,
     pinned: dict[int, int] | None = None,
 ) -> Assignment:
-    """Earliest finish time: take ready blocks by priority (highest first), put each where it ends first;
-    the units run their blocks in that order."""
+    """Earliest finish time: take ready blocks by priority (highest first), put each where it ends first."""
     n = len(problem.blocks)
     preds = _preds(problem)
     prio = priority or [-b for b in range(n)]
@@ -104,7 +103,6 @@ def list_schedule(
     finish: dict[int, float] = {}
     free: dict[int, float] = {}
     remaining = set(range(n))
-    order: list[int] = []
     while remaining:
         ready = [b for b in remaining if all(i in placed for i, _ in preds[b])]
         b = max(ready, key=lambda x: (prio[x], -x))
@@ -123,9 +121,7 @@ def list_schedule(
         finish[b], placed[b] = best
         free[best[1]] = best[0]
         remaining.remove(b)
-        order.append(b)
-    # each unit runs its blocks in the order they were placed (the list schedule's own order)
-    return Assignment(tuple(placed[b] for b in range(n)), () if order == sorted(order) else tuple(order))
+    return Assignment(tuple(placed[b] for b in range(n)))
 
 
 def heft(problem: Problem, units: Sequence[int]) -> Assignment:
@@ -329,7 +325,6 @@ def segmented(problem: Problem, units: Sequence[int], time_limit: float = 1.0) -
     cuts = [c for c in problem.articulations() if c > 0]
     bounds = [0, *cuts] if cuts and cuts[-1] == n - 1 else [0, *cuts, n - 1]
     unit_of: dict[int, int] = {}
-    order: list[int] = []
     per = time_limit / max(1, len(bounds) - 1)
     for lo, hi in itertools.pairwise(bounds):
         sub = problem.segment(lo, hi, sink=hi != n - 1)
@@ -353,26 +348,24 @@ def segmented(problem: Problem, units: Sequence[int], time_limit: float = 1.0) -
             solution = solve(dataclasses.replace(sub, cost=cost, derived={}), "latency", per, gap=1e-4)
         except PlanError:
             return None
-        for b in solution.assignment.sequence():
-            u = solution.assignment.block_unit[b]
+        for b, u in enumerate(solution.assignment.block_unit):
             unit_of[lo + b] = swap.get(u, u)
-            if lo + b not in order:
-                order.append(lo + b)
-    if len(unit_of) < n:
-        return None
-    return Assignment(tuple(unit_of[b] for b in range(n)), () if order == sorted(order) else tuple(order))
+    # the units run their blocks in topological order (the lowering's order, so the prediction agrees)
+    return Assignment(tuple(unit_of[b] for b in range(n)))
 
 
-def improve_latency(problem: Problem, start: Assignment, units: Sequence[int]) -> Assignment:
-    """Moves one block at a time to another of ``units`` while the latency drops (and memory fits)."""
+def improve_latency(problem: Problem, start: Assignment, units: Sequence[int], tries: int = 2000) -> Assignment:
+    """Moves one block at a time to another of ``units`` while the latency drops (and memory fits), trying
+    at most ``tries`` moves (a count, not a time: the same inputs give the same plan)."""
     current, best = start, schedule(problem, start).latency_ms
     improved = True
-    while improved:
+    while improved and tries > 0:
         improved = False
         for b in range(len(problem.blocks)):
             for u in units:
                 if u == current.block_unit[b] or not _runs(problem, b, u):
                     continue
+                tries -= 1
                 trial = list(current.block_unit)
                 trial[b] = u
                 candidate = Assignment(tuple(trial), current.order)
@@ -382,13 +375,15 @@ def improve_latency(problem: Problem, start: Assignment, units: Sequence[int]) -
     return current
 
 
-def fastest(problem: Problem, tries: int = 2, time_limit: float = 1.0) -> Assignment | None:
+def fastest(problem: Problem, tries: int = 2, time_limit: float = 2.0) -> Assignment | None:
     """Latency warm start: on the ``tries`` ways to cut the board into units where HEFT is fastest, the
-    segment-by-segment ILP (``segmented``) and HEFT, each improved by single-block moves; the fastest."""
+    segment-by-segment ILP (``segmented``) and HEFT, each improved by single-block moves; the fastest.
+    The segments' ILPs take at most about ``time_limit`` seconds."""
     ranked = sorted(_unit_sets(problem), key=lambda us: schedule(problem, heft(problem, us)).latency_ms)
     best: tuple[float, Assignment] | None = None
+    share = time_limit / tries
     for units in ranked[:tries]:
-        for start in (segmented(problem, units, time_limit / tries), heft(problem, units)):
+        for start in (segmented(problem, units, share), heft(problem, units)):
             if start is None:
                 continue
             a = improve_latency(problem, start, units)
