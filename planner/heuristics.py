@@ -377,17 +377,15 @@ def improve_latency(problem: Problem, start: Assignment, units: Sequence[int], t
 
 def fastest(problem: Problem, tries: int = 2, time_limit: float = 2.0) -> Assignment | None:
     """Latency warm start: on the ``tries`` ways to cut the board into units where HEFT is fastest, the
-    segment-by-segment ILP (``segmented``) and HEFT, each improved by single-block moves; the fastest.
+    segment-by-segment ILP (``segmented``) and HEFT; the fastest of them, improved by single-block moves.
     The segments' ILPs take at most about ``time_limit`` seconds."""
     ranked = sorted(_unit_sets(problem), key=lambda us: schedule(problem, heft(problem, us)).latency_ms)
-    best: tuple[float, Assignment] | None = None
-    share = time_limit / tries
+    starts = []
     for units in ranked[:tries]:
-        for start in (segmented(problem, units, share), heft(problem, units)):
-            if start is None:
-                continue
-            a = improve_latency(problem, start, units)
-            latency = schedule(problem, a).latency_ms
-            if best is None or latency < best[0]:
-                best = (latency, a)
-    return best[1] if best else None
+        for start in (segmented(problem, units, time_limit / tries), heft(problem, units)):
+            if start is not None and fits(problem, start):
+                starts.append((schedule(problem, start).latency_ms, start, units))
+    if not starts:
+        return None
+    _, start, units = min(starts, key=lambda s: s[0])
+    return improve_latency(problem, start, units)
