@@ -577,14 +577,14 @@ def segment_bounds(problem: Problem, budget: float) -> tuple[tuple[int, int, flo
     CPU time, y costing nothing): the latency of a chain of fork/join modules is the sum of its modules'
     spans, which the big-M ordering rows alone bound weakly. Computed once per problem, within ``budget``
     seconds; x = -1 is the frame's arrival, y = n its departure (the last segment includes its last block).
-    Segments of two blocks (the precedence row says as much) or of more than half of a large model (as
-    costly as the model) are left out."""
+    Segments of two blocks (the precedence row says as much) or of more than a quarter of a large model
+    (its ILP costs about as much as the model's and proves little in its share of the time) are left out."""
     if "segment_bounds" in problem.derived:
         return problem.derived["segment_bounds"]
     n = len(problem.blocks)
     cuts = list(problem.articulations())
     ends = ([-1] if not cuts or cuts[0] != 0 else []) + cuts + ([n] if not cuts or cuts[-1] != n - 1 else [])
-    pairs = [(x, y) for x, y in itertools.pairwise(ends) if 2 <= y - x <= max(n // 2, 8)]
+    pairs = [(x, y) for x, y in itertools.pairwise(ends) if 2 <= y - x <= max(n // 4, 8)]
     deadline = time.perf_counter() + budget
     out = []
     for k, (x, y) in enumerate(pairs):
