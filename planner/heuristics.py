@@ -8,16 +8,19 @@
   pipe_only       Pipe-it style: consecutive blocks in stages, one unit per stage,
                   split by dynamic programming for the smallest period
   balanced        load balancing for throughput (longest job first, then moves and swaps)
+  segmented       latency: the ILP on each segment between articulation blocks, one after the other
 All work on full clusters and non-CPU PUs unless told which units to use.
 """
 
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import itertools
 from collections.abc import Sequence
 
-from planner.ilp import Assignment, schedule
+from planner.ilp import Assignment, fits, schedule
+from planner.plan import PlanError
 from planner.problem import Problem
 
 
@@ -308,3 +311,81 @@ def balanced(problem: Problem) -> Assignment | None:
         if best is None or period < best[0]:
             best = (period, current)
     return best[1] if best else None
+
+
+def segmented(problem: Problem, units: Sequence[int], time_limit: float = 1.0) -> Assignment | None:
+    """Latency warm start: the segments between articulation blocks (nothing runs beside them) one after
+    the other, each solved by the ILP on ``units`` for its shortest span, its first block kept on the unit
+    the segment before it chose. A frame's latency is the sum of its segments' spans, so this is exact
+    but for that greedy choice at the joins (and the per-partition overhead the segments do not see)."""
+    from planner.ilp import solve  # the ILP on a segment: a sub-problem far smaller than the model
+
+    n = len(problem.blocks)
+    allowed = set(units)
+    cuts = [c for c in problem.articulations() if c > 0]
+    bounds = [0, *cuts] if cuts and cuts[-1] == n - 1 else [0, *cuts, n - 1]
+    unit_of: dict[int, int] = {}
+    per = time_limit / max(1, len(bounds) - 1)
+    for lo, hi in itertools.pairwise(bounds):
+        sub = problem.segment(lo, hi, sink=hi != n - 1)
+        # the first block stays where the segment before put it; identical units are interchangeable within
+        # a segment, so it is pinned to the first of its kind (the ILP's symmetry rows ask for that) and the
+        # two swap back afterwards
+        pinned = unit_of.get(lo)
+        swap: dict[int, int] = {}
+        if pinned is not None:
+            x = problem.units[pinned]
+            first = next(u for u, y in enumerate(problem.units) if (y.pu, y.cores, y.instance) == (x.pu, x.cores, 0))
+            swap = {first: pinned, pinned: first}
+        cost = {
+            (b, u): v
+            for (b, u), v in sub.cost.items()
+            if u in allowed and (b != 0 or pinned is None or u == swap[pinned])
+        }
+        if len({b for b, _ in cost}) < hi - lo + 1:
+            return None  # a block none of these units can run
+        try:
+            solution = solve(dataclasses.replace(sub, cost=cost, derived={}), "latency", per, gap=1e-4)
+        except PlanError:
+            return None
+        for b, u in enumerate(solution.assignment.block_unit):
+            unit_of[lo + b] = swap.get(u, u)
+    # the units run their blocks in topological order (the lowering's order, so the prediction agrees)
+    return Assignment(tuple(unit_of[b] for b in range(n)))
+
+
+def improve_latency(problem: Problem, start: Assignment, units: Sequence[int], tries: int = 2000) -> Assignment:
+    """Moves one block at a time to another of ``units`` while the latency drops (and memory fits), trying
+    at most ``tries`` moves (a count, not a time: the same inputs give the same plan)."""
+    current, best = start, schedule(problem, start).latency_ms
+    improved = True
+    while improved and tries > 0:
+        improved = False
+        for b in range(len(problem.blocks)):
+            for u in units:
+                if u == current.block_unit[b] or not _runs(problem, b, u):
+                    continue
+                tries -= 1
+                trial = list(current.block_unit)
+                trial[b] = u
+                candidate = Assignment(tuple(trial), current.order)
+                latency = schedule(problem, candidate).latency_ms
+                if latency < best - 1e-9 and fits(problem, candidate):
+                    current, best, improved = candidate, latency, True
+    return current
+
+
+def fastest(problem: Problem, tries: int = 2, time_limit: float = 2.0) -> Assignment | None:
+    """Latency warm start: on the ``tries`` ways to cut the board into units where HEFT is fastest, the
+    segment-by-segment ILP (``segmented``) and HEFT; the fastest of them, improved by single-block moves.
+    The segments' ILPs take at most about ``time_limit`` seconds."""
+    ranked = sorted(_unit_sets(problem), key=lambda us: schedule(problem, heft(problem, us)).latency_ms)
+    starts = []
+    for units in ranked[:tries]:
+        for start in (segmented(problem, units, time_limit / tries), heft(problem, units)):
+            if start is not None and fits(problem, start):
+                starts.append((schedule(problem, start).latency_ms, start, units))
+    if not starts:
+        return None
+    _, start, units = min(starts, key=lambda s: s[0])
+    return improve_latency(problem, start, units)

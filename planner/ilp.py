@@ -30,11 +30,12 @@ partition (``z``), the way the lowering (``planner.segments``) cuts partitions.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pulp
 
@@ -240,10 +241,12 @@ def solve(
         horizon,
         _load_bound(problem),
         start.latency_ms if objective == "latency" and start is not None else None,
+        segment_bounds(problem, time_limit / 4) if objective == "latency" or max_latency_ms is not None else (),
     )
     if warm is not None:
         _set_warm_start(problem, v, warm)
-    backend = _solver(solver, time_limit, gap, warm is not None)
+    remaining = max(time_limit - (time.perf_counter() - started), 0.1 * time_limit)
+    backend = _solver(solver, remaining, gap, warm is not None)
     try:
         with _quiet():
             lp.solve(backend)
@@ -304,6 +307,52 @@ def _quiet() -> Iterator[None]:
         os.close(saved)
 
 
+@dataclass
+class _Model:
+    """The ILP under construction: the problem, the LP, and the variables the rows are written in."""
+
+    problem: Problem
+    lp: pulp.LpProblem
+    timed: bool  # the scheduling part (t, order, same) is built
+    allowed: dict[int, list[int]]  # block -> the units that can run it
+    units_of_pu: dict[str, list[int]]
+    on: dict[int, pulp.LpVariable]
+    a: dict[tuple[int, int], pulp.LpVariable]
+    t: dict[int, pulp.LpVariable]
+    L: pulp.LpVariable
+    P: pulp.LpVariable
+    E: pulp.LpVariable
+    z: dict[tuple[int, int], pulp.LpVariable] = field(default_factory=dict)
+    w: dict[tuple[int, int, int, str], pulp.LpVariable] = field(default_factory=dict)
+    w_cost: dict[tuple[int, int, int, str], float] = field(default_factory=dict)
+    r: dict[tuple[int, str, str], pulp.LpVariable] = field(default_factory=dict)
+    comm: dict[int, pulp.LpAffineExpression] = field(default_factory=dict)
+    orders: dict[tuple[int, int], pulp.LpVariable] = field(default_factory=dict)
+    sames: dict[tuple[int, int], pulp.LpVariable] = field(default_factory=dict)
+
+    @property
+    def n(self) -> int:
+        return len(self.problem.blocks)
+
+    def on_pu(self, b: int, p: str) -> pulp.LpAffineExpression:
+        return pulp.lpSum(self.a[(b, u)] for u in self.units_of_pu[p] if (b, u) in self.a)
+
+    def variables(self) -> dict:
+        return {
+            "on": self.on,
+            "a": self.a,
+            "z": self.z,
+            "w": self.w,
+            "t": self.t,
+            "L": self.L,
+            "P": self.P,
+            "E": self.E,
+            "r": self.r,
+            "order": self.orders,
+            "same": self.sames,
+        }
+
+
 def _formulate(
     problem: Problem,
     objective: str,
@@ -313,79 +362,139 @@ def _formulate(
     horizon: float | None,
     upper_load: float | None = None,
     upper_latency: float | None = None,
-):
+    segments: tuple[tuple[int, int, float], ...] = (),
+) -> tuple[pulp.LpProblem, dict]:
+    m = _variables(problem, objective == "latency" or max_l is not None)
+    _partition_rows(m)
+    _handoff_rows(m)
+    dur = _durations(m)
+    _assignment_rows(m)
+    _symmetry_rows(m)
+    _flow_rows(m, dur)
+    if m.timed:
+        _order_rows(m, dur, _big_m(m, horizon))
+        _region_rows(m, dur)
+        _latency_rows(m, dur, upper_latency if objective == "latency" else None)
+        _segment_rows(m, segments)
+    _load_rows(m, upper_load)
+    _link_and_memory_rows(m)
+    _energy_row(m)
+    lp = m.lp
+    if max_l is not None:
+        lp += m.L <= max_l, "bound_latency"
+    if max_p is not None:
+        lp += m.P <= max_p, "bound_period"
+    if max_e is not None:
+        lp += m.E <= max_e, "bound_energy"
+    primary = {"latency": m.L, "throughput": m.P, "energy": m.E}[objective]
+    # tie-break: faster frames for throughput/energy (fewer transfers when latency is not modelled)
+    secondary = m.P if objective == "latency" else m.L if m.timed else pulp.lpSum(m.comm.values())
+    lp += primary + _TIE * secondary
+    return lp, m.variables()
+
+
+def _variables(problem: Problem, timed: bool) -> _Model:
+    """on[u], a[b,u] (binary), t[b] when timed, L, P, E."""
     n, units = len(problem.blocks), problem.units
-    timed = objective == "latency" or max_l is not None
-    lp = pulp.LpProblem("parapipe", pulp.LpMinimize)
     allowed = {b: [u for u in range(len(units)) if (b, u) in problem.cost] for b in range(n)}
-    on = {u: pulp.LpVariable(f"on_{u}", cat="Binary") for u in range(len(units))}
-    a = {(b, u): pulp.LpVariable(f"a_{b}_{u}", cat="Binary") for b in range(n) for u in allowed[b]}
-    t = {b: pulp.LpVariable(f"t_{b}", 0) for b in range(n)} if timed else {}
-    L, P, E = pulp.LpVariable("L", 0), pulp.LpVariable("P", 0), pulp.LpVariable("E", 0)
-    pus = problem.pus()
-    units_of_pu = {p: [u for u, x in enumerate(units) if x.pu == p] for p in pus}
+    return _Model(
+        problem=problem,
+        lp=pulp.LpProblem("parapipe", pulp.LpMinimize),
+        timed=timed,
+        allowed=allowed,
+        units_of_pu={p: [u for u, x in enumerate(units) if x.pu == p] for p in problem.pus()},
+        on={u: pulp.LpVariable(f"on_{u}", cat="Binary") for u in range(len(units))},
+        a={(b, u): pulp.LpVariable(f"a_{b}_{u}", cat="Binary") for b in range(n) for u in allowed[b]},
+        t={b: pulp.LpVariable(f"t_{b}", 0) for b in range(n)} if timed else {},
+        L=pulp.LpVariable("L", 0),
+        P=pulp.LpVariable("P", 0),
+        E=pulp.LpVariable("E", 0),
+    )
 
-    def on_pu(b: int, p: str) -> pulp.LpAffineExpression:
-        return pulp.lpSum(a[(b, u)] for u in units_of_pu[p] if (b, u) in a)
 
-    # z[b,u]: block b starts a partition on unit u (it has an input from elsewhere, or none), and so carries
-    # the unit's per-partition overhead. Only for units with an overhead. A lower bound on the lowering's
-    # count: a block whose inputs all come from u, but from two partitions of u, starts one too.
+def _partition_rows(m: _Model) -> None:
+    """z[b,u]: block b starts a partition on unit u (it has an input from elsewhere, or none), and so carries
+    the unit's per-partition overhead. Only for units with an overhead. A lower bound on the lowering's
+    count: a block whose inputs all come from u, but from two partitions of u, starts one too."""
+    problem, lp, a = m.problem, m.lp, m.a
     preds = predecessors(problem)
-    z: dict[tuple[int, int], pulp.LpVariable] = {}
-    for b in range(n):
-        for u in allowed[b]:
+    for b in range(m.n):
+        for u in m.allowed[b]:
             if problem.unit_overhead[u] <= 0:
                 continue
-            var = z[(b, u)] = pulp.LpVariable(f"z_{b}_{u}", 0, 1)
+            var = m.z[(b, u)] = pulp.LpVariable(f"z_{b}_{u}", 0, 1)
             if not preds[b]:
                 lp += var >= a[(b, u)], f"partition_source_{b}_{u}"
             for i, ei in preds[b]:
                 lp += var >= a[(b, u)] - (a[(i, u)] if (i, u) in a else 0), f"partition_{ei}_{u}"
-    overhead = {
-        b: pulp.lpSum(problem.unit_overhead[u] * z[(b, u)] for u in allowed[b] if (b, u) in z) for b in range(n)
-    }
-    # w[b,u,e,q]: block b on unit u sends edge e's tensor to (or receives it from) PU q on another host and
-    # spends CPU time on it (gRPC, protobuf copies): w_cost ms of u's time
-    w: dict[tuple[int, int, int, str], pulp.LpVariable] = {}
-    w_cost: dict[tuple[int, int, int, str], float] = {}
+
+
+def _handoff_rows(m: _Model) -> None:
+    """w[b,u,e,q]: block b on unit u sends edge e's tensor to (or receives it from) PU q on another host and
+    spends CPU time on it (gRPC, protobuf copies): w_cost ms of u's time."""
+    problem, lp = m.problem, m.lp
+    pus = problem.pus()
     for (ei, p, q), ends in sorted(problem.handoff_cpu.items()):
         i, j, _ = problem.edges[ei]
         for b, other, here, there, c in ((i, j, p, q, ends[0]), (j, i, q, p, ends[1])):
-            for u in units_of_pu[here] if c > 0 else ():
-                if (b, u) not in a:
+            for u in m.units_of_pu[here] if c > 0 else ():
+                if (b, u) not in m.a:
                     continue
                 k = (b, u, ei, there)
-                w[k] = pulp.LpVariable(f"w_{ei}_{b}_{u}_{pus.index(there)}", 0, 1)
-                w_cost[k] = c
-                lp += w[k] >= a[(b, u)] + on_pu(other, there) - 1, f"handoff_cpu_{ei}_{b}_{u}_{pus.index(there)}"
-    net = {b: pulp.lpSum(w_cost[k] * var for k, var in w.items() if k[0] == b) for b in range(n)}
-    dur = {b: pulp.lpSum(problem.cost[(b, u)] * a[(b, u)] for u in allowed[b]) + overhead[b] + net[b] for b in range(n)}
-    for b in range(n):
-        lp += pulp.lpSum(a[(b, u)] for u in allowed[b]) == 1, f"assign_{b}"  # every block runs exactly once
-        for u in allowed[b]:
-            lp += a[(b, u)] <= on[u], f"unit_on_{b}_{u}"  # only on a unit that is in use
+                m.w[k] = pulp.LpVariable(f"w_{ei}_{b}_{u}_{pus.index(there)}", 0, 1)
+                m.w_cost[k] = c
+                lp += m.w[k] >= m.a[(b, u)] + m.on_pu(other, there) - 1, f"handoff_cpu_{ei}_{b}_{u}_{pus.index(there)}"
+
+
+def _durations(m: _Model) -> dict[int, pulp.LpAffineExpression]:
+    """Each block's time on the unit that runs it: its cost, its partition's overhead, its gRPC CPU time."""
+    problem = m.problem
+    overhead = {
+        b: pulp.lpSum(problem.unit_overhead[u] * m.z[(b, u)] for u in m.allowed[b] if (b, u) in m.z) for b in range(m.n)
+    }
+    net = {b: pulp.lpSum(m.w_cost[k] * var for k, var in m.w.items() if k[0] == b) for b in range(m.n)}
+    return {
+        b: pulp.lpSum(problem.cost[(b, u)] * m.a[(b, u)] for u in m.allowed[b]) + overhead[b] + net[b]
+        for b in range(m.n)
+    }
+
+
+def _assignment_rows(m: _Model) -> None:
+    """Every block runs once, on a used unit; cores are shared out; weights and activations fit memory."""
+    problem, lp, a, units = m.problem, m.lp, m.a, m.problem.units
+    for b in range(m.n):
+        lp += pulp.lpSum(a[(b, u)] for u in m.allowed[b]) == 1, f"assign_{b}"  # every block runs exactly once
+        for u in m.allowed[b]:
+            lp += a[(b, u)] <= m.on[u], f"unit_on_{b}_{u}"  # only on a unit that is in use
     for p, cores in problem.cluster_cores.items():
         # a cluster's cores are shared out: every core belongs to at most one unit (and so one stage)
-        lp += pulp.lpSum(units[u].cores * on[u] for u in units_of_pu[p]) <= cores, f"cores_{p}"
-    for p in pus:
-        held = pulp.lpSum(problem.held_bytes(b) * on_pu(b, p) for b in range(n))
+        lp += pulp.lpSum(units[u].cores * m.on[u] for u in m.units_of_pu[p]) <= cores, f"cores_{p}"
+    for p in problem.pus():
+        held = pulp.lpSum(problem.held_bytes(b) * m.on_pu(b, p) for b in range(m.n))
         lp += held <= problem.memory[p], f"memory_{p}"  # weights and activations fit the PU's memory
-    # symmetry breaking: of identical units, instance i+1 is used only after instance i, and holds a block
-    # only if instance i holds an earlier one (so each solution is counted once, not k! times)
+
+
+def _symmetry_rows(m: _Model) -> None:
+    """Of identical units, instance i+1 is used only after instance i, and holds a block only if instance i
+    holds an earlier one (so each solution is counted once, not k! times)."""
+    lp, a, units = m.lp, m.a, m.problem.units
     for u, x in enumerate(units):
         nxt = next(
             (w for w, y in enumerate(units) if (y.pu, y.cores, y.instance) == (x.pu, x.cores, x.instance + 1)), None
         )
         if nxt is None:
             continue
-        lp += on[u] >= on[nxt], f"symmetry_on_{u}"
-        for b in range(n):
+        lp += m.on[u] >= m.on[nxt], f"symmetry_on_{u}"
+        for b in range(m.n):
             if (b, nxt) in a:
                 earlier = pulp.lpSum(a[(c, u)] for c in range(b + 1) if (c, u) in a)
                 lp += a[(b, nxt)] <= earlier, f"symmetry_first_{u}_{b}"
-    r: dict[tuple[int, str, str], pulp.LpVariable] = {}
-    comm: dict[int, pulp.LpAffineExpression] = {}
+
+
+def _flow_rows(m: _Model, dur: dict[int, pulp.LpAffineExpression]) -> None:
+    """r[e,p,q]: edge e's tensor crosses from PU p to PU q; when timed, a block waits for its inputs."""
+    problem, lp = m.problem, m.lp
+    pus = problem.pus()
     for ei, (i, j, _) in enumerate(problem.edges):
         terms = []
         for p in pus:
@@ -393,15 +502,20 @@ def _formulate(
                 if p == q or (problem.transfer[(ei, p, q)] == 0 and problem.transfer_mj[(ei, p, q)] == 0):
                     continue
                 var = pulp.LpVariable(f"r_{ei}_{pus.index(p)}_{pus.index(q)}", 0)
-                r[(ei, p, q)] = var
-                lp += var >= on_pu(i, p) + on_pu(j, q) - 1, f"transfer_{ei}_{p}_{q}"  # tensor crosses from p to q
+                m.r[(ei, p, q)] = var
+                lp += var >= m.on_pu(i, p) + m.on_pu(j, q) - 1, f"transfer_{ei}_{p}_{q}"  # tensor crosses p -> q
                 terms.append(problem.transfer[(ei, p, q)] * var)
-        comm[ei] = pulp.lpSum(terms)
-        if timed:
-            lp += t[j] >= t[i] + dur[i] + comm[ei], f"precedence_{ei}"  # a block waits for its inputs
+        m.comm[ei] = pulp.lpSum(terms)
+        if m.timed:
+            lp += m.t[j] >= m.t[i] + dur[i] + m.comm[ei], f"precedence_{ei}"  # a block waits for its inputs
+
+
+def _big_m(m: _Model, horizon: float | None) -> float:
+    """Big-M of the ordering rows: no block of any plan ends later (or, given, of any plan worth keeping)."""
+    problem = m.problem
     big_m = (
-        sum(max(problem.cost[(b, u)] for u in allowed[b]) for b in range(n))
-        + n * max(problem.unit_overhead.values(), default=0.0)
+        sum(max(problem.cost[(b, u)] for u in m.allowed[b]) for b in range(m.n))
+        + m.n * max(problem.unit_overhead.values(), default=0.0)
         + sum(sum(ends) for ends in problem.handoff_cpu.values())
         + sum(
             max((v for k, v in problem.transfer.items() if k[0] == ei), default=0.0) for ei in range(len(problem.edges))
@@ -409,95 +523,149 @@ def _formulate(
     )
     if horizon is not None:
         big_m = min(big_m, horizon * 1.0001)  # every block of a plan worth keeping ends by then
-    orders: dict[tuple[int, int], pulp.LpVariable] = {}
-    sames: dict[tuple[int, int], pulp.LpVariable] = {}
-    for i, j in problem.independent if timed else ():
-        shared = [u for u in allowed[i] if u in allowed[j]]
+    return big_m
+
+
+def _order_rows(m: _Model, dur: dict[int, pulp.LpAffineExpression], big_m: float) -> None:
+    """o[i,j], same[i,j]: independent blocks that share a unit run one after the other, in either order."""
+    lp, a, t = m.lp, m.a, m.t
+    for i, j in m.problem.independent:
+        shared = [u for u in m.allowed[i] if u in m.allowed[j]]
         if not shared:
             continue
-        o = orders[(i, j)] = pulp.LpVariable(f"o_{i}_{j}", cat="Binary")
-        same = sames[(i, j)] = pulp.LpVariable(f"same_{i}_{j}", 0, 1)
+        o = m.orders[(i, j)] = pulp.LpVariable(f"o_{i}_{j}", cat="Binary")
+        same = m.sames[(i, j)] = pulp.LpVariable(f"same_{i}_{j}", 0, 1)
         for u in shared:
             lp += same >= a[(i, u)] + a[(j, u)] - 1, f"same_{i}_{j}_{u}"
-        # blocks sharing a unit run one after the other, in either order
         lp += t[j] >= t[i] + dur[i] - big_m * (1 - o) - big_m * (1 - same), f"serialize_{i}_{j}_a"
         lp += t[i] >= t[j] + dur[j] - big_m * o - big_m * (1 - same), f"serialize_{i}_{j}_b"
-    for x, y, between in problem.regions if timed else ():
-        for u in range(len(units)):
-            inside = [(b, u) for b in between if (b, u) in a]
+
+
+def _region_rows(m: _Model, dur: dict[int, pulp.LpAffineExpression]) -> None:
+    """Cut: whatever a unit runs between a fork and its join runs after the fork and before the join."""
+    problem, lp = m.problem, m.lp
+    for x, y, between in problem.regions:
+        for u in range(len(problem.units)):
+            inside = [(b, u) for b in between if (b, u) in m.a]
             if len(inside) >= 2:
-                # cut: whatever a unit runs between a fork and its join runs after the fork and before the join
                 work = pulp.lpSum(
-                    problem.cost[k] * a[k] + (problem.unit_overhead[u] * z[k] if k in z else 0) for k in inside
+                    problem.cost[k] * m.a[k] + (problem.unit_overhead[u] * m.z[k] if k in m.z else 0) for k in inside
                 )
-                lp += t[y] >= t[x] + dur[x] + work, f"region_{x}_{y}_{u}"
-    for b in range(n) if timed else ():
-        lp += L >= t[b] + dur[b], f"latency_{b}"  # a frame leaves when its last block ends
-    if timed and upper_latency is not None and objective == "latency":
-        lp += L <= upper_latency * 1.0001, "bound_latency_warm"  # no worse than the warm start
+                lp += m.t[y] >= m.t[x] + dur[x] + work, f"region_{x}_{y}_{u}"
+
+
+def _latency_rows(m: _Model, dur: dict[int, pulp.LpAffineExpression], upper: float | None) -> None:
+    """A frame leaves when its last block ends; no worse than the warm start (``upper``) when given."""
+    for b in range(m.n):
+        m.lp += m.L >= m.t[b] + dur[b], f"latency_{b}"
+    if upper is not None:
+        m.lp += m.L <= upper * 1.0001, "bound_latency_warm"
+
+
+def _segment_rows(m: _Model, segments: tuple[tuple[int, int, float], ...]) -> None:
+    """Cut: between two blocks nothing runs beside (articulations), at least the span their segment takes
+    on its own (``segment_bounds``); -1 stands for the frame's arrival, n for its departure."""
+    for x, y, span in segments:
+        early = m.t[x] if x >= 0 else 0
+        late = m.t[y] if y < m.n else m.L
+        m.lp += late >= early + span, f"segment_{x}_{y}"
+
+
+def segment_bounds(problem: Problem, budget: float) -> tuple[tuple[int, int, float], ...]:
+    """Lower bounds on the time between consecutive articulation blocks (x, y, ms), each the proven bound of
+    the latency ILP of the blocks from x to y on their own (a relaxation: no partition overhead, no gRPC
+    CPU time, y costing nothing): the latency of a chain of fork/join modules is the sum of its modules'
+    spans, which the big-M ordering rows alone bound weakly. Computed once per problem, within ``budget``
+    seconds; x = -1 is the frame's arrival, y = n its departure (the last segment includes its last block).
+    Segments of two blocks (the precedence row says as much) or of more than a quarter of a large model
+    (its ILP costs about as much as the model's and proves little in its share of the time) are left out."""
+    if "segment_bounds" in problem.derived:
+        return problem.derived["segment_bounds"]
+    n = len(problem.blocks)
+    cuts = list(problem.articulations())
+    ends = ([-1] if not cuts or cuts[0] != 0 else []) + cuts + ([n] if not cuts or cuts[-1] != n - 1 else [])
+    pairs = [(x, y) for x, y in itertools.pairwise(ends) if 2 <= y - x <= max(n // 4, 8)]
+    deadline = time.perf_counter() + budget
+    out = []
+    for k, (x, y) in enumerate(pairs):
+        left = deadline - time.perf_counter()
+        if left <= 0.05:
+            break
+        sink = y < n
+        sub = problem.segment(max(x, 0), y if sink else n - 1, sink=sink)
+        span = _latency_bound(sub, left / (len(pairs) - k))
+        if span is not None and span > 0:
+            out.append((x, y, span))
+    problem.derived["segment_bounds"] = tuple(out)
+    return problem.derived["segment_bounds"]
+
+
+def _latency_bound(problem: Problem, time_limit: float) -> float | None:
+    """The proven lower bound on a problem's latency (HiGHS's dual bound of the pure latency ILP)."""
+    lp, v = _formulate(problem, "latency", None, None, None, None, _load_bound(problem))
+    lp.setObjective(v["L"])
+    backend = _solver("highs", max(time_limit, 0.05), 1e-4, False)
+    try:
+        with _quiet():
+            lp.solve(backend)
+    except pulp.PulpSolverError:
+        return None
+    status, _, bound = _status(lp, backend)
+    return bound if status != "infeasible" else None
+
+
+def _load_rows(m: _Model, upper_load: float | None) -> None:
+    """Throughput: the period is at least every unit's load (its blocks, the overhead of each of its
+    partitions, its gRPC CPU time), and a cluster delivers at most its cores' worth of work."""
+    problem, lp, units = m.problem, m.lp, m.problem.units
     loads = {
         u: pulp.lpSum(
-            problem.cost[(b, u)] * a[(b, u)] + (problem.unit_overhead[u] * z[(b, u)] if (b, u) in z else 0)
-            for b in range(n)
-            if (b, u) in a
+            problem.cost[(b, u)] * m.a[(b, u)] + (problem.unit_overhead[u] * m.z[(b, u)] if (b, u) in m.z else 0)
+            for b in range(m.n)
+            if (b, u) in m.a
         )
-        + pulp.lpSum(w_cost[k] * var for k, var in w.items() if k[1] == u)
+        + pulp.lpSum(m.w_cost[k] * var for k, var in m.w.items() if k[1] == u)
         for u in range(len(units))
     }
     for u in range(len(units)):
-        # throughput: busiest unit, its blocks and the overhead of each of its partitions
-        lp += P >= loads[u], f"period_unit_{u}"
-        if timed:
-            lp += L >= loads[u], f"latency_load_{u}"  # one frame's work on a unit fits in its latency
+        lp += m.P >= loads[u], f"period_unit_{u}"
+        if m.timed:
+            lp += m.L >= loads[u], f"latency_load_{u}"  # one frame's work on a unit fits in its latency
         if upper_load is not None:
-            lp += loads[u] <= upper_load * on[u], f"unit_cap_{u}"  # cut: an unused unit carries nothing
+            lp += loads[u] <= upper_load * m.on[u], f"unit_cap_{u}"  # cut: an unused unit carries nothing
     for p, cores in problem.cluster_cores.items():
         # cut: a cluster of n cores delivers at most n core-periods of work per period (and per frame)
-        core_time = pulp.lpSum(units[u].cores * loads[u] for u in units_of_pu[p])
-        lp += core_time <= cores * P, f"cluster_capacity_period_{p}"
-        if timed:
-            lp += core_time <= cores * L, f"cluster_capacity_latency_{p}"
+        core_time = pulp.lpSum(units[u].cores * loads[u] for u in m.units_of_pu[p])
+        lp += core_time <= cores * m.P, f"cluster_capacity_period_{p}"
+        if m.timed:
+            lp += core_time <= cores * m.L, f"cluster_capacity_latency_{p}"
+
+
+def _link_and_memory_rows(m: _Model) -> None:
+    """... or the period is the busiest link, or a shared memory's time for the bytes every unit on it moves."""
+    problem, lp = m.problem, m.lp
+    pus = problem.pus()
     for p in pus:
         for q in pus:
-            link = [problem.transfer[k] * var for k, var in r.items() if k[1] == p and k[2] == q]
+            link = [problem.transfer[k] * var for k, var in m.r.items() if k[1] == p and k[2] == q]
             if link:
-                lp += P >= pulp.lpSum(link), f"period_link_{pus.index(p)}_{pus.index(q)}"  # ... or busiest link
-    for mi, (m, members) in enumerate(problem.shared_memories.items()):
-        # ... or a shared memory: the bytes every unit on it moves per frame, at its bandwidth
+                lp += m.P >= pulp.lpSum(link), f"period_link_{pus.index(p)}_{pus.index(q)}"
+    for mi, (name, members) in enumerate(problem.shared_memories.items()):
         traffic = pulp.lpSum(
-            problem.traffic[(b, m)] * on_pu(b, p) for b in range(n) for p in members if p in units_of_pu
+            problem.traffic[(b, name)] * m.on_pu(b, p) for b in range(m.n) for p in members if p in m.units_of_pu
         )
-        lp += P >= traffic, f"period_memory_{mi}"
-    busy = pulp.lpSum(problem.cost[(b, u)] * problem.busy_extra_w[u] * a[(b, u)] for (b, u) in a) + pulp.lpSum(
-        problem.unit_overhead[u] * problem.busy_extra_w[u] * var for (_, u), var in z.items()
+        lp += m.P >= traffic, f"period_memory_{mi}"
+
+
+def _energy_row(m: _Model) -> None:
+    """Energy per frame: busy power above idle, every PU's idle power over one period, transfers."""
+    problem = m.problem
+    busy = pulp.lpSum(problem.cost[(b, u)] * problem.busy_extra_w[u] * m.a[(b, u)] for (b, u) in m.a) + pulp.lpSum(
+        problem.unit_overhead[u] * problem.busy_extra_w[u] * var for (_, u), var in m.z.items()
     )
-    busy += pulp.lpSum(w_cost[k] * problem.busy_extra_w[k[1]] * var for k, var in w.items())
-    moved = pulp.lpSum(problem.transfer_mj[k] * var for k, var in r.items())
-    # energy per frame: busy power above idle, every PU's idle power over one period, transfers
-    lp += E >= busy + moved + problem.idle_w * P, "energy"
-    if max_l is not None:
-        lp += L <= max_l, "bound_latency"
-    if max_p is not None:
-        lp += P <= max_p, "bound_period"
-    if max_e is not None:
-        lp += E <= max_e, "bound_energy"
-    primary = {"latency": L, "throughput": P, "energy": E}[objective]
-    # tie-break: faster frames for throughput/energy (fewer transfers when latency is not modelled)
-    secondary = P if objective == "latency" else L if timed else pulp.lpSum(comm.values())
-    lp += primary + _TIE * secondary
-    return lp, {
-        "on": on,
-        "a": a,
-        "z": z,
-        "w": w,
-        "t": t,
-        "L": L,
-        "P": P,
-        "E": E,
-        "r": r,
-        "order": orders,
-        "same": sames,
-    }
+    busy += pulp.lpSum(m.w_cost[k] * problem.busy_extra_w[k[1]] * var for k, var in m.w.items())
+    moved = pulp.lpSum(problem.transfer_mj[k] * var for k, var in m.r.items())
+    m.lp += m.E >= busy + moved + problem.idle_w * m.P, "energy"
 
 
 def _load_bound(problem: Problem) -> float:

@@ -8,6 +8,7 @@ figures, memory. Everything after this is a pure function of these arrays.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,6 +68,41 @@ class Problem:
         """Memory a block takes on the PU that runs it: its weights and ACTIVATION_FRAMES frames of its outputs."""
         name = self.blocks[block]
         return self.param_bytes[name] + ACTIVATION_FRAMES * self.activation_bytes.get(name, 0)
+
+    def articulations(self) -> tuple[int, ...]:
+        """Blocks every path from a source to a sink passes through (no block runs beside them), in order.
+        Between two of them the blocks form a contiguous run of indices (topological order)."""
+        beside = {b for pair in self.independent for b in pair}
+        return tuple(b for b in range(len(self.blocks)) if b not in beside)
+
+    def segment(self, lo: int, hi: int, sink: bool = False) -> Problem:
+        """The sub-problem of blocks lo..hi (re-indexed from 0), for bounds: a relaxation of what those
+        blocks cost within any plan of the whole. No per-partition overhead, no gRPC CPU time; with
+        ``sink``, block hi costs nothing (its latency is then when hi can start)."""
+        inside = {ei for ei, (i, j, _) in enumerate(self.edges) if lo <= i and j <= hi}
+        index = {ei: k for k, ei in enumerate(sorted(inside))}
+
+        def by_edge(d: dict) -> dict:
+            return {(index[k[0]], *k[1:]): v for k, v in d.items() if k[0] in index}
+
+        return dataclasses.replace(
+            self,
+            blocks=self.blocks[lo : hi + 1],
+            cost={(b - lo, u): 0.0 if sink and b == hi else v for (b, u), v in self.cost.items() if lo <= b <= hi},
+            edges=tuple((i - lo, j - lo, n) for ei, (i, j, n) in enumerate(self.edges) if ei in index),
+            transfer=by_edge(self.transfer),
+            transfer_mj=by_edge(self.transfer_mj),
+            handoff_cpu={},
+            unit_overhead=dict.fromkeys(self.unit_overhead, 0.0),
+            independent=tuple((i - lo, j - lo) for i, j in self.independent if lo <= i and j <= hi),
+            regions=tuple(
+                (x - lo, y - lo, tuple(b - lo for b in between))
+                for x, y, between in self.regions
+                if lo <= x and y <= hi
+            ),
+            traffic={(b - lo, m): v for (b, m), v in self.traffic.items() if lo <= b <= hi},
+            derived={},
+        )
 
 
 def candidate_units(cost: CostModel, max_stages: int) -> list[Unit]:

@@ -66,6 +66,33 @@ def _compute_candidates(problem: Problem) -> list[Candidate]:
     return out
 
 
+def warm_candidates(problem: Problem, objective: str) -> list[Candidate]:
+    """The in-space baselines, and the warm starts built for the objective (computed once per problem):
+    load balancing for throughput, the segment-by-segment ILP for latency."""
+    cands = _candidates(problem)
+    if objective == "throughput":
+        if "balanced" not in problem.derived:
+            problem.derived["balanced"] = H.balanced(problem)
+        if (bal := problem.derived["balanced"]) is not None:
+            cands.append(Candidate("balanced", bal, True))
+    if objective == "latency":
+        if "fastest" not in problem.derived:
+            problem.derived["fastest"] = H.fastest(problem)
+        if (fast := problem.derived["fastest"]) is not None:
+            cands.append(Candidate("segmented", fast, False))
+    return cands
+
+
+def warm_start(problem: Problem, objective: str, cands: list[Candidate]) -> Candidate:
+    """The candidate that fits memory and predicts best for the objective in the ILP's model."""
+    measure = {
+        "latency": lambda a: schedule(problem, a).latency_ms,
+        "throughput": lambda a: schedule(problem, a).period_ms,
+        "energy": lambda a: schedule(problem, a).energy_mj,
+    }[objective]
+    return min(cands, key=lambda c: (not fits(problem, c.assignment), measure(c.assignment)))
+
+
 def baselines(
     blocks: OpGraph, graph: OpGraph, cost: CostModel, max_stages: int = 4, problem: Problem | None = None
 ) -> dict[str, Plan]:
@@ -135,8 +162,8 @@ def best_plan(
     goal = _Goal(
         blocks, graph, cost, objective, bounds, problem or build_problem(blocks, graph, cost, search.max_stages)
     )
-    cands = goal.candidates()
-    warm = min(cands, key=lambda c: (not fits(goal.problem, c.assignment), goal.measure(c.assignment)))
+    cands = warm_candidates(goal.problem, objective)
+    warm = warm_start(goal.problem, objective, cands)
     solution = goal.solve(search, warm)
     provenance = Provenance(
         method=f"heuristic:{warm.name}" if solution.warm_kept else "ilp",
@@ -180,20 +207,6 @@ class _Goal:
     @property
     def name(self) -> str:
         return f"ilp-{self.objective}"
-
-    def candidates(self) -> list[Candidate]:
-        """The in-space heuristics, and for throughput the balanced pipeline."""
-        cands = _candidates(self.problem)
-        if self.objective == "throughput":
-            if "balanced" not in self.problem.derived:
-                self.problem.derived["balanced"] = H.balanced(self.problem)
-            if (bal := self.problem.derived["balanced"]) is not None:
-                cands.append(Candidate("balanced", bal, True))
-        return cands
-
-    def measure(self, a: Assignment) -> float:
-        f = schedule(self.problem, a)
-        return {"latency": f.latency_ms, "throughput": f.period_ms, "energy": f.energy_mj}[self.objective]
 
     def solve(self, search: SearchOptions, warm: Candidate) -> Solution:
         if search.progress:
