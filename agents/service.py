@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import platform
+import re
 import shutil
 import socket
 import threading
@@ -36,6 +37,7 @@ from profiler.energy import PowerModel
 AGENT_VERSION = "0.2.0"
 log = logging.getLogger("parapipe.agent")
 _HEX = set("0123456789abcdef")
+_TMP_NAME = re.compile(r"\..+\.tmp-[0-9a-f]{8}")  # _write_atomically's temporary files
 MAX_BUNDLE_BYTES = 16 * 1024**3  # an upload larger than this is refused (override: --max-bundle-bytes)
 _RESERVED = {MANIFEST, ".", ".."}  # names a partition file may not take
 # bounds on what a request may ask the board to do
@@ -103,11 +105,16 @@ class AgentState:
         return boots
 
     def clean_partial(self) -> None:
-        """Remove what uploads cut off by an earlier run of the agent left behind (no upload runs yet)."""
+        """Remove what an earlier run of the agent left half done (no upload or write runs yet): uploads
+        cut off by a crash, and records cut off while being replaced (``_write_atomically``'s names)."""
         for p in (self.workdir / "bundles").iterdir():
             if p.name.startswith(".") and ".partial" in p.name:
                 log.info("removing %s, left by an interrupted upload", p.name)
                 shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+        for p in self.workdir.glob(".*.tmp-*"):
+            if _TMP_NAME.fullmatch(p.name) and p.is_file() and not p.is_symlink():
+                log.info("removing %s, left by an interrupted write", p.name)
+                p.unlink(missing_ok=True)
 
     def bundle_dir(self, sha: str) -> Path:
         if len(sha) != 64 or not set(sha) <= _HEX:

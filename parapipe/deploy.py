@@ -360,6 +360,7 @@ def agent_client(conn: BoardConnection) -> Iterator[AgentClient]:
 def _install_and_start(conn: BoardConnection, wd: str, progress=None) -> tuple[bool, bool]:
     """(wheel uploaded, agent restarted); records each managed path once deploy has created it."""
     creations = _Creations(conn, wd)
+    conn.remove_partial_uploads(wd)  # left by a deploy killed mid-upload (we hold the board lock)
     try:
         uploaded = ensure_agent_installed(conn, wd, progress)
         creations.record()
@@ -404,6 +405,7 @@ def undeploy(board: Board) -> list[str]:
     with host_lock(board), BoardConnection(board) as conn:
         wd = conn.path(board.workdir)
         stop_agent(conn, wd)
+        conn.remove_partial_uploads(wd)
         code, out, _ = conn.run(["cat", f"{wd}/{RECORD}"], check=False)
         entries = json.loads(out) if code == 0 and out.strip() else []
         removed = [e for e in entries if e.startswith(wd + "/")]

@@ -133,6 +133,27 @@ def test_cut_off_upload_leaves_the_old_file(board) -> None:
         with pytest.raises(Cut):
             conn.upload(b"x" * (3 << 20), target, progress=cut)
         assert conn.run(["cat", target])[1] == "old content"
+        assert sorted(os.listdir(wd)) == ["model.bin"], "the cut-off upload left its temporary file"
+
+
+def test_uploads_cut_off_harder_are_removed_by_the_next_deploy(board, bundle, monkeypatch, tmp_path) -> None:
+    """A host killed mid-upload leaves a temporary file no code of its own can remove: the next
+    deploy (and undeploy) remove exactly such files and leave look-alikes of the user's alone."""
+    monkeypatch.setenv("PARAPIPE_HOME", str(tmp_path / "home"))
+    folder, _ = bundle
+    workdir = Path(board.workdir)
+    workdir.mkdir(parents=True)
+    theirs = ["notes.parapipe-partial-", "x.parapipe-partial-NOTHEX!!", "x.parapipe-partial-0123abcd9"]
+    for name in theirs:
+        (workdir / name).write_text("the user's")
+    debris = workdir / "agent.whl.parapipe-partial-0123abcd"
+    debris.write_bytes(b"half a wheel")
+    deploy(board, folder)
+    assert not debris.exists()
+    debris.write_bytes(b"half a wheel")
+    undeploy(board)
+    assert not debris.exists()
+    assert sorted(os.listdir(workdir)) == sorted(theirs)
 
 
 def test_two_concurrent_deploys_one_fails_with_a_lock_error(board, bundle, monkeypatch, tmp_path) -> None:
