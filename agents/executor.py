@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from collections.abc import Mapping
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -199,6 +200,8 @@ class Pipeline:
         self.frames_done = 0
         self.frames_failed = 0
         self.broken: str | None = None  # why the pipeline cannot finish frames any more (a peer link broke)
+        self.epoch = uuid.uuid4().hex  # this run of the pipeline: peers start their parts again when it changes
+        self._peer_epochs: dict[str, str] = {}  # the run of each other host's part that sends to this one
         self.period = manifest.replica_period()
         self._frames: dict[int, _Frame] = {}
         self._lock = threading.Lock()
@@ -310,7 +313,7 @@ class Pipeline:
         if self.draining:
             raise PipelineError("the agent is shutting down; send frames to it again once it is back")
         if self.broken:
-            raise PipelineError(f"{self.broken}; start the pipeline again once the peer is back")
+            raise PipelineError(f"{self.broken}; the pipeline starts again by itself once the peer is back")
 
     def submit(self, tensors: Mapping[str, np.ndarray], timeout: float | None = None) -> Future:
         """Queue one frame; the future gives its outputs (``future.frame`` is its id).
@@ -380,6 +383,12 @@ class Pipeline:
             w.deliver(frame, name, value)
         if name in self._outputs and self.entry:
             self._collect(frame, name, value)
+
+    def same_peer_run(self, host: str, epoch: str) -> bool:
+        """Whether ``host``'s part that sends to this one is the run this pipeline has heard from (the
+        first run heard from counts); False means that host started its part again since."""
+        with self._lock:
+            return self._peer_epochs.setdefault(host, epoch) == epoch
 
     def receive_error(self, frame: int, message: str) -> None:
         """Another host's partition failed on a frame: skip it here, pass it on, fail it on the entry host."""
