@@ -427,6 +427,7 @@ def exchange(
         if pipeline is not checked and epoch:
             if not pipeline.same_peer_run(sender, epoch):
                 message = f"host {sender!r} started its part of the plan again"
+                log.warning("%s: frames are numbered anew; starting this host's part again", message)
                 _on_broken(state, pipeline)(f"{message}; this host's part starts again too")
                 raise NotReady(f"{message}; this host's part is starting again: retry once it is ready")
             checked = pipeline

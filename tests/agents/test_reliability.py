@@ -385,3 +385,29 @@ def test_a_peer_restarted_by_its_supervisor_brings_the_plan_back(tmp_path: Path,
         assert status[crashes].boots == 2 and status[crashes].resumed
         assert all(s.running_bundle == bundle_sha(parts[h]) for h, s in status.items())
         assert "Traceback" not in a.log_path.read_text() + b.log_path.read_text()
+
+
+def test_a_host_that_starts_its_part_again_brings_the_other_parts_along(tmp_path: Path) -> None:
+    """a's part is started again (a new run: it numbers frames from 0 again) while b's runs on: b hears
+    the new run on its stream, starts its own part again, and frames flow; none waits for its deadline
+    on a b that would drop frames it believes it has seen."""
+    with ExitStack() as stack:
+        a, b = start_two_hosts(stack, tmp_path, stages=2, max_inflight=2)
+        a.client.timeout = GUARD_S
+        _check_frames_flow(a.client, stages=2, count=3)
+        boots = b.client.status().boots
+        a.client.start(bundle_sha(tmp_path / "a"), peers=[Peer("b", f"127.0.0.1:{b.port}")])
+        deadline = time.monotonic() + 2 * GUARD_S
+        while True:
+            try:
+                got = a.client.infer(frame(2))
+                break
+            except AgentError as exc:
+                assert exc.code == grpc.StatusCode.FAILED_PRECONDITION, exc  # failed at once, never timed out
+                assert time.monotonic() < deadline, "frames never flowed again"
+                time.sleep(0.2)
+        assert np.array_equal(got["t1"], expected(2, 2))
+        _check_frames_flow(a.client, stages=2, count=6)
+        status = b.client.status()
+        assert status.boots == boots and status.ready  # b's agent did not restart; its part did
+        assert "started its part of the plan again" in b.log_path.read_text()
