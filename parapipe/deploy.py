@@ -483,7 +483,11 @@ def _add_cron(conn: BoardConnection, wd: str) -> None:
 def remove_boot_hooks(conn: BoardConnection, wd: str) -> None:
     """Undo what deploy installed outside the workdir to start the agent at boot: its systemd unit
     (disabled, removed, lingering turned off again if deploy turned it on) and its crontab line."""
-    p = _paths(wd)
+    _remove_unit(conn, wd)
+    _remove_cron(conn, wd)
+
+
+def _remove_unit(conn: BoardConnection, wd: str) -> None:
     unit = _installed_unit(conn, wd)
     if unit is not None:
         conn.run(_systemctl(unit, "disable", "--now", unit["name"]), check=False, timeout=60)
@@ -493,11 +497,17 @@ def remove_boot_hooks(conn: BoardConnection, wd: str) -> None:
         conn.run(_systemctl(unit, "daemon-reload"), check=False)
         if unit.get("linger"):
             conn.run(["loginctl", "disable-linger", conn.board.user], check=False)
+        conn.run(["rm", "-f", _paths(wd)["unit"]], check=False)
+
+
+def _remove_cron(conn: BoardConnection, wd: str) -> None:
+    p = _paths(wd)
     code, line, _ = conn.run(["cat", p["cron"]], check=False)
     line = line.strip("\n")
     if code == 0 and line.startswith("@reboot ") and CRON_MARK in line:
         script = 'crontab -l >/dev/null 2>&1 || exit 0; crontab -l | grep -vxF -- "$1" | crontab -'
         conn.run(["sh", "-c", script, "sh", line], check=False)
+    conn.run(["rm", "-f", p["cron"]], check=False)
 
 
 def start_agent(conn: BoardConnection, wd: str) -> str:
@@ -507,8 +517,10 @@ def start_agent(conn: BoardConnection, wd: str) -> str:
     conn.run(["rm", "-f", p["port"]], check=False)
     mode = supervision(conn)
     if mode.startswith("systemd"):
+        _remove_cron(conn, wd)  # a board that gained systemd since the last deploy: one way to start at boot
         _install_unit(conn, wd, agent, mode.removeprefix("systemd-"))
     else:
+        _remove_unit(conn, wd)
         conn.run(["sh", "-c", f"cat > {shlex.quote(p['boot'])}"], stdin=boot_script(wd, agent).encode())
         if mode == "cron":
             _add_cron(conn, wd)

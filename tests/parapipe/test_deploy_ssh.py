@@ -31,6 +31,21 @@ def sshd(tmp_path_factory):
     stop_sshd(proc)
 
 
+@pytest.fixture(autouse=True)
+def _crontab_kept():
+    """Deploy adds an @reboot line where crontab exists (this "board" is this machine): whatever a
+    test does, this account's crontab is as it was afterwards."""
+    if shutil.which("crontab") is None:
+        yield
+        return
+    saved = subprocess.run(["crontab", "-l"], capture_output=True, text=True)
+    yield
+    if saved.returncode == 0:
+        subprocess.run(["crontab", "-"], input=saved.stdout, text=True, check=True)
+    else:
+        subprocess.run(["crontab", "-r"], capture_output=True)
+
+
 @pytest.fixture
 def board(sshd, tmp_path):
     workdir = tmp_path / "board dir; $(touch pwned) 'q' & x"  # spaces and shell metacharacters
