@@ -458,9 +458,10 @@ def _install_unit(conn: BoardConnection, wd: str, agent: list[str], scope: str) 
     unit = {"scope": scope, "name": name, "path": f"{folder}/{name}", "linger": False}
     if scope == "user":  # a user's units start at boot only for a user who lingers
         _, out, _ = conn.run(["loginctl", "show-user", conn.board.user, "-p", "Linger"], check=False)
-        if out.strip() != "Linger=yes":
-            unit["linger"] = conn.run(["loginctl", "enable-linger", conn.board.user], check=False)[0] == 0
+        unit["linger"] = out.strip() != "Linger=yes"  # deploy turns it on, so undeploy turns it off again
     conn.run(["sh", "-c", f"cat > {shlex.quote(p['unit'])}"], stdin=json.dumps(unit).encode())
+    if unit["linger"]:
+        conn.run(["loginctl", "enable-linger", conn.board.user], check=False)
     conn.run(["mkdir", "-p", folder])
     text = unit_text(wd, agent, user=scope == "user")
     conn.run(["sh", "-c", 'cat > "$1"', "sh", unit["path"]], stdin=text.encode())
