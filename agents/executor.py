@@ -7,6 +7,9 @@ session, so onnxruntime's intra-op threads inherit both. Tensors move between wo
 as numpy arrays through per-worker inboxes (no serialisation); a frame enters while
 fewer than ``max_inflight`` frames are in flight, replicated stages take frames
 round-robin, and results are handed back per frame (callers wait on them in order).
+Every frame pays these handoffs (``bench/bench_agent.py --overhead`` measures them), so
+they use C-level locks only: a worker sleeps on a lock its producers release, and a
+caller of ``infer`` on a latch its frame's last worker releases.
 
 In a plan over several hosts, each host's agent runs only its own partitions; tensors
 read on another host go there through ``links`` (agent-to-agent gRPC streams, see
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -77,33 +81,47 @@ class _Worker:
         self.arrived: dict[int, float] = {}
         self.skipped: set[int] = set()  # frames that failed elsewhere: not to be waited for
         self.next = spec.group  # the next frame this worker takes; older deliveries are late and dropped
-        self.cond = threading.Condition()
+        # ``lock`` guards the inbox; ``_wake`` is a binary semaphore (a lock held while there is nothing
+        # new): whoever changes what the worker waits for releases it, the worker acquires it to sleep.
+        # Two C-level lock operations per handoff, where a Condition costs a new lock and Python code.
+        self.lock = threading.Lock()
+        self._wake = threading.Lock()
+        self._wake.acquire()
         self.ready = threading.Event()
         self.error: BaseException | None = None
         self.stats = WorkerStats()
+        self._inputs = len(spec.inputs)
         self.thread = threading.Thread(target=self._run, name=f"pp-{spec.name}", daemon=True)
 
+    def wake(self) -> None:
+        """Make the worker look at its inbox and the pipeline's state again."""
+        try:
+            self._wake.release()
+        except RuntimeError:
+            pass  # woken already and not asleep since
+
     def deliver(self, frame: int, name: str, value: np.ndarray) -> None:
-        with self.cond:
+        with self.lock:
             if frame < self.next or frame in self.skipped:
                 return  # the frame failed or was given up: nothing waits for this tensor any more
             box = self.inbox.setdefault(frame, {})
             box[name] = value
-            if len(box) == len(self.spec.inputs):
-                self.arrived[frame] = time.perf_counter()
-                self.cond.notify()
+            if len(box) < self._inputs:
+                return
+            self.arrived[frame] = time.perf_counter()
+        self.wake()
 
     def skip(self, frame: int) -> None:
         """Frame ``frame`` failed (here, on another partition or host) or was given up: do not wait for it."""
         if frame % self.pipeline.replicas[self.spec.stage] != self.spec.group:
             return  # another replica's frame
-        with self.cond:
+        with self.lock:
             if frame < self.next:
                 return  # taken already
             self.skipped.add(frame)
             self.inbox.pop(frame, None)
             self.arrived.pop(frame, None)
-            self.cond.notify()
+        self.wake()
 
     def _session(self):
         import onnxruntime as ort
@@ -152,14 +170,14 @@ class _Worker:
         period = self.pipeline.replicas[self.spec.stage]
         frame = self.spec.group
         while True:
-            with self.cond:
-                while (
-                    frame not in self.arrived
-                    and frame not in self.skipped
-                    and self.spec.inputs
-                    and not self.pipeline.stopping
-                ):
-                    self.cond.wait(0.5)
+            self.lock.acquire()
+            while (
+                frame not in self.arrived and frame not in self.skipped and self._inputs and not self.pipeline.stopping
+            ):
+                self.lock.release()
+                self._wake.acquire(True, 0.5)
+                self.lock.acquire()
+            try:
                 if self.pipeline.stopping:
                     return
                 self.next = frame + period
@@ -170,6 +188,8 @@ class _Worker:
                     continue
                 feeds = self.inbox.pop(frame, {})
                 arrived = self.arrived.pop(frame, time.perf_counter())
+            finally:
+                self.lock.release()
             start = time.perf_counter()
             try:
                 results = session.run(output_names, feeds)
@@ -200,6 +220,8 @@ class Pipeline:
         self.frames_failed = 0
         self.broken: str | None = None  # why the pipeline cannot finish frames any more (a peer link broke)
         self.on_done: Callable[[float], None] | None = None  # told each completed frame's latency (s): metrics
+        self.epoch = uuid.uuid4().hex  # this run of the pipeline: peers start their parts again when it changes
+        self._peer_epochs: dict[str, str] = {}  # the run of each other host's part that sends to this one
         self.period = manifest.replica_period()
         self._frames: dict[int, _Frame] = {}
         self._lock = threading.Lock()
@@ -237,6 +259,8 @@ class Pipeline:
         self.peer_hosts = sorted({h for table in self._remote for hs in table.values() for h in hs})
         self.accepts = {t for table in self._consumers for t in table} | (self._outputs if self.entry else set())
         self.inputs: dict[str, TensorSpec] = {t.name: t for t in manifest.inputs}
+        self._input_names = set(self.inputs)
+        self._input_checks = [(t.name, np.dtype(t.dtype), tuple(t.shape)) for t in manifest.inputs]
 
     # ------------------------------------------------------------------ life cycle
 
@@ -256,8 +280,7 @@ class Pipeline:
         """Stop the workers and wake every waiter: frames in flight and callers waiting for a slot fail."""
         self.stopping = True
         for w in self.workers.values():
-            with w.cond:
-                w.cond.notify_all()
+            w.wake()
         with self._lock:
             frames = list(self._frames.values())
             self._frames.clear()
@@ -277,6 +300,13 @@ class Pipeline:
     # ------------------------------------------------------------------ frames
 
     def check_inputs(self, tensors: Mapping[str, np.ndarray]) -> None:
+        if tensors.keys() == self._input_names:
+            for name, dtype, shape in self._input_checks:
+                value = tensors[name]
+                if value.dtype != dtype or value.shape != shape:
+                    break
+            else:
+                return  # the common case, checked in a few comparisons; the messages come from below
         missing = set(self.inputs) - set(tensors)
         extra = set(tensors) - set(self.inputs)
         if missing or extra:
@@ -311,7 +341,7 @@ class Pipeline:
         if self.draining:
             raise PipelineError("the agent is shutting down; send frames to it again once it is back")
         if self.broken:
-            raise PipelineError(f"{self.broken}; start the pipeline again once the peer is back")
+            raise PipelineError(f"{self.broken}; the pipeline starts again by itself once the peer is back")
 
     def submit(self, tensors: Mapping[str, np.ndarray], timeout: float | None = None) -> Future:
         """Queue one frame; the future gives its outputs (``future.frame`` is its id).
@@ -336,6 +366,7 @@ class Pipeline:
             self._refuse_new()
             frame = _Frame(self._next_id, time.perf_counter(), Future())
             frame.future.frame = frame.id  # type: ignore[attr-defined]
+            frame.future.latch = _latch(frame.future)  # type: ignore[attr-defined]
             self._frames[frame.id] = frame
             self._next_id += 1
         for name, value in tensors.items():
@@ -345,7 +376,13 @@ class Pipeline:
     def result(self, future: Future, timeout: float | None = None) -> dict[str, np.ndarray]:
         """Wait for a submitted frame; past ``timeout`` the frame is given up (its slot freed) and
         ``DeadlineExceeded`` raised."""
+        latch = getattr(future, "latch", None)
         try:
+            if latch is not None and not future.done():
+                # a C-level lock the finishing worker releases: cheaper to wait on than the future's Condition
+                if latch.acquire(True, -1 if timeout is None else max(0.0, timeout)):
+                    latch.release()  # a latch: it stays open for every other waiter
+                return future.result(0)
             return future.result(timeout)
         except FutureTimeout:
             frame = getattr(future, "frame", None)
@@ -381,6 +418,12 @@ class Pipeline:
             w.deliver(frame, name, value)
         if name in self._outputs and self.entry:
             self._collect(frame, name, value)
+
+    def same_peer_run(self, host: str, epoch: str) -> bool:
+        """Whether ``host``'s part that sends to this one is the run this pipeline has heard from (the
+        first run heard from counts); False means that host started its part again since."""
+        with self._lock:
+            return self._peer_epochs.setdefault(host, epoch) == epoch
 
     def receive_error(self, frame: int, message: str) -> None:
         """Another host's partition failed on a frame: skip it here, pass it on, fail it on the entry host."""
@@ -443,6 +486,14 @@ class Pipeline:
     def reset_stats(self) -> None:
         for w in self.workers.values():
             w.stats = WorkerStats()
+
+
+def _latch(future: Future) -> threading.Lock:
+    """A lock held until ``future`` is done (then released for good: waiters release it again)."""
+    lock = threading.Lock()
+    lock.acquire()
+    future.add_done_callback(lambda _f: lock.release())
+    return lock
 
 
 def generate_inputs(specs: tuple[TensorSpec, ...], seed: int = 0) -> dict[str, np.ndarray]:

@@ -5,6 +5,12 @@ from a queue by the workers that produce tensors that host reads; tensors never 
 through the host that deployed the plan. A link that breaks fails every frame that
 needs it, with a message naming the peer, instead of hanging.
 
+Every stream says which host sends it and which run of that host's pipeline (its
+``epoch``): a peer that sees a new epoch from a host knows that host started its part
+again (a crash, a restart) and starts its own part again too, so frame numbers agree.
+The entry host's links also wait for the peer to be ready (its part running), so the
+entry host takes frames only once every other part runs.
+
 Board side: grpcio, numpy and the stdlib only.
 """
 
@@ -33,6 +39,9 @@ CONNECT_TIMEOUT_S = 10.0
 # KEEPALIVE_S + KEEPALIVE_TIMEOUT_S instead of holding frames until the stream's deadline.
 KEEPALIVE_S = float(os.environ.get("PARAPIPE_PEER_KEEPALIVE_S", "20"))
 KEEPALIVE_TIMEOUT_S = float(os.environ.get("PARAPIPE_PEER_KEEPALIVE_TIMEOUT_S", "10"))
+AGENT_SERVICE = "parapipe.agent.v1.Agent"  # the health service that is SERVING while a pipeline runs
+SENDER_KEY = "parapipe-sender-bin"  # metadata of an Exchange stream: the sending host (utf-8)
+EPOCH_KEY = "parapipe-epoch"  # and the run of its pipeline that sends it
 
 
 class PeerError(RuntimeError):
@@ -75,26 +84,37 @@ class _Link:
         peer: Peer,
         lost: Callable[[int, str], None],
         on_broken: Callable[[str], None] | None = None,
+        sender: tuple[str, str] = ("", ""),
+        require_ready: bool = False,
     ) -> None:
         self.peer, self.lost, self.on_broken = peer, lost, on_broken
+        self.require_ready = require_ready
         self.channel = open_channel(peer.address, peer.tls_ca)
         self.metadata = (("authorization", f"Bearer {peer.token}"),) if peer.token else ()
+        self.stream_metadata = (*self.metadata, (SENDER_KEY, sender[0].encode()), (EPOCH_KEY, sender[1]))
         self.queue: queue.Queue[pb.Handoff | None] = queue.Queue()
         self.broken: str | None = None
         self.sent = 0
         self.thread = threading.Thread(target=self._run, name=f"pp-link-{peer.host}", daemon=True)
 
     def check(self) -> None:
-        """Reach the peer and pass its token check before any frame depends on it."""
+        """Reach the peer and pass its token check before any frame depends on it (and, for the
+        entry host, find the peer's part of the plan running)."""
+        service = AGENT_SERVICE if self.require_ready else ""
         try:
-            health_pb2_grpc.HealthStub(self.channel).Check(
-                health_pb2.HealthCheckRequest(service=""), timeout=CONNECT_TIMEOUT_S, metadata=self.metadata
+            reply = health_pb2_grpc.HealthStub(self.channel).Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=CONNECT_TIMEOUT_S, metadata=self.metadata
             )
         except grpc.RpcError as exc:
             raise PeerError(
                 f"cannot reach the agent of host {self.peer.host!r} at {self.peer.address}: "
                 f"{exc.code().name}: {exc.details()}"  # type: ignore[attr-defined]
             ) from None
+        if reply.status != health_pb2.HealthCheckResponse.SERVING:
+            raise PeerError(
+                f"the agent of host {self.peer.host!r} at {self.peer.address} answers, but its part of the plan "
+                "is not running; start the other hosts' parts before the entry host's"
+            )
 
     def _requests(self) -> Iterator[pb.Handoff]:
         while True:
@@ -106,7 +126,9 @@ class _Link:
 
     def _run(self) -> None:
         try:
-            rpc.AgentStub(self.channel).Exchange(self._requests(), timeout=STREAM_DEADLINE_S, metadata=self.metadata)
+            rpc.AgentStub(self.channel).Exchange(
+                self._requests(), timeout=STREAM_DEADLINE_S, metadata=self.stream_metadata
+            )
         except grpc.RpcError as exc:
             code = exc.code()  # type: ignore[attr-defined]
             if code == grpc.StatusCode.CANCELLED:
@@ -154,9 +176,13 @@ class PeerLinks:
         plan_bundle: str,
         lost: Callable[[int, str], None],
         on_broken: Callable[[str], None] | None = None,
+        sender: tuple[str, str] = ("", ""),
+        require_ready: bool = False,
     ) -> None:
+        """``sender``: this host and its pipeline's epoch, sent with every stream; ``require_ready``:
+        a peer counts as there only once its part of the plan runs (the entry host's links)."""
         self.plan_bundle = plan_bundle
-        self._links = {host: _Link(peer, lost, on_broken) for host, peer in peers.items()}
+        self._links = {host: _Link(peer, lost, on_broken, sender, require_ready) for host, peer in peers.items()}
 
     def start(self) -> None:
         try:

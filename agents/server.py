@@ -30,7 +30,7 @@ from agents import service
 from agents.bundle import BundleError
 from agents.executor import DeadlineExceeded, InputError, Pipeline, PipelineError
 from agents.memory import keep_large_buffers
-from agents.peers import Peer, PeerError
+from agents.peers import AGENT_SERVICE, Peer, PeerError
 from agents.proto import health_pb2, health_pb2_grpc
 from agents.proto import parapipe_agent_pb2 as pb
 from agents.proto import parapipe_agent_pb2_grpc as rpc
@@ -38,7 +38,6 @@ from agents.tensors import TensorError, frame_arrays, frame_message
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 CHUNK_BYTES = 1024 * 1024
-AGENT_SERVICE = "parapipe.agent.v1.Agent"
 log = logging.getLogger("parapipe.agent")
 
 
@@ -306,7 +305,7 @@ class AgentServicer(rpc.AgentServicer):
     def Exchange(self, request_iterator, context):
         log.info("exchange stream from %s", context.peer(), extra={"peer": context.peer()})
         try:
-            return service.exchange(self.state, request_iterator)
+            return service.exchange(self.state, request_iterator, dict(context.invocation_metadata()))
         except grpc.RpcError:
             raise
         except Exception as exc:

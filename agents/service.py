@@ -15,11 +15,13 @@ import json
 import logging
 import os
 import platform
+import re
 import shutil
 import socket
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +30,7 @@ from agents.benchmark import BenchmarkResult, run_benchmark
 from agents.bundle import MANIFEST, BundleError, Manifest, file_sha256, parse_manifest, verify_bundle
 from agents.executor import Pipeline, PipelineError
 from agents.external_data import check_external_data
-from agents.peers import Peer, PeerLinks
+from agents.peers import EPOCH_KEY, SENDER_KEY, Peer, PeerLinks
 from agents.proto import parapipe_agent_pb2 as pb
 from agents.tensors import from_message
 from profiler.energy import PowerModel
@@ -36,6 +38,7 @@ from profiler.energy import PowerModel
 AGENT_VERSION = "0.2.0"
 log = logging.getLogger("parapipe.agent")
 _HEX = set("0123456789abcdef")
+_TMP_NAME = re.compile(r"\..+\.tmp-[0-9a-f]{8}")  # _write_atomically's temporary files
 MAX_BUNDLE_BYTES = 16 * 1024**3  # an upload larger than this is refused (override: --max-bundle-bytes)
 _RESERVED = {MANIFEST, ".", ".."}  # names a partition file may not take
 # bounds on what a request may ask the board to do
@@ -105,11 +108,16 @@ class AgentState:
         return boots
 
     def clean_partial(self) -> None:
-        """Remove what uploads cut off by an earlier run of the agent left behind (no upload runs yet)."""
+        """Remove what an earlier run of the agent left half done (no upload or write runs yet): uploads
+        cut off by a crash, and records cut off while being replaced (``_write_atomically``'s names)."""
         for p in (self.workdir / "bundles").iterdir():
             if p.name.startswith(".") and ".partial" in p.name:
                 log.info("removing %s, left by an interrupted upload", p.name)
                 shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+        for p in self.workdir.glob(".*.tmp-*"):
+            if _TMP_NAME.fullmatch(p.name) and p.is_file() and not p.is_symlink():
+                log.info("removing %s, left by an interrupted write", p.name)
+                p.unlink(missing_ok=True)
 
     def bundle_dir(self, sha: str) -> Path:
         if len(sha) != 64 or not set(sha) <= _HEX:
@@ -153,9 +161,8 @@ def _forget(state: AgentState) -> None:
     (state.workdir / PIPELINE_FILE).unlink(missing_ok=True)
 
 
-def resume(state: AgentState, retry_s: float = 5.0, stop: threading.Event | None = None) -> None:
-    """Bring back the pipeline that ran before the agent restarted (a crash, a reboot); retry while
-    it cannot start (a peer not back yet), until it runs or a StartPipeline/StopPipeline call decides."""
+def _recorded_pipeline(state: AgentState) -> tuple[str, int, list[Peer]] | None:
+    """(bundle, max_inflight, peers) the running pipeline was started with, None if none is recorded."""
     path = state.workdir / PIPELINE_FILE
     try:
         record = json.loads(path.read_text())
@@ -165,10 +172,20 @@ def resume(state: AgentState, retry_s: float = 5.0, stop: threading.Event | None
             for p in record.get("peers", [])
         ]
     except FileNotFoundError:
-        return
+        return None
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        log.error("cannot read %s (%s); not resuming", path, exc)
+        log.error("cannot read %s (%s)", path, exc)
+        return None
+    return sha, max_inflight, peers
+
+
+def resume(state: AgentState, retry_s: float = 5.0, stop: threading.Event | None = None) -> None:
+    """Bring back the pipeline that ran before the agent restarted (a crash, a reboot); retry while
+    it cannot start (a peer not back yet), until it runs or a StartPipeline/StopPipeline call decides."""
+    record = _recorded_pipeline(state)
+    if record is None:
         return
+    sha, max_inflight, peers = record
     generation = state.generation
     while not (stop is not None and stop.is_set()):
         try:
@@ -299,7 +316,9 @@ def start_pipeline(
                 {h: given[h] for h in pipeline.peer_hosts},
                 manifest.plan_bundle,
                 _on_lost(pipeline),
-                pipeline.break_down,
+                _on_broken(state, pipeline),
+                sender=(manifest.host, pipeline.epoch),
+                require_ready=pipeline.entry,
             )
             links.start()  # raises PeerError when a peer does not answer or refuses the token
             pipeline.links = links
@@ -332,13 +351,90 @@ def _on_lost(pipeline: Pipeline):
     return lost
 
 
-def exchange(state: AgentState, handoffs: Iterable[pb.Handoff]) -> pb.ExchangeReply:
-    """Tensors (or failures) from another host's agent for the running pipeline."""
+RECOVER_FIRST_S = 0.5  # a pipeline whose peer link broke tries to start again after this long,
+RECOVER_MAX_S = 10.0  # doubling up to this, until the peers are back
+
+
+class _Recovering:
+    """The pipelines a recovery thread runs for (weakly held), under a lock of their own."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.pipelines: weakref.WeakSet[Pipeline] = weakref.WeakSet()
+
+    def __enter__(self) -> None:
+        self.lock.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.lock.release()
+
+
+_recovering = _Recovering()
+
+
+def _on_broken(state: AgentState, pipeline: Pipeline):
+    def broken(message: str) -> None:
+        pipeline.break_down(message)
+        recover(state, pipeline)
+
+    return broken
+
+
+def recover(state: AgentState, broken: Pipeline) -> None:
+    """A peer link of ``broken`` broke (the peer crashed, restarted, or could not be reached): start
+    this host's part again, from the record of the running pipeline, once every peer is back (and, on
+    the entry host, runs its part again), so frames flow again without anyone calling StartPipeline.
+    Gives up when the pipeline is stopped or replaced (StartPipeline, StopPipeline, shutdown)."""
+    with _recovering:  # not state.lock: a link may break while StartPipeline holds it
+        if broken in _recovering.pipelines:
+            return
+        _recovering.pipelines.add(broken)
+    generation = state.generation
+
+    def run() -> None:
+        wait = RECOVER_FIRST_S
+        while not broken.stopping:
+            time.sleep(wait)
+            wait = min(2 * wait, RECOVER_MAX_S)
+            record = _recorded_pipeline(state)
+            if broken.stopping or state.pipeline is not broken or record is None or record[0] != state.running:
+                return
+            try:
+                start_pipeline(state, *record, resuming=generation)
+                log.info("the peers are back: bundle %s… runs again", record[0][:12])
+                return
+            except _Superseded:
+                return
+            except Exception as exc:
+                log.warning("bundle %s… cannot start again yet: %s; retrying in %.1fs", record[0][:12], exc, wait)
+
+    threading.Thread(target=run, name="pp-recover", daemon=True).start()
+
+
+def exchange(
+    state: AgentState, handoffs: Iterable[pb.Handoff], metadata: dict[str, str | bytes] | None = None
+) -> pb.ExchangeReply:
+    """Tensors (or failures) from another host's agent for the running pipeline.
+
+    A stream from a new run of the sending host's part (its epoch changed: it restarted) means this
+    host's pipeline numbers frames differently: it breaks (frames in flight fail) and starts again."""
+    metadata = metadata or {}
+    sender = metadata.get(SENDER_KEY, b"")
+    sender = sender.decode(errors="replace") if isinstance(sender, bytes) else str(sender)
+    epoch = str(metadata.get(EPOCH_KEY, ""))
     received = 0
+    checked: Pipeline | None = None
     for h in handoffs:
         pipeline = state.pipeline
         if pipeline is None or not pipeline.manifest.plan_bundle:
             raise NotReady("no pipeline of a multi-host plan runs here; start this host's bundle first")
+        if pipeline is not checked and epoch:
+            if not pipeline.same_peer_run(sender, epoch):
+                message = f"host {sender!r} started its part of the plan again"
+                log.warning("%s: frames are numbered anew; starting this host's part again", message)
+                _on_broken(state, pipeline)(f"{message}; this host's part starts again too")
+                raise NotReady(f"{message}; this host's part is starting again: retry once it is ready")
+            checked = pipeline
         if h.plan_bundle != pipeline.manifest.plan_bundle:
             raise NotReady(
                 f"the handoff belongs to plan bundle {h.plan_bundle[:12]}…, this agent runs "

@@ -2,8 +2,11 @@
 
 ``deploy``: one deploy per board at a time (a lock on the host and one on the board);
 the board-side wheel is installed into a venv on the board only when its content hash
-changed; the agent is started detached (pidfile, log in the working directory) or kept
-if it runs the current code; the bundle goes up through the agent (temporary folder,
+changed; the agent is started under a supervisor (pidfile, log in the working directory)
+or kept if it runs the current code: a systemd unit (Restart=always, enabled at boot)
+where systemd runs the board, else a restart loop in sh started by ``agent.boot``, which
+an ``@reboot`` crontab line runs at boot where crontab exists (``supervision``); the
+unit and the crontab line are recorded in the workdir and undeploy removes them; the bundle goes up through the agent (temporary folder,
 sha256 checked, renamed into place) unless the agent has it; then the pipeline starts
 and the hashes are confirmed. Every path deploy creates is listed in
 ``<workdir>/.parapipe-deployed.json`` once it exists (never before, never a path that was
@@ -21,8 +24,10 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
+import re
 import shlex
 import socket
 import time
@@ -51,6 +56,7 @@ class DeployResult:
     bundle_uploaded_bytes: int
     agent_restarted: bool
     workdir: str
+    supervisor: str = ""  # what brings the agent back after a crash and a reboot (see ``supervision``)
 
 
 @contextlib.contextmanager
@@ -157,6 +163,9 @@ def _paths(wd: str) -> dict[str, str]:
         "log": f"{wd}/agent.log",
         "version": f"{wd}/agent.version",
         "supervisor": f"{wd}/agent.supervisor.pid",
+        "boot": f"{wd}/agent.boot",  # starts the supervised agent: what deploy and a reboot run
+        "cron": f"{wd}/agent.cron",  # the @reboot line deploy added to the user's crontab
+        "unit": f"{wd}/agent.unit",  # the systemd unit deploy installed (JSON: scope, name, path, linger)
     }
 
 
@@ -287,10 +296,33 @@ def supervisor_pid(conn: BoardConnection, wd: str) -> int | None:
     return int(out.strip()) if code == 0 and out.strip().isdigit() else None
 
 
+def _installed_unit(conn: BoardConnection, wd: str) -> dict | None:
+    code, out, _ = conn.run(["cat", _paths(wd)["unit"]], check=False)
+    if code != 0 or not out.strip():
+        return None
+    try:
+        unit = json.loads(out)
+    except json.JSONDecodeError:
+        return None
+    ok = (
+        isinstance(unit, dict)
+        and unit.get("scope") in ("system", "user")
+        and _UNIT_NAME.fullmatch(unit.get("name", ""))
+    )
+    return unit if ok else None
+
+
+def _systemctl(unit: dict, *args: str) -> list[str]:
+    return ["systemctl", *(["--user"] if unit["scope"] == "user" else []), *args]
+
+
 def stop_agent(conn: BoardConnection, wd: str) -> bool:
     """Stop the supervisor (so nothing restarts the agent), then SIGTERM the verified agent (it drains)
     and SIGKILL it after 15 s; pid files naming other processes are removed without signalling anything."""
     p = _paths(wd)
+    unit = _installed_unit(conn, wd)
+    if unit is not None:  # systemd stops it (SIGTERM, the agent drains) and does not restart a stopped unit
+        conn.run(_systemctl(unit, "stop", unit["name"]), check=False, timeout=60)
     supervisor = supervisor_pid(conn, wd)
     if supervisor is not None:
         conn.run(["kill", str(supervisor)], check=False)
@@ -324,25 +356,184 @@ done
 SUPERVISOR_NAME = "parapipe-agent-supervisor"
 
 
-def start_agent(conn: BoardConnection, wd: str) -> None:
-    """Start the agent under its supervisor (detached from the SSH session); wait until it listens."""
+# How the board brings the agent back, best first: a systemd unit (Restart=always, enabled at boot) where
+# systemd runs the board (as root a system unit, else a user unit with lingering so it starts at boot
+# without a login); otherwise the sh restart loop, started again at boot by an @reboot crontab line where
+# crontab exists; otherwise the restart loop alone (a reboot needs the next deploy, or `sh agent.boot`).
+_SUPERVISION = r"""
+running() { case "$1" in running|degraded) return 0;; esac; return 1; }
+if command -v systemctl >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ]; then running "$(systemctl is-system-running 2>/dev/null)" && { echo systemd-system; exit 0; }
+  else running "$(systemctl --user is-system-running 2>/dev/null)" && { echo systemd-user; exit 0; }
+  fi
+fi
+command -v crontab >/dev/null 2>&1 && { echo cron; exit 0; }
+echo none
+"""
+_UNIT_NAME = re.compile(r"parapipe-agent-[0-9a-f]{12}\.service")
+CRON_MARK = "# parapipe agent"  # ends every crontab line deploy adds (the workdir follows it)
+
+
+def supervision(conn: BoardConnection) -> str:
+    """``systemd-system``, ``systemd-user``, ``cron`` (restart loop + @reboot) or ``none`` (restart loop)."""
+    return conn.shell(_SUPERVISION)[1].strip() or "none"
+
+
+def agent_argv(wd: str, port: int) -> list[str]:
+    """The agent's command line on the board (its venv's Python, loopback only, files in the workdir)."""
     p = _paths(wd)
-    q = shlex.quote
-    conn.run(["rm", "-f", p["port"]], check=False)
-    agent = [
+    return [
         p["venv"] + "/bin/python", "-m", "agents.server", "--host", "127.0.0.1",
-        "--port", str(int(conn.board.agent_port)), "--workdir", p["agent_dir"], "--pid-file", p["pid"],
+        "--port", str(int(port)), "--workdir", p["agent_dir"], "--pid-file", p["pid"],
         "--port-file", p["port"],
     ]  # fmt: skip
+
+
+def boot_script(wd: str, agent: list[str]) -> str:
+    """The sh script that starts the agent under its restart loop, detached; deploy and @reboot run it."""
+    p = _paths(wd)
+    q = shlex.quote
     supervised = shlex.join(["sh", "-c", _SUPERVISOR, SUPERVISOR_NAME, p["supervisor"], *agent])
-    command = f"cd {q(wd)} || exit 1; setsid nohup {supervised} > {q(p['log'])} 2>&1 < /dev/null & exit 0"
-    conn.shell(command)
+    return (
+        "#!/bin/sh\n# written by parapipe deploy: starts this workdir's agent under its restart loop\n"
+        f"cd {q(wd)} || exit 1\nrm -f {q(p['port'])}\n"
+        f"setsid nohup {supervised} >> {q(p['log'])} 2>&1 < /dev/null &\nexit 0\n"
+    )
+
+
+def _systemd_quote(arg: str) -> str:
+    if "\n" in arg or "\r" in arg:
+        raise DeployError(f"a path for the agent's systemd unit holds a line break: {arg!r}; use another workdir")
+    escaped = arg.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%").replace("$", "$$")
+    return f'"{escaped}"'
+
+
+def _systemd_path(path: str) -> str:
+    if "\n" in path or "\r" in path:
+        raise DeployError(f"a path for the agent's systemd unit holds a line break: {path!r}; use another workdir")
+    return path.replace("%", "%%")
+
+
+def unit_text(wd: str, agent: list[str], user: bool, grace_s: float = 30.0) -> str:
+    """The agent's systemd unit: restarted whatever way it ends, except a refusal of its
+    configuration (exit 2) and a stop asked for (systemctl stop: SIGTERM, it drains); enabled at boot."""
+    p = _paths(wd)
+    if any(c in agent[0] for c in "'\"\\"):  # systemd refuses these in the program's path, not in arguments
+        agent = ["/bin/sh", "-c", 'exec "$0" "$@"', *agent]
+    program = f'"{_systemd_path(agent[0])}"'  # no $-substitution in the program's path, only in arguments
+    return "\n".join(
+        [
+            "# written by parapipe deploy; parapipe undeploy removes it",
+            "[Unit]",
+            f"Description=parapipe agent ({_systemd_path(wd)})",
+            "Wants=network-online.target",
+            "After=network-online.target",
+            "StartLimitIntervalSec=0",
+            "",
+            "[Service]",
+            "Type=simple",
+            f"WorkingDirectory={_systemd_path(wd)}",
+            "ExecStart=" + " ".join([program, *(_systemd_quote(a) for a in agent[1:])]),
+            "Restart=always",
+            "RestartSec=1",
+            "RestartPreventExitStatus=2",
+            "KillSignal=SIGTERM",
+            f"TimeoutStopSec={int(grace_s) + 15}",
+            f"StandardOutput=append:{_systemd_path(p['log'])}",
+            f"StandardError=append:{_systemd_path(p['log'])}",
+            "",
+            "[Install]",
+            f"WantedBy={'default.target' if user else 'multi-user.target'}",
+            "",
+        ]
+    )
+
+
+def _install_unit(conn: BoardConnection, wd: str, agent: list[str], scope: str) -> None:
+    """Write, enable and (re)start the agent's unit; its name, path and scope go to agent.unit first, so
+    undeploy finds it even if this is cut off."""
+    p = _paths(wd)
+    name = f"parapipe-agent-{hashlib.sha256(wd.encode()).hexdigest()[:12]}.service"
+    folder = "/etc/systemd/system" if scope == "system" else conn.path("~/.config/systemd/user")
+    unit = {"scope": scope, "name": name, "path": f"{folder}/{name}", "linger": False}
+    if scope == "user":  # a user's units start at boot only for a user who lingers
+        _, out, _ = conn.run(["loginctl", "show-user", conn.board.user, "-p", "Linger"], check=False)
+        unit["linger"] = out.strip() != "Linger=yes"  # deploy turns it on, so undeploy turns it off again
+    conn.run(["sh", "-c", f"cat > {shlex.quote(p['unit'])}"], stdin=json.dumps(unit).encode())
+    if unit["linger"]:
+        conn.run(["loginctl", "enable-linger", conn.board.user], check=False)
+    conn.run(["mkdir", "-p", folder])
+    text = unit_text(wd, agent, user=scope == "user")
+    conn.run(["sh", "-c", 'cat > "$1"', "sh", unit["path"]], stdin=text.encode())
+    conn.run(_systemctl(unit, "daemon-reload"))
+    conn.run(_systemctl(unit, "enable", name))
+    conn.run(_systemctl(unit, "restart", name))
+
+
+def _add_cron(conn: BoardConnection, wd: str) -> None:
+    """An @reboot line that runs agent.boot; the line goes to agent.cron first, so undeploy removes it."""
+    p = _paths(wd)
+    line = f"@reboot sh {shlex.quote(p['boot'])} {CRON_MARK} {wd}".replace("%", "\\%")
+    if "\n" in line:
+        raise DeployError(f"the workdir {wd!r} holds a line break; a crontab line cannot name it; use another workdir")
+    conn.run(["sh", "-c", f"cat > {shlex.quote(p['cron'])}"], stdin=line.encode())
+    script = '{ crontab -l 2>/dev/null | grep -vxF -- "$1"; printf "%s\\n" "$1"; } | crontab -'
+    conn.run(["sh", "-c", script, "sh", line])
+
+
+def remove_boot_hooks(conn: BoardConnection, wd: str) -> None:
+    """Undo what deploy installed outside the workdir to start the agent at boot: its systemd unit
+    (disabled, removed, lingering turned off again if deploy turned it on) and its crontab line."""
+    _remove_unit(conn, wd)
+    _remove_cron(conn, wd)
+
+
+def _remove_unit(conn: BoardConnection, wd: str) -> None:
+    unit = _installed_unit(conn, wd)
+    if unit is not None:
+        conn.run(_systemctl(unit, "disable", "--now", unit["name"]), check=False, timeout=60)
+        path = str(unit.get("path", ""))
+        if path.endswith("/" + unit["name"]):
+            conn.run(["rm", "-f", path], check=False)
+        conn.run(_systemctl(unit, "daemon-reload"), check=False)
+        if unit.get("linger"):
+            conn.run(["loginctl", "disable-linger", conn.board.user], check=False)
+        conn.run(["rm", "-f", _paths(wd)["unit"]], check=False)
+
+
+def _remove_cron(conn: BoardConnection, wd: str) -> None:
+    p = _paths(wd)
+    code, line, _ = conn.run(["cat", p["cron"]], check=False)
+    line = line.strip("\n")
+    if code == 0 and line.startswith("@reboot ") and CRON_MARK in line:
+        script = 'crontab -l >/dev/null 2>&1 || exit 0; crontab -l | grep -vxF -- "$1" | crontab -'
+        conn.run(["sh", "-c", script, "sh", line], check=False)
+    conn.run(["rm", "-f", p["cron"]], check=False)
+
+
+def start_agent(conn: BoardConnection, wd: str) -> str:
+    """Start the agent under its supervisor (``supervision``); wait until it listens. Returns the supervision."""
+    p = _paths(wd)
+    agent = agent_argv(wd, conn.board.agent_port)
+    conn.run(["rm", "-f", p["port"]], check=False)
+    mode = supervision(conn)
+    if mode.startswith("systemd"):
+        _remove_cron(conn, wd)  # a board that gained systemd since the last deploy: one way to start at boot
+        _install_unit(conn, wd, agent, mode.removeprefix("systemd-"))
+    else:
+        _remove_unit(conn, wd)
+        conn.run(["sh", "-c", f"cat > {shlex.quote(p['boot'])}"], stdin=boot_script(wd, agent).encode())
+        if mode == "cron":
+            _add_cron(conn, wd)
+        conn.run(["sh", "-c", f": > {shlex.quote(p['log'])}"])  # a fresh log per deploy; a reboot appends
+        conn.run(["sh", p["boot"]])
     deadline = time.monotonic() + 60
     while conn.run(["test", "-f", p["port"]], check=False)[0] != 0:
         if time.monotonic() > deadline:
             _, log, _ = conn.run(["tail", "-n", "20", p["log"]], check=False)
             raise DeployError(f"the agent on {conn.board.name} did not start; its log ends:\n{log}")
         time.sleep(0.2)
+    return "systemd" if mode.startswith("systemd") else mode
 
 
 @contextlib.contextmanager
@@ -357,20 +548,27 @@ def agent_client(conn: BoardConnection) -> Iterator[AgentClient]:
         yield client
 
 
-def _install_and_start(conn: BoardConnection, wd: str, progress=None) -> tuple[bool, bool]:
-    """(wheel uploaded, agent restarted); records each managed path once deploy has created it."""
+def _install_and_start(conn: BoardConnection, wd: str, progress=None) -> tuple[bool, bool, str]:
+    """(wheel uploaded, agent restarted, supervision); records each managed path once deploy has created it."""
     creations = _Creations(conn, wd)
+    conn.remove_partial_uploads(wd)  # left by a deploy killed mid-upload (we hold the board lock)
     try:
         uploaded = ensure_agent_installed(conn, wd, progress)
         creations.record()
         restarted = False
         if uploaded or not agent_running(conn, wd):
             stop_agent(conn, wd)
-            start_agent(conn, wd)
+            mode = start_agent(conn, wd)
             restarted = True
+        else:
+            mode = (
+                "systemd"
+                if _installed_unit(conn, wd)
+                else ("cron" if _existing(conn, [_paths(wd)["cron"]]) else "none")
+            )
     finally:
         creations.record()
-    return uploaded, restarted
+    return uploaded, restarted, mode
 
 
 def ensure_agent(board: Board, progress=None) -> bool:
@@ -387,7 +585,7 @@ def deploy(board: Board, bundle: Path, progress=None) -> DeployResult:
         wd = conn.path(board.workdir)
         conn.run(["mkdir", "-p", wd])
         with board_lock(conn, wd):
-            uploaded, restarted = _install_and_start(conn, wd, progress)
+            uploaded, restarted, mode = _install_and_start(conn, wd, progress)
             with agent_client(conn) as client:
                 reply = client.load_bundle(bundle, progress)
                 client.start(reply.bundle_sha256)
@@ -396,7 +594,7 @@ def deploy(board: Board, bundle: Path, progress=None) -> DeployResult:
                     raise DeployError(
                         f"the agent runs bundle {status.running_bundle[:12]}…, not {reply.bundle_sha256[:12]}…"
                     )
-        return DeployResult(board.name, reply.bundle_sha256, uploaded, reply.bytes_received, restarted, wd)
+        return DeployResult(board.name, reply.bundle_sha256, uploaded, reply.bytes_received, restarted, wd, mode)
 
 
 def undeploy(board: Board) -> list[str]:
@@ -404,6 +602,8 @@ def undeploy(board: Board) -> list[str]:
     with host_lock(board), BoardConnection(board) as conn:
         wd = conn.path(board.workdir)
         stop_agent(conn, wd)
+        remove_boot_hooks(conn, wd)
+        conn.remove_partial_uploads(wd)
         code, out, _ = conn.run(["cat", f"{wd}/{RECORD}"], check=False)
         entries = json.loads(out) if code == 0 and out.strip() else []
         removed = [e for e in entries if e.startswith(wd + "/")]

@@ -13,12 +13,15 @@ import select
 import shlex
 import socket
 import threading
+import uuid
 from pathlib import Path
 
 import paramiko
 
 from parapipe.boards import Board
 from parapipe.local_agent import DeployError
+
+PARTIAL = ".parapipe-partial-"  # an upload's temporary name: <target>.parapipe-partial-<8 hex digits>
 
 
 def fingerprint(key: paramiko.PKey) -> str:
@@ -134,28 +137,53 @@ class BoardConnection:
         return p
 
     def upload(self, data: bytes, remote: str, progress=None) -> None:
-        """Write to a temporary name, check its sha256 on the board, then rename over ``remote``."""
-        tmp = f"{remote}.partial"
-        sftp = self.client.open_sftp()
+        """Write to a temporary name beside ``remote``, check its sha256 on the board, then rename over
+        ``remote``. An upload cut off here (an error, the connection dropping, Ctrl-C) removes its
+        temporary file; one cut off harder (the host killed) leaves a ``.parapipe-partial-`` file that
+        the next deploy removes (``remove_partial_uploads``)."""
+        tmp = f"{remote}{PARTIAL}{uuid.uuid4().hex[:8]}"
+        done = False
         try:
-            sftp.get_channel().settimeout(self.board.timeout_s * 4)
-            with sftp.open(tmp, "wb") as fh:
-                fh.set_pipelined(True)
-                step = 1 << 20
-                for off in range(0, len(data), step):
-                    fh.write(data[off : off + step])
-                    if progress:
-                        progress(min(off + step, len(data)), len(data))
-        except (OSError, paramiko.SSHException) as exc:
-            raise DeployError(f"upload of {remote} to {self.board.name} failed: {exc}") from None
+            sftp = self.client.open_sftp()
+            try:
+                sftp.get_channel().settimeout(self.board.timeout_s * 4)
+                with sftp.open(tmp, "wb") as fh:
+                    fh.set_pipelined(True)
+                    step = 1 << 20
+                    for off in range(0, len(data), step):
+                        fh.write(data[off : off + step])
+                        if progress:
+                            progress(min(off + step, len(data)), len(data))
+            except (OSError, paramiko.SSHException) as exc:
+                raise DeployError(f"upload of {remote} to {self.board.name} failed: {exc}") from None
+            finally:
+                sftp.close()
+            expected = hashlib.sha256(data).hexdigest()
+            _, out, _ = self.run(["sha256sum", tmp])
+            if out.split()[0] != expected:
+                raise DeployError(f"upload of {remote} arrived damaged (sha256 mismatch); nothing was replaced")
+            self.run(["mv", "-f", tmp, remote])
+            done = True
         finally:
-            sftp.close()
-        expected = hashlib.sha256(data).hexdigest()
-        _, out, _ = self.run(["sha256sum", tmp])
-        if out.split()[0] != expected:
-            self.run(["rm", "-f", tmp], check=False)
-            raise DeployError(f"upload of {remote} arrived damaged (sha256 mismatch); nothing was replaced")
-        self.run(["mv", "-f", tmp, remote])
+            if not done:
+                self._remove_quietly(tmp)
+
+    def _remove_quietly(self, path: str) -> None:
+        """Best effort: the connection may be the thing that failed (the next deploy cleans up then)."""
+        try:
+            self.run(["rm", "-f", path], timeout=self.board.timeout_s, check=False)
+        except (DeployError, OSError, paramiko.SSHException, EOFError):
+            pass
+
+    def remove_partial_uploads(self, folder: str) -> list[str]:
+        """Remove the temporary files of uploads into ``folder`` cut off before they could clean up
+        (only names ``upload`` makes: ``<name>.parapipe-partial-<8 hex digits>``); returns them."""
+        script = (
+            'for p in "$1"/*"$2"????????; do [ -f "$p" ] && [ ! -L "$p" ] || continue; '
+            'case "${p##*$2}" in *[!0-9a-f]*) continue;; esac; rm -f -- "$p" && printf "%s\\0" "$p"; done; exit 0'
+        )
+        _, out, _ = self.run(["sh", "-c", script, "sh", folder, PARTIAL])
+        return [p for p in out.split("\0") if p]
 
     def forward(self, remote_port: int) -> LocalForward:
         return LocalForward(self.transport, remote_port)

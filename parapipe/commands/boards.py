@@ -220,9 +220,17 @@ def deploy(
     out.print(
         f"deployed bundle {result.bundle_sha256[:12]}… to {board} ({result.workdir}): agent "
         f"{'installed' if result.wheel_uploaded else 'up to date'}, {'restarted' if result.agent_restarted else 'kept running'}, "
-        f"{result.bundle_uploaded_bytes} bundle bytes uploaded",
+        f"{result.bundle_uploaded_bytes} bundle bytes uploaded; {SUPERVISION.get(result.supervisor, result.supervisor)}",
         highlight=False,
     )
+
+
+SUPERVISION = {
+    "systemd": "a systemd unit brings the agent back after a crash or a reboot",
+    "cron": "a restart loop brings the agent back after a crash, an @reboot crontab line after a reboot",
+    "none": "a restart loop brings the agent back after a crash; after a reboot the next deploy starts it "
+    "(the board has neither systemd nor crontab)",
+}
 
 
 @app.command()

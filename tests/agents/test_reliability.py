@@ -6,8 +6,12 @@ fails in stage 0. Timeouts here are hang guards only; nothing asserts how long a
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -288,3 +292,122 @@ def test_a_stream_reports_failed_frames_one_by_one_and_goes_on(tmp_path: Path) -
                 assert not isinstance(got, AgentError) and np.array_equal(got["t2"], expected(idx, 3))
         status = client.status()
         assert (status.frames_done, status.frames_failed) == (6, 4)
+
+
+class _Supervised:
+    """An agent under deploy's restart loop (sh), on a fixed port and workdir, as on a board."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        folder.mkdir(parents=True)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.pid_file = folder / "agent.pid"
+        self.log_path = folder / "agent.log"
+        self.process: subprocess.Popen | None = None
+        self.client = AgentClient(f"127.0.0.1:{self.port}", timeout=GUARD_S)
+
+    def __enter__(self) -> _Supervised:
+        from parapipe.deploy import _SUPERVISOR, SUPERVISOR_NAME
+
+        root = Path(__file__).resolve().parents[2]
+        env = dict(os.environ, PYTHONPATH=f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+        agent = [sys.executable, "-m", "agents.server", "--port", str(self.port)]
+        agent += ["--workdir", str(self.folder / "work"), "--pid-file", str(self.pid_file)]
+        argv = ["sh", "-c", _SUPERVISOR, SUPERVISOR_NAME, str(self.folder / "supervisor.pid"), *agent]
+        with open(self.log_path, "w") as log:
+            self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self.client.wait_serving(GUARD_S)
+        return self
+
+    def agent_pid(self) -> int:
+        return int(self.pid_file.read_text().split()[0])
+
+    def crash(self) -> None:
+        """SIGKILL the agent (not its supervisor) and wait until the supervisor has started another."""
+        first = self.agent_pid()
+        os.kill(first, signal.SIGKILL)
+        eventually(
+            "the supervisor started the agent again", lambda: self.pid_file.exists() and self.agent_pid() != first
+        )
+        self.client.wait_serving(GUARD_S)
+
+    def __exit__(self, *exc: object) -> None:
+        self.client.close()
+        if self.process is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(GUARD_S)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+
+
+@pytest.mark.parametrize("crashes", ["b", "a"])
+def test_a_peer_restarted_by_its_supervisor_brings_the_plan_back(tmp_path: Path, crashes: str) -> None:
+    """A plan over hosts a (entry) and b, each agent under its supervisor. One agent is SIGKILLed with
+    frames in flight and comes back: every frame in flight is reported failed (none hangs until its
+    deadline, none is lost), the other host's part starts again by itself, and frames flow again."""
+    with ExitStack() as stack:
+        agents = {h: stack.enter_context(_Supervised(tmp_path / h)) for h in ("a", "b")}
+        parts = {h: write_tiny_bundle(tmp_path / f"bundle-{h}", 2, max_inflight=4, host=h) for h in ("a", "b")}
+        for h in ("b", "a"):
+            other = "a" if h == "b" else "b"
+            agents[h].client.load_bundle(parts[h])
+            agents[h].client.start(bundle_sha(parts[h]), peers=[Peer(other, f"127.0.0.1:{agents[other].port}")])
+        a, b = agents["a"], agents["b"]
+        _check_frames_flow(a.client, stages=2, count=3)
+        b_pid = b.agent_pid()
+        os.kill(b_pid, signal.SIGSTOP)  # frames reach b and stay there: in flight
+        stack.callback(lambda: os.kill(b_pid, signal.SIGCONT) if Path(f"/proc/{b_pid}").exists() else None)
+        in_flight = [
+            a.client.stub.Infer.future(frame_message(100 + i, frame(i)), timeout=4 * GUARD_S) for i in range(4)
+        ]
+        eventually("frames in flight", lambda: a.client.status().frames_in_flight >= 1)
+        if crashes == "b":
+            b.crash()
+        else:
+            os.kill(b_pid, signal.SIGCONT)
+            os.kill(a.agent_pid(), signal.SIGKILL)
+        for call in in_flight:  # every one answered: with its outputs (b woke in time) or failed
+            try:
+                call.result()
+            except grpc.RpcError as exc:
+                assert exc.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.UNAVAILABLE), exc
+        if crashes == "a":
+            a.client.wait_serving(GUARD_S)  # the supervisor started it again
+        eventually("the plan runs again on a", a.client.ready, timeout=2 * GUARD_S)
+        eventually("b's part runs again", b.client.ready, timeout=2 * GUARD_S)
+        _check_frames_flow(a.client, stages=2, count=6)
+        status = {h: agents[h].client.status() for h in agents}
+        assert status[crashes].boots == 2 and status[crashes].resumed
+        assert all(s.running_bundle == bundle_sha(parts[h]) for h, s in status.items())
+        assert "Traceback" not in a.log_path.read_text() + b.log_path.read_text()
+
+
+def test_a_host_that_starts_its_part_again_brings_the_other_parts_along(tmp_path: Path) -> None:
+    """a's part is started again (a new run: it numbers frames from 0 again) while b's runs on: b hears
+    the new run on its stream, starts its own part again, and frames flow; none waits for its deadline
+    on a b that would drop frames it believes it has seen."""
+    with ExitStack() as stack:
+        a, b = start_two_hosts(stack, tmp_path, stages=2, max_inflight=2)
+        a.client.timeout = GUARD_S
+        _check_frames_flow(a.client, stages=2, count=3)
+        boots = b.client.status().boots
+        a.client.start(bundle_sha(tmp_path / "a"), peers=[Peer("b", f"127.0.0.1:{b.port}")])
+        deadline = time.monotonic() + 2 * GUARD_S
+        while True:
+            try:
+                got = a.client.infer(frame(2))
+                break
+            except AgentError as exc:
+                assert exc.code == grpc.StatusCode.FAILED_PRECONDITION, exc  # failed at once, never timed out
+                assert time.monotonic() < deadline, "frames never flowed again"
+                time.sleep(0.2)
+        assert np.array_equal(got["t1"], expected(2, 2))
+        _check_frames_flow(a.client, stages=2, count=6)
+        status = b.client.status()
+        assert status.boots == boots and status.ready  # b's agent did not restart; its part did
+        assert "started its part of the plan again" in b.log_path.read_text()

@@ -144,9 +144,46 @@ def test_uploads_cut_off_before_a_restart_are_cleaned_up(tmp_path: Path) -> None
     stale = workdir / "bundles" / f".{'a' * 64}.partial-1234abcd"
     stale.mkdir(parents=True)
     (stale / "s0.onnx").write_bytes(b"half a model")
+    half_written = workdir / ".pipeline.json.tmp-1234abcd"  # a record being replaced when the board lost power
+    half_written.write_text('{"bund')
+    users = workdir / "notes.tmp-1234abcd"
+    users.write_text("not the agent's")
     with LocalAgent(workdir=workdir) as agent:
         assert agent.client.status().bundles == []
-        assert not stale.exists()
+        assert not stale.exists() and not half_written.exists()
+        assert users.exists()
+
+
+@pytest.mark.parametrize("how", ["cancelled", "closed early"])
+def test_an_upload_cut_off_mid_stream_leaves_nothing_behind(tmp_path: Path, how: str) -> None:
+    """The client goes away halfway through a file (cancelled, or its stream simply ends): the
+    agent removes the upload's temporary folder at once, keeps serving, and the bundle can be sent again."""
+    folder = write_tiny_bundle(tmp_path / "b")
+    text = (folder / MANIFEST).read_text()
+    sha = parse_manifest(text).sha256()
+    data = (folder / "s0.onnx").read_bytes()
+    hold = threading.Event()
+
+    def half() -> Iterator[pb.BundleChunk]:
+        yield pb.BundleChunk(bundle_sha256=sha, manifest_json=text)
+        yield pb.BundleChunk(bundle_sha256=sha, file="s0.onnx", offset=0, data=data[:20])
+        if how == "cancelled":
+            hold.wait(GUARD_S)
+
+    with LocalAgent() as agent:
+        bundles = Path(agent.workdir) / "bundles"
+        call = agent.client.stub.LoadBundle.future(half(), timeout=GUARD_S)
+        if how == "cancelled":
+            eventually("the upload is under way", lambda: any(p.name.startswith(".") for p in bundles.iterdir()))
+            call.cancel()
+            hold.set()
+        else:
+            with pytest.raises(grpc.RpcError) as raw:
+                call.result()
+            assert raw.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        eventually("the temporary folder is gone", lambda: not list(bundles.iterdir()))
+        assert agent.client.load_bundle(folder).bundle_sha256 == sha
+        assert [p.name for p in bundles.iterdir()] == [sha]
 
 
 @pytest.mark.parametrize("name", [MANIFEST, ".", ".."])

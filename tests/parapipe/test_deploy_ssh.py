@@ -6,10 +6,13 @@ import contextlib
 import dataclasses
 import json
 import os
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,6 +29,21 @@ def sshd(tmp_path_factory):
     info, proc = start_sshd(tmp_path_factory.mktemp("sshd"))
     yield info
     stop_sshd(proc)
+
+
+@pytest.fixture(autouse=True)
+def _crontab_kept():
+    """Deploy adds an @reboot line where crontab exists (this "board" is this machine): whatever a
+    test does, this account's crontab is as it was afterwards."""
+    if shutil.which("crontab") is None:
+        yield
+        return
+    saved = subprocess.run(["crontab", "-l"], capture_output=True, text=True)
+    yield
+    if saved.returncode == 0:
+        subprocess.run(["crontab", "-"], input=saved.stdout, text=True, check=True)
+    else:
+        subprocess.run(["crontab", "-r"], capture_output=True)
 
 
 @pytest.fixture
@@ -133,6 +151,27 @@ def test_cut_off_upload_leaves_the_old_file(board) -> None:
         with pytest.raises(Cut):
             conn.upload(b"x" * (3 << 20), target, progress=cut)
         assert conn.run(["cat", target])[1] == "old content"
+        assert sorted(os.listdir(wd)) == ["model.bin"], "the cut-off upload left its temporary file"
+
+
+def test_uploads_cut_off_harder_are_removed_by_the_next_deploy(board, bundle, monkeypatch, tmp_path) -> None:
+    """A host killed mid-upload leaves a temporary file no code of its own can remove: the next
+    deploy (and undeploy) remove exactly such files and leave look-alikes of the user's alone."""
+    monkeypatch.setenv("PARAPIPE_HOME", str(tmp_path / "home"))
+    folder, _ = bundle
+    workdir = Path(board.workdir)
+    workdir.mkdir(parents=True)
+    theirs = ["notes.parapipe-partial-", "x.parapipe-partial-NOTHEX!!", "x.parapipe-partial-0123abcd9"]
+    for name in theirs:
+        (workdir / name).write_text("the user's")
+    debris = workdir / "agent.whl.parapipe-partial-0123abcd"
+    debris.write_bytes(b"half a wheel")
+    deploy(board, folder)
+    assert not debris.exists()
+    debris.write_bytes(b"half a wheel")
+    undeploy(board)
+    assert not debris.exists()
+    assert sorted(os.listdir(workdir)) == sorted(theirs)
 
 
 def test_two_concurrent_deploys_one_fails_with_a_lock_error(board, bundle, monkeypatch, tmp_path) -> None:
@@ -374,3 +413,126 @@ def test_a_crashed_agent_is_restarted_by_its_supervisor_and_resumes(board, bundl
         while Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]:
             assert time.monotonic() < deadline, f"process {pid} still runs after undeploy"
             time.sleep(0.2)
+
+
+@contextlib.contextmanager
+def _users_crontab(lines: str) -> Iterator[str | None]:
+    """This account's crontab holds ``lines`` for the test and is put back afterwards (None: no crontab)."""
+    if shutil.which("crontab") is None:
+        yield None
+        return
+    saved = subprocess.run(["crontab", "-l"], capture_output=True, text=True)
+    subprocess.run(["crontab", "-"], input=lines, text=True, check=True)
+    try:
+        yield lines
+    finally:
+        if saved.returncode == 0:
+            subprocess.run(["crontab", "-"], input=saved.stdout, text=True, check=True)
+        else:
+            subprocess.run(["crontab", "-r"], capture_output=True)
+
+
+def test_a_reboot_brings_the_agent_back_with_its_pipeline(board, bundle, monkeypatch, tmp_path) -> None:
+    """No systemd here: deploy adds an @reboot crontab line (where crontab exists) running the recorded
+    boot script. A reboot - every process of the supervisor's session killed, pid files left behind,
+    then the boot command run as cron runs it - brings the agent back serving the same pipeline;
+    undeploy removes that line and only it."""
+    import time
+
+    from parapipe.deploy import supervisor_pid
+
+    monkeypatch.setenv("PARAPIPE_HOME", str(tmp_path / "home"))
+    folder, _ = bundle
+    workdir = Path(board.workdir)
+    theirs = "# the user's own jobs\n0 3 * * * true\n"
+    with _users_crontab(theirs) as before:
+        result = deploy(board, folder)
+        assert deploy(board, folder).supervisor == result.supervisor  # a redeploy adds nothing
+        if before is None:
+            assert result.supervisor == "none"
+            boot = f"sh {shlex.quote(str(workdir / 'agent.boot'))}"
+        else:
+            assert result.supervisor == "cron"
+            cron = subprocess.run(["crontab", "-l"], capture_output=True, text=True, check=True).stdout
+            ours = [line for line in cron.splitlines() if line.startswith("@reboot ")]
+            assert len(ours) == 1 and cron.startswith(theirs)
+            boot = ours[0].removeprefix("@reboot ").replace("\\%", "%")
+        with BoardConnection(board) as conn:
+            supervisor = supervisor_pid(conn, conn.path(board.workdir))
+        assert supervisor is not None
+        os.killpg(supervisor, signal.SIGKILL)  # the power goes: the supervisor and the agent at once
+        deadline = time.monotonic() + 30
+        while any(_alive(pid) for pid in _session(supervisor)):
+            assert time.monotonic() < deadline, "the supervisor's session outlived SIGKILL"
+            time.sleep(0.1)
+        env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/"), "SHELL": "/bin/sh"}
+        subprocess.run(["sh", "-c", boot], env=env, cwd="/", check=True, timeout=60)  # what cron runs at boot
+        with BoardConnection(board) as conn, agent_client(conn) as client:
+            while not client.ready():
+                assert time.monotonic() < deadline + 60, "the agent started at boot did not resume its pipeline"
+                time.sleep(0.2)
+            status = client.status()
+            assert status.running_bundle == result.bundle_sha256 and status.resumed and status.boots == 2
+        undeploy(board)
+        if before is not None:
+            after = subprocess.run(["crontab", "-l"], capture_output=True, text=True, check=True).stdout
+            assert after == theirs, "undeploy left its crontab line or removed the user's"
+        assert not (workdir / "agent.boot").exists()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return "Z" not in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+
+
+def _session(sid: int) -> list[int]:
+    """The processes of session ``sid`` (the supervisor was started with setsid)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[3]) == sid:
+                pids.append(int(entry.name))
+    return pids
+
+
+def test_the_systemd_unit_is_valid_and_runs_the_agent_exactly(tmp_path) -> None:
+    """Where the board runs systemd, deploy installs this unit instead of the restart loop: it must
+    pass ``systemd-analyze verify``, restart the agent always (but not after it refused its
+    configuration, exit 2), start at boot, and run the agent's command line exactly, whatever the
+    workdir is called."""
+    import configparser
+
+    from parapipe.deploy import agent_argv, unit_text
+
+    plain = tmp_path / "board dir; $(touch pwned) & x %h"
+    quoted = tmp_path / "board dir 'q' \\ \"end\""  # systemd refuses these in a program's path
+    for wd, user, target in ((plain, False, "multi-user.target"), (quoted, True, "default.target")):
+        argv = agent_argv(str(wd), 50051)
+        (wd / "venv" / "bin").mkdir(parents=True)
+        (wd / "venv" / "bin" / "python").symlink_to(sys.executable)  # verify checks the program exists
+        text = unit_text(str(wd), argv, user=user)
+        unit = tmp_path / f"parapipe-agent-{'0' * 12}.service"
+        unit.write_text(text)
+        if shutil.which("systemd-analyze"):
+            out = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True)
+            assert out.returncode == 0 and unit.name not in out.stderr, out.stderr
+        ini = configparser.ConfigParser(interpolation=None, strict=True)
+        ini.optionxform = str  # type: ignore[assignment,method-assign]
+        ini.read_string(text)
+        service = ini["Service"]
+        assert service["Restart"] == "always" and service["RestartPreventExitStatus"] == "2"
+        assert ini["Install"]["WantedBy"] == target
+        assert service["WorkingDirectory"].replace("%%", "%") == str(wd)
+        program, *args = shlex.split(service["ExecStart"])
+        got = [program.replace("%%", "%"), *(a.replace("$$", "$").replace("%%", "%") for a in args)]
+        if wd == quoted:  # run through sh, which is given the agent's command line as arguments
+            assert got[:3] == ["/bin/sh", "-c", 'exec "$0" "$@"']
+            got = got[3:]
+        assert got == argv
+    assert not (tmp_path / "pwned").exists()
