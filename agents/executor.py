@@ -93,6 +93,11 @@ class _Worker:
         self._inputs = len(spec.inputs)
         self.thread = threading.Thread(target=self._run, name=f"pp-{spec.name}", daemon=True)
 
+    def queue_depth(self) -> int:
+        """Frames with inputs waiting here (what the metrics report)."""
+        with self.lock:
+            return len(self.inbox)
+
     def wake(self) -> None:
         """Make the worker look at its inbox and the pipeline's state again."""
         try:

@@ -205,8 +205,7 @@ class AgentMetrics:
             "parapipe_partition_queue_depth", "Frames with inputs waiting at a partition", labels=["partition", "pu"]
         )
         for name, w in pipeline.workers.items() if pipeline is not None else ():
-            with w.cond:
-                depth.add_metric([name, w.spec.pu], len(w.inbox))
+            depth.add_metric([name, w.spec.pu], w.queue_depth())
         yield depth
         ready = pipeline is not None and not (pipeline.broken or pipeline.stopping or pipeline.draining)
         yield gauge("parapipe_pipeline_ready", "1 while a pipeline runs and can take frames", value=int(ready))
