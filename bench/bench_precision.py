@@ -1,4 +1,4 @@
-"""Precision as a plan dimension (issue 14): fp32 vs whole-model int8 vs a per-block precision mix.
+"""Precision as a plan dimension: fp32 vs whole-model int8 vs a per-block precision mix.
 
 For each trained model of the real-model corpus (~/.cache/parapipe-corpus/models, fetched by the
 corpus test), on ``local`` (this host's CPU), side by side in one run:

@@ -13,7 +13,7 @@ import pytest
 
 from agents.client import AgentClient, AgentError
 from agents.proto import parapipe_agent_pb2 as pb
-from tests.agents.tiny import write_tiny_bundle
+from tests.support.tiny import write_tiny_bundle
 
 GUARD_S = 60.0
 

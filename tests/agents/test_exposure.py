@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.agents.certs import make_certs
+from tests.support.certs import make_certs
 
 GUARD_S = 30.0
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.agents.certs import make_certs
+from tests.support.certs import make_certs
 from tests.support.serving import compile_served, run_client, start_served
 
 pytestmark = pytest.mark.agent

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from agents.logs import JsonLines
-from tests.agents.tiny import frame, start_two_hosts
+from tests.support.tiny import frame, start_two_hosts
 
 FIELDS = {"time", "level", "event", "logger", "bundle", "plan", "peer"}
 

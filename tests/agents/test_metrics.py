@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from parapipe.local_agent import LocalAgent
-from tests.agents.tiny import TABLE_ROWS, bundle_sha, frame, write_tiny_bundle
 from tests.support.packages import folders_for, python_path
+from tests.support.tiny import TABLE_ROWS, bundle_sha, frame, write_tiny_bundle
 
 pytestmark = pytest.mark.agent
 TOKEN = "metrics-token"

@@ -1,6 +1,6 @@
 """An agent that runs unattended: failed frames, deadlines, stops and overload, on real agent processes.
 
-Frames come from tiny hand-made bundles (``tests.agents.tiny``): an index past the table
+Frames come from tiny hand-made bundles (``tests.support.tiny``): an index past the table
 fails in stage 0. Timeouts here are hang guards only; nothing asserts how long a call took.
 """
 
@@ -29,7 +29,7 @@ from agents.proto import parapipe_agent_pb2 as pb
 from agents.server import CALL_LIMITS
 from agents.tensors import frame_message
 from parapipe.local_agent import LocalAgent
-from tests.agents.tiny import (
+from tests.support.tiny import (
     GUARD_S,
     TABLE_ROWS,
     bundle_sha,

@@ -23,7 +23,7 @@ from agents.bundle import MANIFEST, parse_manifest
 from agents.client import AgentError
 from agents.proto import parapipe_agent_pb2 as pb
 from parapipe.local_agent import LocalAgent
-from tests.agents.tiny import (
+from tests.support.tiny import (
     GUARD_S,
     TABLE_ROWS,
     bundle_sha,

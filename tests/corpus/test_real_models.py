@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.corpus.realmodels import CORPUS, RealModel, fetch
 from tests.support.cli import PARAPIPE
+from tests.support.realmodels import CORPUS, RealModel, fetch
 
 pytestmark = [pytest.mark.corpus, pytest.mark.agent]
 

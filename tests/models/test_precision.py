@@ -1,4 +1,4 @@
-"""Precision variants (issue 14): int8/fp16 variants chain with fp32 ones, metrics measure what they say,
+"""Precision variants: int8/fp16 variants chain with fp32 ones, metrics measure what they say,
 repair restores the budget, profiles say which precisions each PU computes in, and cost tables keep
 their fp32 keys. A tiny trained-shaped CNN keeps this fast; no wall-clock assertions."""
 

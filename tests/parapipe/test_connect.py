@@ -12,7 +12,7 @@ import parapipe
 from models.errors import ParapipeError
 from parapipe.application import InferenceError
 from parapipe.boards import Board, add_board
-from tests.agents.certs import make_certs
+from tests.support.certs import make_certs
 from tests.support.serving import compile_served, start_served
 
 pytestmark = pytest.mark.agent

@@ -12,7 +12,7 @@ import pytest
 from agents.client import AgentClient, AgentError
 from parapipe.local_agent import LocalAgent
 from planner.baselines import flop_pipeline
-from tests.agents.certs import make_certs
+from tests.support.certs import make_certs
 from tests.support.cli import run_cli as _run
 
 TOKEN = "s3cret-token"

@@ -18,8 +18,8 @@ import pytest
 
 from agents.client import AgentClient, AgentError
 from planner.baselines import flop_pipeline
-from tests.agents.certs import make_certs
 from tests.parapipe.netns import netns_unavailable, two_hosts
+from tests.support.certs import make_certs
 from tests.support.cli import run_cli as _run
 
 REPO = Path(__file__).resolve().parents[2]
