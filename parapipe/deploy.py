@@ -57,6 +57,7 @@ class DeployResult:
     agent_restarted: bool
     workdir: str
     supervisor: str = ""  # what brings the agent back after a crash and a reboot (see ``supervision``)
+    metrics_address: str = ""  # the agent's Prometheus endpoint on the board's loopback ("" without --metrics)
 
 
 @contextlib.contextmanager
@@ -166,6 +167,8 @@ def _paths(wd: str) -> dict[str, str]:
         "boot": f"{wd}/agent.boot",  # starts the supervised agent: what deploy and a reboot run
         "cron": f"{wd}/agent.cron",  # the @reboot line deploy added to the user's crontab
         "unit": f"{wd}/agent.unit",  # the systemd unit deploy installed (JSON: scope, name, path, linger)
+        "argv": f"{wd}/agent.argv",  # the command line the supervised agent runs (JSON): a change restarts it
+        "metrics_port": f"{wd}/agent.metrics-port",  # written by the agent when it serves metrics
     }
 
 
@@ -379,14 +382,45 @@ def supervision(conn: BoardConnection) -> str:
     return conn.shell(_SUPERVISION)[1].strip() or "none"
 
 
-def agent_argv(wd: str, port: int) -> list[str]:
-    """The agent's command line on the board (its venv's Python, loopback only, files in the workdir)."""
+def agent_argv(wd: str, port: int, metrics_port: int = 0) -> list[str]:
+    """The agent's command line on the board (its venv's Python, loopback only, files in the workdir);
+    with ``metrics_port`` it also serves Prometheus metrics there, on the board's loopback too."""
     p = _paths(wd)
-    return [
+    argv = [
         p["venv"] + "/bin/python", "-m", "agents.server", "--host", "127.0.0.1",
         "--port", str(int(port)), "--workdir", p["agent_dir"], "--pid-file", p["pid"],
         "--port-file", p["port"],
     ]  # fmt: skip
+    if metrics_port:
+        argv += ["--metrics-port", str(int(metrics_port)), "--metrics-port-file", p["metrics_port"]]
+    return argv
+
+
+def metrics_port_of(board: Board) -> int:
+    """Where ``deploy --metrics`` has the agent serve its metrics on the board: the port after its gRPC port."""
+    return board.agent_port + 1
+
+
+def _running_argv(conn: BoardConnection, wd: str) -> list[str] | None:
+    code, out, _ = conn.run(["cat", _paths(wd)["argv"]], check=False)
+    try:
+        return json.loads(out) if code == 0 and out.strip() else None
+    except json.JSONDecodeError:
+        return None
+
+
+def _ensure_metrics_package(conn: BoardConnection, wd: str) -> None:
+    """prometheus_client in the board's agent venv (from the package index when the board lacks it)."""
+    vpy = f"{_paths(wd)['venv']}/bin/python"
+    if conn.run([vpy, "-c", "import prometheus_client"], check=False)[0] == 0:
+        return
+    code, _, err = conn.run([vpy, "-m", "pip", "install", "--quiet", "prometheus-client"], check=False, timeout=600)
+    if code != 0:
+        raise DeployError(
+            f"--metrics needs prometheus_client on {conn.board.name} and pip could not install it "
+            f"({err.strip().splitlines()[-1] if err.strip() else 'no output'}); install it into "
+            f"{_paths(wd)['venv']} or deploy without --metrics"
+        )
 
 
 def boot_script(wd: str, agent: list[str]) -> str:
@@ -511,11 +545,12 @@ def _remove_cron(conn: BoardConnection, wd: str) -> None:
     conn.run(["rm", "-f", p["cron"]], check=False)
 
 
-def start_agent(conn: BoardConnection, wd: str) -> str:
+def start_agent(conn: BoardConnection, wd: str, metrics_port: int = 0) -> str:
     """Start the agent under its supervisor (``supervision``); wait until it listens. Returns the supervision."""
     p = _paths(wd)
-    agent = agent_argv(wd, conn.board.agent_port)
-    conn.run(["rm", "-f", p["port"]], check=False)
+    agent = agent_argv(wd, conn.board.agent_port, metrics_port)
+    conn.run(["rm", "-f", p["port"], p["metrics_port"]], check=False)
+    conn.run(["sh", "-c", f"cat > {shlex.quote(p['argv'])}"], stdin=json.dumps(agent).encode())
     mode = supervision(conn)
     if mode.startswith("systemd"):
         _remove_cron(conn, wd)  # a board that gained systemd since the last deploy: one way to start at boot
@@ -548,17 +583,27 @@ def agent_client(conn: BoardConnection) -> Iterator[AgentClient]:
         yield client
 
 
-def _install_and_start(conn: BoardConnection, wd: str, progress=None) -> tuple[bool, bool, str]:
-    """(wheel uploaded, agent restarted, supervision); records each managed path once deploy has created it."""
+def _install_and_start(
+    conn: BoardConnection, wd: str, progress=None, metrics_port: int | None = None
+) -> tuple[bool, bool, str]:
+    """(wheel uploaded, agent restarted, supervision); records each managed path once deploy has created it.
+    The agent is restarted when the wheel changed, it is not running, or its command line changes
+    (metrics turned on or off; ``metrics_port`` None keeps what the running agent does)."""
+    if metrics_port is None:
+        running = _running_argv(conn, wd) or []
+        metrics_port = int(running[running.index("--metrics-port") + 1]) if "--metrics-port" in running else 0
     creations = _Creations(conn, wd)
     conn.remove_partial_uploads(wd)  # left by a deploy killed mid-upload (we hold the board lock)
     try:
         uploaded = ensure_agent_installed(conn, wd, progress)
+        if metrics_port:
+            _ensure_metrics_package(conn, wd)
         creations.record()
         restarted = False
-        if uploaded or not agent_running(conn, wd):
+        wanted = agent_argv(wd, conn.board.agent_port, metrics_port)
+        if uploaded or not agent_running(conn, wd) or _running_argv(conn, wd) != wanted:
             stop_agent(conn, wd)
-            mode = start_agent(conn, wd)
+            mode = start_agent(conn, wd, metrics_port)
             restarted = True
         else:
             mode = (
@@ -580,12 +625,15 @@ def ensure_agent(board: Board, progress=None) -> bool:
             return _install_and_start(conn, wd, progress)[1]
 
 
-def deploy(board: Board, bundle: Path, progress=None) -> DeployResult:
+def deploy(board: Board, bundle: Path, progress=None, metrics: bool = False) -> DeployResult:
+    """Install and start the supervised agent (with Prometheus metrics on the board's loopback if
+    ``metrics``), upload the bundle and start its pipeline."""
+    metrics_port = metrics_port_of(board) if metrics else 0
     with host_lock(board), BoardConnection(board) as conn:
         wd = conn.path(board.workdir)
         conn.run(["mkdir", "-p", wd])
         with board_lock(conn, wd):
-            uploaded, restarted, mode = _install_and_start(conn, wd, progress)
+            uploaded, restarted, mode = _install_and_start(conn, wd, progress, metrics_port)
             with agent_client(conn) as client:
                 reply = client.load_bundle(bundle, progress)
                 client.start(reply.bundle_sha256)
@@ -594,7 +642,10 @@ def deploy(board: Board, bundle: Path, progress=None) -> DeployResult:
                     raise DeployError(
                         f"the agent runs bundle {status.running_bundle[:12]}…, not {reply.bundle_sha256[:12]}…"
                     )
-        return DeployResult(board.name, reply.bundle_sha256, uploaded, reply.bytes_received, restarted, wd, mode)
+        address = f"127.0.0.1:{metrics_port}" if metrics_port else ""
+        return DeployResult(
+            board.name, reply.bundle_sha256, uploaded, reply.bytes_received, restarted, wd, mode, address
+        )
 
 
 def undeploy(board: Board) -> list[str]:

@@ -173,7 +173,12 @@ def deploy(
         Path | None, typer.Option("--model", help="The .onnx model (default: where it was planned).")
     ] = None,
     metrics: Annotated[
-        bool, typer.Option("--metrics", help="--board local: also serve Prometheus metrics (needs prometheus_client).")
+        bool,
+        typer.Option(
+            "--metrics",
+            help="Also serve Prometheus metrics: on 127.0.0.1 here (--board local), or on the board's "
+            "loopback at its agent port + 1 (needs prometheus_client there; pip installs it if missing).",
+        ),
     ] = False,
     group: Annotated[str | None, typer.Option("--group", help="Every board of this inventory group, at once.")] = None,
     as_json: JsonFlag = False,
@@ -189,7 +194,7 @@ def deploy(
         deploy_group(plan, str(group), model, metrics, as_json)
         return
     assert board is not None
-    from parapipe.boards import BoardError, get_board
+    from parapipe.boards import get_board
     from parapipe.deploy import deploy as do_deploy
     from parapipe.reach import LOCAL_BOARDS
     from parapipe.run import build_bundle, resolve_model
@@ -200,11 +205,6 @@ def deploy(
 
         deploy_here(plan, board, model, metrics, as_json)
         return
-    if metrics:
-        raise BoardError(
-            "--metrics is served by `deploy --board local` for now; on a board, run the agent with "
-            "`parapipe agent serve --metrics-port N`"
-        )
     the_board = get_board(board)
     the_plan = load_plan(plan)
     with err.status(f"deploying {the_plan.name or plan.stem} to {board}") as status:
@@ -213,14 +213,20 @@ def deploy(
         def progress(done: int, total: int) -> None:
             status.update(f"uploading {done / 2**20:.1f} / {total / 2**20:.1f} MiB")
 
-        result = do_deploy(the_board, folder, progress)
+        result = do_deploy(the_board, folder, progress, metrics=metrics)
     if as_json:
         print_json(result.__dict__)
         return
     out.print(
         f"deployed bundle {result.bundle_sha256[:12]}… to {board} ({result.workdir}): agent "
         f"{'installed' if result.wheel_uploaded else 'up to date'}, {'restarted' if result.agent_restarted else 'kept running'}, "
-        f"{result.bundle_uploaded_bytes} bundle bytes uploaded; {SUPERVISION.get(result.supervisor, result.supervisor)}",
+        f"{result.bundle_uploaded_bytes} bundle bytes uploaded; {SUPERVISION.get(result.supervisor, result.supervisor)}"
+        + (
+            f"; metrics at http://{result.metrics_address}/metrics on the board (its loopback: "
+            f"ssh -L {result.metrics_address.rsplit(':', 1)[1]}:{result.metrics_address} to scrape it from here)"
+            if result.metrics_address
+            else ""
+        ),
         highlight=False,
     )
 

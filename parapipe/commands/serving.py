@@ -80,16 +80,15 @@ def deploy_group(plan: Path, group: str, model: Path | None, metrics: bool, as_j
     from parapipe.run import build_bundle, resolve_model
     from planner.plan import load_plan
 
-    if metrics:
-        raise DeployError("--metrics is served by `deploy --board local` for now, not on a group")
     group_boards(group)  # a group with no boards is a user error before anything is built
     the_plan = load_plan(plan)
     with err.status(f"deploying {the_plan.name or plan.stem} to group {group}"):
         folder, _ = build_bundle(the_plan, resolve_model(the_plan, model))
         outcomes = on_group(
             group,
-            lambda board: deploy(board, folder),
-            lambda r: f"bundle {r.bundle_sha256[:12]}…, agent {'restarted' if r.agent_restarted else 'kept running'}",
+            lambda board: deploy(board, folder, metrics=metrics),
+            lambda r: f"bundle {r.bundle_sha256[:12]}…, agent {'restarted' if r.agent_restarted else 'kept running'}"
+            + (f", metrics on the board at {r.metrics_address}" if r.metrics_address else ""),
         )
     _report("deployed", outcomes, as_json)
 

@@ -536,3 +536,52 @@ def test_the_systemd_unit_is_valid_and_runs_the_agent_exactly(tmp_path) -> None:
             got = got[3:]
         assert got == argv
     assert not (tmp_path / "pwned").exists()
+
+
+def test_deploy_with_metrics_serves_them_on_the_boards_loopback(board, bundle, monkeypatch, tmp_path, exported) -> None:
+    """``deploy --metrics`` on an SSH board: the agent serves Prometheus metrics on the board's loopback
+    (scraped here through an SSH tunnel, parsed by prometheus_client's parser) counting the frames sent;
+    run/profile's ensure_agent keeps them on; a deploy without --metrics restarts the agent without them."""
+    import urllib.request
+
+    import numpy as np
+    import onnx
+
+    from parapipe.deploy import ensure_agent
+    from tests.support.packages import folders_for
+
+    for folder in folders_for(
+        "prometheus_client", "prometheus-client-0.26.0", "prometheus-client==0.26.0", no_deps=True
+    ):
+        if str(folder) not in sys.path:  # this process parses the scrapes
+            sys.path.insert(0, str(folder))
+    from prometheus_client.parser import text_string_to_metric_families
+
+    monkeypatch.setenv("PARAPIPE_HOME", str(tmp_path / "home"))
+    folder, _compiled = bundle
+    first = deploy(board, folder, metrics=True)
+    port = board.agent_port + 1
+    assert first.metrics_address == f"127.0.0.1:{port}" and first.agent_restarted
+    (spec,) = onnx.load(str(exported("squeezenet1_1").path), load_external_data=False).graph.input
+    shape = [d.dim_value for d in spec.type.tensor_type.shape.dim]
+    frame = {spec.name: np.random.default_rng(0).standard_normal(shape).astype(np.float32)}
+
+    def scrape(conn: BoardConnection) -> dict[str, float]:
+        with conn.forward(port) as fwd, urllib.request.urlopen(f"http://127.0.0.1:{fwd.port}/metrics", timeout=30) as r:
+            text = r.read().decode()
+        return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples if not s.labels}
+
+    with BoardConnection(board) as conn:
+        with agent_client(conn) as client:
+            for _ in range(3):
+                client.infer(frame)
+        samples = scrape(conn)
+    assert samples["parapipe_frames_completed_total"] == 3 and samples["parapipe_pipeline_ready"] == 1
+    assert not ensure_agent(board), "run/profile restarted the agent (and would have dropped its metrics)"
+    with BoardConnection(board) as conn:
+        assert scrape(conn)["parapipe_frames_completed_total"] == 3
+    plain = deploy(board, folder)
+    assert plain.agent_restarted and plain.metrics_address == ""
+    with BoardConnection(board) as conn, pytest.raises(OSError):
+        scrape(conn)
+    undeploy(board)
