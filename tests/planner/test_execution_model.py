@@ -151,7 +151,8 @@ def cases(draw):
     nbytes = draw(st.lists(st.integers(1_000, 2_000_000), min_size=len(flops), max_size=len(flops)))
     calibration = draw(st.none() | st.tuples(st.floats(0.7, 1.6), st.floats(0.0, 1.0)))  # (alpha, beta ms)
     objective = draw(st.sampled_from(["latency", "throughput", "energy"]))
-    return _graph(flops, edges, nbytes), draw(boards()), objective, calibration
+    handoff = draw(st.sampled_from([0.0, 0.0, 0.4, 3.0]))  # the handoff delay tune learns between PUs (ms)
+    return _graph(flops, edges, nbytes), draw(boards()), objective, calibration, handoff
 
 
 def _calibrate(cost: CostModel, alpha: float, beta: float) -> CostModel:
@@ -199,10 +200,11 @@ def _check_partitions(plan: Plan, graph: OpGraph, profile: DeviceProfile) -> Non
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(cases())
 def test_solver_analytic_and_simulation_are_one_model(case) -> None:
-    (graph, blocks), profile, objective, calibration = case
+    (graph, blocks), profile, objective, calibration, handoff = case
     cost = CostModel(profile, graph)
     if calibration is not None:
         cost = _calibrate(cost, *calibration)
+    cost = cost.recalibrated(cost.calibration.with_handoff(handoff))
     problem = build_problem(blocks, graph, cost, 4)
     solution = solve(problem, objective, time_limit=20, gap=1e-6)
     assert solution.status == "optimal"
@@ -235,8 +237,11 @@ def placed(draw):
     """A case with a plan the solver did not choose: each block on a random unit of one way to cut the board,
     the units running their blocks in a random order that respects the data flow (mostly not the
     topological one)."""
-    (graph, blocks), profile, _, _ = draw(cases())
+    (graph, blocks), profile, _, calibration, handoff = draw(cases())
     cost = CostModel(profile, graph)
+    if calibration is not None:
+        cost = _calibrate(cost, *calibration)
+    cost = cost.recalibrated(cost.calibration.with_handoff(handoff))
     problem = build_problem(blocks, graph, cost, 4)
     units = draw(st.sampled_from(_unit_sets(problem)))
     unit_of = tuple(
