@@ -187,7 +187,7 @@ def schedule(problem: Problem, assignment: Assignment) -> Figures:
             if p != q:
                 link_load[(p, q)] = link_load.get((p, q), 0.0) + comm
                 transfer_mj += problem.transfer_mj[(ei, p, q)]
-            start = max(start, finish[i] + comm)
+            start = max(start, finish[i] + comm + problem.handoff_delay.get((ei, p, q), 0.0))
         starts[b] = start
         finish[b] = start + dur[b]
         free[u] = finish[b]
@@ -496,18 +496,20 @@ def _flow_rows(m: _Model, dur: dict[int, pulp.LpAffineExpression]) -> None:
     problem, lp = m.problem, m.lp
     pus = problem.pus()
     for ei, (i, j, _) in enumerate(problem.edges):
-        terms = []
+        terms, waits = [], []
         for p in pus:
             for q in pus:
-                if p == q or (problem.transfer[(ei, p, q)] == 0 and problem.transfer_mj[(ei, p, q)] == 0):
+                delay = problem.handoff_delay.get((ei, p, q), 0.0)
+                if p == q or (problem.transfer[(ei, p, q)] == 0 and problem.transfer_mj[(ei, p, q)] == 0 and not delay):
                     continue
                 var = pulp.LpVariable(f"r_{ei}_{pus.index(p)}_{pus.index(q)}", 0)
                 m.r[(ei, p, q)] = var
                 lp += var >= m.on_pu(i, p) + m.on_pu(j, q) - 1, f"transfer_{ei}_{p}_{q}"  # tensor crosses p -> q
                 terms.append(problem.transfer[(ei, p, q)] * var)
+                waits.append((problem.transfer[(ei, p, q)] + delay) * var)
         m.comm[ei] = pulp.lpSum(terms)
-        if m.timed:
-            lp += m.t[j] >= m.t[i] + dur[i] + m.comm[ei], f"precedence_{ei}"  # a block waits for its inputs
+        if m.timed:  # a block waits for its inputs: their transfers and the handoff delay
+            lp += m.t[j] >= m.t[i] + dur[i] + pulp.lpSum(waits), f"precedence_{ei}"
 
 
 def _big_m(m: _Model, horizon: float | None) -> float:
@@ -518,7 +520,8 @@ def _big_m(m: _Model, horizon: float | None) -> float:
         + m.n * max(problem.unit_overhead.values(), default=0.0)
         + sum(sum(ends) for ends in problem.handoff_cpu.values())
         + sum(
-            max((v for k, v in problem.transfer.items() if k[0] == ei), default=0.0) for ei in range(len(problem.edges))
+            max((v + problem.handoff_delay.get(k, 0.0) for k, v in problem.transfer.items() if k[0] == ei), default=0.0)
+            for ei in range(len(problem.edges))
         )
     )
     if horizon is not None:

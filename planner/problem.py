@@ -58,6 +58,9 @@ class Problem:
     # (edge index, from PU, to PU) -> CPU ms the tensor adds to the sending and to the receiving unit (gRPC
     # between hosts); absent: none
     handoff_cpu: dict[tuple[int, str, str], tuple[float, float]] = field(default_factory=dict)
+    # (edge index, from PU, to PU) -> ms the consumer waits beyond the transfer (the handoff delay ``tune``
+    # learns between PUs of one host): latency only, it occupies no link; absent: none
+    handoff_delay: dict[tuple[int, str, str], float] = field(default_factory=dict)
     # what is derived from the problem alone (baselines, warm starts), computed once per problem
     derived: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -93,6 +96,7 @@ class Problem:
             transfer=by_edge(self.transfer),
             transfer_mj=by_edge(self.transfer_mj),
             handoff_cpu={},
+            handoff_delay=by_edge(self.handoff_delay),
             unit_overhead=dict.fromkeys(self.unit_overhead, 0.0),
             independent=tuple((i - lo, j - lo) for i, j in self.independent if lo <= i and j <= hi),
             regions=tuple(
@@ -154,7 +158,7 @@ def build_problem(blocks: OpGraph, graph: OpGraph, cost: CostModel, max_stages: 
     edges = tuple((i, j, sum(t.values())) for (i, j), t in sorted(flows.items()))
     succ = _successors(blocks)
     pus = list(dict.fromkeys(u.pu for u in units))
-    transfer, transfer_mj, handoff_cpu = {}, {}, {}
+    transfer, transfer_mj, handoff_cpu, handoff_delay = {}, {}, {}, {}
     for ei, (_, _, nbytes) in enumerate(edges):
         for p in pus:
             for q in pus:
@@ -164,6 +168,8 @@ def build_problem(blocks: OpGraph, graph: OpGraph, cost: CostModel, max_stages: 
                     ends = cost.handoff_cpu_ms(nbytes, p, q)
                     if any(ends):
                         handoff_cpu[(ei, p, q)] = ends
+                    if delay := cost.handoff_delay_ms(p, q):
+                        handoff_delay[(ei, p, q)] = delay
     overhead = {}
     busy_extra = {}
     for ui, u in enumerate(units):
@@ -196,6 +202,7 @@ def build_problem(blocks: OpGraph, graph: OpGraph, cost: CostModel, max_stages: 
         max_stages=max_stages,
         activation_bytes={b.name: activation_bytes(b.members, graph) for b in blocks.nodes},
         handoff_cpu=handoff_cpu,
+        handoff_delay=handoff_delay,
         shared_memories={m.name: m.pus for m in cost.profile.memories},
         traffic={
             (bi, m.name): cost.traffic_ms(b.members, m.pus[0])

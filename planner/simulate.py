@@ -4,8 +4,10 @@ Both use the same lowering (``planner.segments``) and costs. A segment starts fo
 frame when all its inputs have arrived and its unit (a PU, or a set of cores of a
 CPU cluster) is free; a unit runs a frame's segments in its order (``Segment.index``,
 the solver's), and picks the oldest frame whose next segment is ready. Data
-between units on different PUs crosses the profile's link, one transfer at a time per
-direction (contention), and between hosts the sending and receiving segments also
+between units on different PUs crosses the profile's link: each tensor reaches its consumer
+its transfer time after its producer ends, without queueing behind the frame's other transfers
+(the executor hands a tensor to every consumer at once), and a link, like a shared memory,
+moves one frame's bytes per frame (frames enter no faster than that), and between hosts the sending and receiving segments also
 spend the link's CPU time (gRPC) on each tensor; units on one CPU cluster hand tensors over in memory. PUs that
 share a memory (the profile's ``memories``) share its bandwidth as a budget per frame:
 frames enter and leave no faster than the memory moves one frame's bytes. Frames
@@ -124,12 +126,15 @@ class PlanModel:
         return pu.active_power_w.value - per_core_idle
 
     def frame_traffic_ms(self, frame: int) -> float:
-        """The longest time one frame's bytes occupy a shared memory: frames enter no faster than that."""
-        per: dict[str, float] = {}
+        """The longest time one frame's bytes occupy a shared memory or a link: frames enter no faster than
+        that."""
+        per: dict[tuple[str, ...], float] = {}
         for s in self.frame_segments(frame):
             if s.key in self.traffic:
                 memory, ms = self.traffic[s.key]
-                per[memory] = per.get(memory, 0.0) + ms
+                per[("memory", memory)] = per.get(("memory", memory), 0.0) + ms
+        for _, (_, x, y, parts) in self.frame_flows(frame).items():
+            per[("link", x, y)] = per.get(("link", x, y), 0.0) + self.flow_ms(parts, x, y)
         return max(per.values(), default=0.0)
 
     def max_inflight(self) -> int:
@@ -201,7 +206,7 @@ def _run(
 
 class _Run:
     """The state of one event-driven run: frames admitted into a window, segments queued on their units in the
-    unit's order, tensors crossing links one at a time; events are (time, sequence, kind, data)."""
+    unit's order, tensors crossing links; events are (time, sequence, kind, data)."""
 
     def __init__(self, model: PlanModel, frames: int, window: int, interval_ms: float | None) -> None:
         self.model, self.frames, self.window, self.interval_ms = model, frames, window, interval_ms
@@ -214,7 +219,6 @@ class _Run:
         self.unit_busy_until: dict[tuple, float] = {}
         self.unit_queue: dict[tuple, list[tuple[int, int, tuple]]] = {}
         self.next_index: dict[tuple[tuple, int], int] = {}  # (unit, frame) -> the index of its next segment there
-        self.link_free: dict[tuple[str, str], float] = {}
         self.done_count: dict[int, int] = {}
         self.enter: dict[int, float] = {}
         self.finish: dict[int, float] = {}
@@ -296,15 +300,13 @@ class _Run:
         for (src, dst), (nbytes, x, y, parts) in self.flows[f % model.period].items():
             if src != key:
                 continue
+            # every consumer gets the tensor as soon as it has crossed: transfers of one frame do not queue
+            # behind each other (the executor hands a tensor to each consumer at once); a link's occupancy
+            # per frame spaces the frames instead (``frame_traffic_ms``), as in the ILP
             t = model.flow_ms(parts, x, y)
             delay = model.cost.handoff_delay_ms(x, y)  # latency only: it occupies no link
-            if t == 0:
-                self.push(now + delay, "arrive", (f, dst))
-            else:
-                start = max(now, self.link_free.get((x, y), 0.0))
-                self.link_free[(x, y)] = start + t
-                self.extra_mj += model.cost.transfer_mj(nbytes, x, y)
-                self.push(start + t + delay, "arrive", (f, dst))
+            self.extra_mj += model.cost.transfer_mj(nbytes, x, y) if t else 0.0
+            self.push(now + t + delay, "arrive", (f, dst))
         self.done_count[f] += 1
         if self.done_count[f] == len(self.segs[f % model.period]):
             self.finish[f] = now

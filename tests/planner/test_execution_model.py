@@ -17,11 +17,11 @@ from device_profiles.schema import OP_CLASSES, DeviceProfile, Host, Link, Proces
 from models.graph import Edge, OpGraph, OpNode, TensorInfo
 from planner.build import evaluate, to_plan
 from planner.costmodel import CostModel, Fit
-from planner.ilp import schedule, solve
+from planner.heuristics import _unit_sets
+from planner.ilp import Assignment, schedule, solve
 from planner.plan import Plan, Provenance, validate
 from planner.problem import build_problem
 from planner.segments import block_edges, lower
-from planner.simulate import PlanModel
 
 
 def _q(value: float) -> Quantity:
@@ -151,7 +151,8 @@ def cases(draw):
     nbytes = draw(st.lists(st.integers(1_000, 2_000_000), min_size=len(flops), max_size=len(flops)))
     calibration = draw(st.none() | st.tuples(st.floats(0.7, 1.6), st.floats(0.0, 1.0)))  # (alpha, beta ms)
     objective = draw(st.sampled_from(["latency", "throughput", "energy"]))
-    return _graph(flops, edges, nbytes), draw(boards()), objective, calibration
+    handoff = draw(st.sampled_from([0.0, 0.0, 0.4, 3.0]))  # the handoff delay tune learns between PUs (ms)
+    return _graph(flops, edges, nbytes), draw(boards()), objective, calibration, handoff
 
 
 def _calibrate(cost: CostModel, alpha: float, beta: float) -> CostModel:
@@ -196,22 +197,14 @@ def _check_partitions(plan: Plan, graph: OpGraph, profile: DeviceProfile) -> Non
         visit(k)
 
 
-def _one_transfer_per_link(plan: Plan, graph: OpGraph, cost: CostModel) -> bool:
-    model = PlanModel(plan, graph, cost)
-    per_link: dict[tuple[str, str], int] = {}
-    for _, (_, x, y, parts) in model.frame_flows(0).items():
-        if model.flow_ms(parts, x, y) > 0:
-            per_link[(x, y)] = per_link.get((x, y), 0) + len(parts)
-    return all(k <= 1 for k in per_link.values())
-
-
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(cases())
 def test_solver_analytic_and_simulation_are_one_model(case) -> None:
-    (graph, blocks), profile, objective, calibration = case
+    (graph, blocks), profile, objective, calibration, handoff = case
     cost = CostModel(profile, graph)
     if calibration is not None:
         cost = _calibrate(cost, *calibration)
+    cost = cost.recalibrated(cost.calibration.with_handoff(handoff))
     problem = build_problem(blocks, graph, cost, 4)
     solution = solve(problem, objective, time_limit=20, gap=1e-6)
     assert solution.status == "optimal"
@@ -221,14 +214,14 @@ def test_solver_analytic_and_simulation_are_one_model(case) -> None:
     plan = evaluate(plan, graph, cost, frames=240)
     predicted, simulated = plan.predicted, plan.simulated
     figures = schedule(problem, solution.assignment)
-    exact_links = _one_transfer_per_link(plan, graph, cost)
     # the ILP's model of the plan it returns: the same partitions, overheads, order and transfers
     assert 1000.0 / figures.period_ms == pytest.approx(predicted.throughput_fps, rel=0.01)
     assert figures.energy_mj == pytest.approx(predicted.energy_mj, rel=0.01)
-    assert figures.latency_ms <= predicted.latency_ms * (1 + 1e-6)
-    if exact_links:
-        assert figures.latency_ms == pytest.approx(predicted.latency_ms, rel=0.01)
-    assert simulated.throughput_fps == pytest.approx(predicted.throughput_fps, rel=0.02)
+    assert figures.latency_ms == pytest.approx(predicted.latency_ms, rel=0.01)
+    if handoff == 0:
+        # a handoff delay several times the period can make the executor's window of in-flight frames, not a
+        # unit or link, set the simulated throughput; the analytic figure has no window
+        assert simulated.throughput_fps == pytest.approx(predicted.throughput_fps, rel=0.02)
     if calibration is not None and calibration[1] > 0:
         # the solver counts partitions (for their overhead) from a lower bound: it may only be optimistic
         value = {"latency": predicted.latency_ms, "throughput": 1000 / predicted.throughput_fps}
@@ -239,8 +232,43 @@ def test_solver_analytic_and_simulation_are_one_model(case) -> None:
     elif objective == "energy":
         assert solution.value == pytest.approx(predicted.energy_mj, rel=0.01)
     else:
-        # The ILP does not model two transfers queueing on one link (they overlap in its schedule), so
-        # where a link carries more than one block edge per frame it may only be optimistic.
-        assert solution.value <= predicted.latency_ms * (1 + 1e-6)
-        if exact_links:
-            assert solution.value == pytest.approx(predicted.latency_ms, rel=0.01)
+        assert solution.value == pytest.approx(predicted.latency_ms, rel=0.01)
+
+
+@st.composite
+def placed(draw):
+    """A case with a plan the solver did not choose: each block on a random unit of one way to cut the board,
+    the units running their blocks in a random order that respects the data flow (mostly not the
+    topological one)."""
+    (graph, blocks), profile, _, calibration, handoff = draw(cases())
+    cost = CostModel(profile, graph)
+    if calibration is not None:
+        cost = _calibrate(cost, *calibration)
+    cost = cost.recalibrated(cost.calibration.with_handoff(handoff))
+    problem = build_problem(blocks, graph, cost, 4)
+    units = draw(st.sampled_from(_unit_sets(problem)))
+    unit_of = tuple(
+        draw(st.sampled_from([u for u in units if (b, u) in problem.cost])) for b in range(len(problem.blocks))
+    )
+    waiting = {b: {i for i, j, _ in problem.edges if j == b} for b in range(len(problem.blocks))}
+    order: list[int] = []
+    while len(order) < len(problem.blocks):
+        ready = sorted(b for b, ps in waiting.items() if b not in order and ps <= set(order))
+        order.append(draw(st.sampled_from(ready)))
+    return graph, blocks, cost, problem, Assignment(unit_of, tuple(order))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(placed())
+def test_schedule_is_the_lowered_plan_for_any_placement_and_order(case) -> None:
+    """``schedule`` (the ILP's model of one assignment) and the analytic prediction of its lowered plan are one
+    model for every placement and every per-unit order, not just the ones the solver picks: the same latency
+    (transfers of one frame overlap; each consumer gets its tensor when it has crossed), period and energy."""
+    graph, blocks, cost, problem, assignment = case
+    plan = to_plan(problem, assignment, blocks, cost.profile, Provenance("hand"), "p")
+    _check_partitions(plan, graph, cost.profile)
+    predicted = evaluate(plan, graph, cost, frames=0).predicted
+    figures = schedule(problem, assignment)
+    assert figures.latency_ms == pytest.approx(predicted.latency_ms, rel=0.01)
+    assert 1000.0 / figures.period_ms == pytest.approx(predicted.throughput_fps, rel=0.01)
+    assert figures.energy_mj == pytest.approx(predicted.energy_mj, rel=0.01)
