@@ -115,7 +115,7 @@ def decode_inputs(request: kpb.ModelInferRequest) -> dict[str, np.ndarray]:
                     f"input {t.name!r}: {len(values)} values in contents for shape {list(t.shape)} "
                     f"({count} expected); send them as contents or raw_input_contents"
                 )
-            value = np.asarray(values).astype(dtype)
+            value = np.fromiter(values, dtype=dtype, count=count)  # not asarray: [2**63 + 1, 0] would become float64
         arrays[t.name] = value.reshape(tuple(t.shape))
     return arrays
 
