@@ -21,7 +21,7 @@ from parapipe.boards import Board
 from parapipe.deploy import agent_client, deploy, undeploy
 from parapipe.local_agent import DeployError
 from parapipe.ssh import BoardConnection
-from tests.parapipe.sshd import free_port, keygen, start_sshd, stop_sshd
+from tests.support.sshd import free_port, keygen, start_sshd, stop_sshd
 
 
 @pytest.fixture(scope="module")

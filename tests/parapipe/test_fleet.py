@@ -17,9 +17,9 @@ import parapipe
 from parapipe.boards import Board, add_board
 from parapipe.deploy import agent_client
 from parapipe.ssh import BoardConnection
-from tests.parapipe.sshd import free_port, start_sshd, stop_sshd
 from tests.support.cli import PARAPIPE
 from tests.support.serving import write_model
+from tests.support.sshd import free_port, start_sshd, stop_sshd
 
 
 def _cli(work: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:

@@ -18,9 +18,9 @@ import pytest
 
 from agents.client import AgentClient, AgentError
 from planner.baselines import flop_pipeline
-from tests.parapipe.netns import netns_unavailable, two_hosts
 from tests.support.certs import make_certs
 from tests.support.cli import run_cli as _run
+from tests.support.netns import netns_unavailable, two_hosts
 
 REPO = Path(__file__).resolve().parents[2]
 why_not = netns_unavailable() or (None if len(os.sched_getaffinity(0)) >= 2 else "needs two cores")

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from device_profiles.schema import OP_CLASSES, DeviceProfile, Host, Link, ProcessingUnit, Quantity, SharedMemory
-from models.graph import Edge, OpGraph, OpNode, TensorInfo
+from models.graph import OpGraph
 from planner.build import evaluate, to_plan
 from planner.costmodel import CostModel, Fit
 from planner.heuristics import _unit_sets
@@ -22,6 +22,7 @@ from planner.ilp import Assignment, schedule, solve
 from planner.plan import Plan, Provenance, validate
 from planner.problem import build_problem
 from planner.segments import block_edges, lower
+from tests.support.graphs import dag_graph
 
 
 def _q(value: float) -> Quantity:
@@ -60,34 +61,6 @@ def dags(draw) -> tuple[list[int], list[tuple[int, int]]]:
                 edges.add((i, j))
     flops = draw(st.lists(st.integers(5, 400), min_size=n, max_size=n))
     return [f * 1_000_000 for f in flops], sorted(edges)
-
-
-def _graph(flops: list[int], edges: list[tuple[int, int]], nbytes: list[int]) -> tuple[OpGraph, OpGraph]:
-    """The operator graph (two operators per block, so every partition is a fused group) and its blocks."""
-    n = len(flops)
-    tensors = {"x": TensorInfo("x", (1, 3, 32, 32), "float32", 12288)}
-    for i in range(n):
-        tensors[f"t{i}"] = TensorInfo(f"t{i}", (nbytes[i] // 4,), "float32", nbytes[i])
-        tensors[f"m{i}"] = TensorInfo(f"m{i}", (nbytes[i] // 4,), "float32", nbytes[i])
-    preds = {j: [i for i, k in edges if k == j] for j in range(n)}
-    succs = {i: [k for j, k in edges if j == i] for i in range(n)}
-
-    def node(name: str, members: tuple[str, ...], inputs: tuple[str, ...], output: str, f: int) -> OpNode:
-        return OpNode(name, "Conv", members, inputs, (output,), f, 4096, (("conv", f),), ("Conv",))
-
-    ops, op_edges, block_nodes = [], [], []
-    for i in range(n):
-        inputs = tuple(f"t{p}" for p in preds[i]) or ("x",)
-        ops.append(node(f"n{i}a", (f"n{i}a",), inputs, f"m{i}", flops[i] * 4 // 5))
-        ops.append(node(f"n{i}b", (f"n{i}b",), (f"m{i}",), f"t{i}", flops[i] // 5))
-        op_edges.append(Edge(f"n{i}a", f"n{i}b", f"m{i}", nbytes[i]))
-        block_nodes.append(node(f"b{i}", (f"n{i}a", f"n{i}b"), inputs, f"t{i}", flops[i]))
-    op_edges += [Edge(f"n{i}b", f"n{j}a", f"t{i}", nbytes[i]) for i, j in edges]
-    outputs = tuple(tensors[f"t{i}"] for i in range(n) if not succs[i])
-    common = dict(inputs=(tensors["x"],), outputs=outputs, tensors=tensors, model_sha256="0" * 64)
-    op = OpGraph(name="dag", granularity="op", nodes=tuple(ops), edges=tuple(op_edges), **common)
-    block_edges_ = tuple(Edge(f"b{i}", f"b{j}", f"t{i}", nbytes[i]) for i, j in edges)
-    return op, OpGraph(name="dag", granularity="coarse", nodes=tuple(block_nodes), edges=block_edges_, **common)
 
 
 @st.composite
@@ -152,7 +125,7 @@ def cases(draw):
     calibration = draw(st.none() | st.tuples(st.floats(0.7, 1.6), st.floats(0.0, 1.0)))  # (alpha, beta ms)
     objective = draw(st.sampled_from(["latency", "throughput", "energy"]))
     handoff = draw(st.sampled_from([0.0, 0.0, 0.4, 3.0]))  # the handoff delay tune learns between PUs (ms)
-    return _graph(flops, edges, nbytes), draw(boards()), objective, calibration, handoff
+    return dag_graph(flops, edges, nbytes), draw(boards()), objective, calibration, handoff
 
 
 def _calibrate(cost: CostModel, alpha: float, beta: float) -> CostModel:

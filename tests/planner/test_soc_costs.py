@@ -22,7 +22,7 @@ from planner.costmodel import CostModel
 from planner.ilp import Assignment, fits, schedule, solve
 from planner.plan import ACTIVATION_FRAMES, PlanError, Provenance, memory_use, validate
 from planner.problem import build_problem
-from tests.planner.test_execution_model import _graph
+from tests.support.graphs import dag_graph
 
 
 def _q(value: float) -> Quantity:
@@ -53,7 +53,7 @@ def _board(*pus: ProcessingUnit, **extra) -> DeviceProfile:
 
 
 def _chain(n: int, flops: int, nbytes: int):
-    return _graph([flops] * n, [(i, i + 1) for i in range(n - 1)], [nbytes] * n)
+    return dag_graph([flops] * n, [(i, i + 1) for i in range(n - 1)], [nbytes] * n)
 
 
 def test_activations_count_in_the_memory_constraint() -> None:
@@ -91,7 +91,7 @@ def test_host_cpu_time_feeding_an_accelerator_in_all_three_views() -> None:
     """Handing a tensor to the GPU costs the host 3 ms: the frame waits for it (latency), the handoff carries
     it (its period load) and one host core's busy power is paid for it, in the ILP's model, the analytic
     prediction and the simulation alike."""
-    graph, blocks = _graph([20_000_000, 200_000_000, 200_000_000], [(0, 1), (1, 2)], [100_000] * 3)
+    graph, blocks = dag_graph([20_000_000, 200_000_000, 200_000_000], [(0, 1), (1, 2)], [100_000] * 3)
     gpu = _pu("gpu", "gpu", (), 100.0, 4e9, host_cpu_us_per_tensor=_q(3000.0))
     fed = _board(_pu("cpu", "cpu", (0, 1), 10.0, 4e9), gpu)
     free = _board(_pu("cpu", "cpu", (0, 1), 10.0, 4e9), dataclasses.replace(gpu, host_cpu_us_per_tensor=_q(0.0)))
