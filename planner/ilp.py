@@ -207,17 +207,30 @@ def schedule(problem: Problem, assignment: Assignment) -> Figures:
     return Figures(max(finish), period, busy_mj + transfer_mj + period * problem.idle_w, tuple(starts))
 
 
+@dataclass(frozen=True)
+class Bounds:
+    """Bounds on the figures the ILP does not optimise, in its own units (a period, not a rate)."""
+
+    max_latency_ms: float | None = None
+    max_period_ms: float | None = None
+    max_energy_mj: float | None = None
+
+
+NO_BOUNDS = Bounds()
+
+
 def solve(
     problem: Problem,
     objective: str,
     time_limit: float = 10.0,
-    max_latency_ms: float | None = None,
-    max_period_ms: float | None = None,
-    max_energy_mj: float | None = None,
+    bounds: Bounds = NO_BOUNDS,
+    *,
     warm: Assignment | None = None,
     gap: float = 0.01,
     solver: str = "highs",
 ) -> Solution:
+    """The ILP's best assignment for ``objective`` under ``bounds``, never worse than ``warm``."""
+    max_latency_ms, max_period_ms, max_energy_mj = bounds.max_latency_ms, bounds.max_period_ms, bounds.max_energy_mj
     if objective not in OBJECTIVES:
         raise PlanError(f"unknown objective {objective!r}; choose one of {', '.join(OBJECTIVES)}")
     started = time.perf_counter()

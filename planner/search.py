@@ -17,7 +17,7 @@ from models.graph import OpGraph
 from planner import heuristics as H
 from planner.build import evaluate, replicate, to_plan
 from planner.costmodel import CostModel
-from planner.ilp import OBJECTIVES, Assignment, Solution, fits, schedule, solve
+from planner.ilp import OBJECTIVES, Assignment, Bounds, Solution, fits, schedule, solve
 from planner.plan import Plan, PlanError, Provenance, memory_use
 from planner.problem import Problem, build_problem
 from planner.select import Constraints, meets
@@ -219,9 +219,7 @@ class _Goal:
             self.problem,
             self.objective,
             search.time_limit,
-            max_l,
-            max_period,
-            max_e,
+            Bounds(max_l, max_period, max_e),
             warm=warm.assignment if _meets(self.problem, warm.assignment, max_l, max_period, max_e) else None,
             solver=search.solver,
         )

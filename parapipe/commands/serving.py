@@ -87,8 +87,10 @@ def deploy_group(plan: Path, group: str, model: Path | None, metrics: bool, as_j
         outcomes = on_group(
             group,
             lambda board: deploy(board, folder, metrics=metrics),
-            lambda r: f"bundle {r.bundle_sha256[:12]}…, agent {'restarted' if r.agent_restarted else 'kept running'}"
-            + (f", metrics on the board at {r.metrics_address}" if r.metrics_address else ""),
+            lambda r: (
+                f"bundle {r.bundle_sha256[:12]}…, agent {'restarted' if r.agent_restarted else 'kept running'}"
+                + (f", metrics on the board at {r.metrics_address}" if r.metrics_address else "")
+            ),
         )
     _report("deployed", outcomes, as_json)
 

@@ -22,7 +22,17 @@ from models.onnx_io import load_onnx
 from planner import heuristics as H
 from planner.baselines import single_pu
 from planner.costmodel import Calibration, CostModel, Fit
-from planner.ilp import Assignment, _formulate, _set_warm_start, canonical, fits, schedule, segment_bounds, solve
+from planner.ilp import (
+    Assignment,
+    Bounds,
+    _formulate,
+    _set_warm_start,
+    canonical,
+    fits,
+    schedule,
+    segment_bounds,
+    solve,
+)
 from planner.problem import Problem, Unit, build_problem, toy_problem
 from planner.search import SearchOptions, _candidates, best_plan, key
 from planner.simulate import PlanModel, analytic
@@ -48,7 +58,7 @@ def test_latency_bound_does_not_cut_off_plans_slower_than_the_warm_start() -> No
     problem = _fork_join_toy()
     warm = Assignment((0, 0, 0, 0))  # all on the fast PU: 8 ms, 8 mJ
     assert schedule(problem, warm).latency_ms == pytest.approx(8.0)
-    solution = solve(problem, "energy", time_limit=10, max_latency_ms=30.0, warm=warm)
+    solution = solve(problem, "energy", time_limit=10, bounds=Bounds(max_latency_ms=30.0), warm=warm)
     # everything on the frugal PU: 2 + 8 + 8 + 2 = 20 ms (under the 30 ms ceiling), 20 ms x 0.1 W = 2 mJ;
     # a big-M taken from the warm start's 8 ms made the solver call 4.2 mJ "optimal"
     assert solution.status == "optimal"
