@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
@@ -34,6 +34,8 @@ def _request(values: dict[str, np.ndarray], raw: bool) -> kpb.ModelInferRequest:
 
 @settings(max_examples=150, deadline=None)
 @given(st.dictionaries(st.text(min_size=1, max_size=8), tensors(), min_size=1, max_size=3), st.booleans())
+@example({"x": np.array([2**63 + 1, 0], np.uint64)}, False)  # typed uint64 beyond int64 once became float64
+@example({"x": np.array([-(2**63), 2**63 - 1], np.int64)}, False)
 def test_every_datatype_and_shape_round_trips(values: dict[str, np.ndarray], raw: bool) -> None:
     if not raw and any(DATATYPES[str(v.dtype)] not in CONTENTS for v in values.values()):
         with pytest.raises(ValueError, match="contents"):
