@@ -128,6 +128,14 @@ class _Worker:
             self.arrived.pop(frame, None)
         self.wake()
 
+    def _due(self, frame: int) -> bool:
+        """Whether frame ``frame`` can run here (called holding ``lock``): its inputs arrived, or, for a
+        partition without inputs (a constant subgraph), the frame entered the pipeline. Without that
+        gate such a partition would run ahead of the frames for ever, filling its consumers' inboxes."""
+        if self._inputs:
+            return frame in self.arrived
+        return frame < self.pipeline.admitted
+
     def _session(self):
         import onnxruntime as ort
 
@@ -176,9 +184,7 @@ class _Worker:
         frame = self.spec.group
         while True:
             self.lock.acquire()
-            while (
-                frame not in self.arrived and frame not in self.skipped and self._inputs and not self.pipeline.stopping
-            ):
+            while not self._due(frame) and frame not in self.skipped and not self.pipeline.stopping:
                 self.lock.release()
                 self._wake.acquire(True, 0.5)
                 self.lock.acquire()
@@ -233,6 +239,7 @@ class Pipeline:
         self._space = threading.Condition(self._lock)  # a frame left: a slot is free (or the pipeline stops)
         self._recent_failures: dict[int, None] = {}  # frames whose failure was handled here (bounded, in order)
         self._next_id = 0
+        self.admitted = 0  # frames below this id have entered the pipeline (on this host)
         local = manifest.local_partitions()
         cores_use: dict[int, int] = {}
         for p in local:
@@ -241,6 +248,7 @@ class Pipeline:
         self.workers = {
             p.name: _Worker(p, self.folder / p.file, any(cores_use[c] > 1 for c in p.core_ids), self) for p in local
         }
+        self._sourceless = [w for w in self.workers.values() if not w.spec.inputs]  # run once a frame enters
         # routing per phase (frame mod period): tensor -> local consumers, and -> other hosts reading it
         self._consumers: list[dict[str, list[_Worker]]] = []
         self._remote: list[dict[str, list[str]]] = []
@@ -374,6 +382,7 @@ class Pipeline:
             frame.future.latch = _latch(frame.future)  # type: ignore[attr-defined]
             self._frames[frame.id] = frame
             self._next_id += 1
+        self._admit(frame.id)
         for name, value in tensors.items():
             self._fan_out(frame.id, name, value)
         return frame.future
@@ -402,6 +411,14 @@ class Pipeline:
         future = self.submit(tensors, timeout)
         return self.result(future, None if deadline is None else max(0.0, deadline - time.monotonic()))
 
+    def _admit(self, frame: int) -> None:
+        """Frame ``frame`` entered the pipeline here: partitions without inputs may now run it."""
+        if frame < self.admitted:
+            return
+        self.admitted = frame + 1  # set before the wake: a worker that just looked sleeps no further
+        for w in self._sourceless:
+            w.wake()
+
     def route(self, spec: PartitionSpec, frame: int, name: str, value: np.ndarray) -> None:
         self._fan_out(frame, name, value)
 
@@ -419,6 +436,7 @@ class Pipeline:
         """A tensor from another host's agent: hand it to the partitions here that read it."""
         if name not in self.accepts:
             raise InputError(f"no partition on host {self.manifest.host!r} reads tensor {name!r}")
+        self._admit(frame)  # on a host other than the entry, a frame enters with its first tensor
         for w in self._consumers[frame % self.period].get(name, []):
             w.deliver(frame, name, value)
         if name in self._outputs and self.entry:

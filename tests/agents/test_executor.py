@@ -72,3 +72,83 @@ def test_bad_frames_are_refused(exported, two_cores, tmp_path) -> None:
         assert pipeline.infer(good, timeout=60)  # still serving
     finally:
         pipeline.stop()
+
+
+def _const_bundle(folder) -> tuple:
+    """Partition ``const`` has no inputs (Cast of a weight, as exporters leave them); ``add`` adds it to x."""
+    import hashlib
+    import os
+
+    from onnx import TensorProto, helper, numpy_helper
+
+    from agents.bundle import MANIFEST, Manifest, PartitionSpec, TensorSpec
+
+    weight = numpy_helper.from_array(np.arange(8, dtype=np.float16).reshape(1, 8), "w16")
+    const = helper.make_graph(
+        [helper.make_node("Cast", ["w16"], ["w"], to=TensorProto.FLOAT)],
+        "const", [], [helper.make_tensor_value_info("w", TensorProto.FLOAT, [1, 8])], [weight],
+    )  # fmt: skip
+    add = helper.make_graph(
+        [helper.make_node("Add", ["x", "w"], ["y"])],
+        "add",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 8]) for n in ("x", "w")],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])],
+    )
+    files = {
+        name: helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+        for name, g in (("const", const), ("add", add))
+    }
+    core = sorted(os.sched_getaffinity(0))[0]
+    parts = tuple(
+        PartitionSpec(
+            name=name,
+            file=f"{name}.onnx",
+            sha256=hashlib.sha256(data).hexdigest(),
+            pu="cpu",
+            cores=1,
+            core_ids=(core,),
+            threads=1,
+            throttle_percent=None,
+            throttled_cores=(),
+            provider="CPUExecutionProvider",
+            provider_options={},
+            stage=0,
+            group=0,
+            unit=i,
+            segment=i,
+            inputs=() if name == "const" else ("x", "w"),
+            outputs=("w",) if name == "const" else ("y",),
+        )
+        for i, (name, data) in enumerate(files.items())
+    )
+    manifest = Manifest(
+        model_sha256="0" * 64, plan_name="const", device="test", pipelined=True, max_inflight=2, replicas=(1,),
+        inputs=(TensorSpec("x", "float32", (1, 8)),), outputs=(TensorSpec("y", "float32", (1, 8)),),
+        partitions=parts, power=(1.0, 0.5, 1),
+    )  # fmt: skip
+    folder.mkdir(parents=True)
+    for name, data in files.items():
+        (folder / f"{name}.onnx").write_bytes(data)
+    (folder / MANIFEST).write_text(manifest.text())
+    return manifest, folder
+
+
+def test_a_partition_without_inputs_runs_once_per_frame(tmp_path) -> None:
+    """A constant subgraph (no inputs) runs for the frames that entered, no further: running ahead it
+    filled its consumers' inboxes with a tensor per future frame (an agent grew to 23 GB on MiniLM)."""
+    import time
+
+    manifest, folder = _const_bundle(tmp_path / "b")
+    pipeline = Pipeline(manifest, folder)
+    pipeline.start()
+    try:
+        time.sleep(0.3)  # a worker that runs ahead does so while no frame is sent
+        for i in range(5):
+            x = np.full((1, 8), i, dtype=np.float32)
+            got = pipeline.infer({"x": x}, timeout=30)
+            assert np.array_equal(got["y"], x + np.arange(8, dtype=np.float32))
+        stats = pipeline.stats()
+        assert stats["const"].frames == 5 and stats["add"].frames == 5
+        assert pipeline.workers["add"].queue_depth() == 0
+    finally:
+        pipeline.stop()
