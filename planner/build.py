@@ -15,7 +15,7 @@ from device_profiles.schema import DeviceProfile
 from models.graph import OpGraph
 from planner.costmodel import CostModel
 from planner.ilp import Assignment as UnitAssignment
-from planner.plan import Assignment, Plan, Provenance, Stage
+from planner.plan import Assignment, Plan, PlanError, Provenance, Stage
 from planner.problem import Problem
 from planner.simulate import PlanModel, analytic, simulate
 
@@ -30,6 +30,13 @@ def to_plan(
     pipelined: bool = True,
     max_stages: int | None = None,
 ) -> Plan:
+    if solution.int8:
+        # the plan format, the lowering and the compiler do not carry a block's precision yet: refuse rather
+        # than write a plan that would run the block in fp32 (or on a PU that cannot run fp32)
+        raise PlanError(
+            f"the solution runs {len(solution.int8)} block(s) in int8, which plans cannot record yet; "
+            "plan without int8 choices"
+        )
     used = list(dict.fromkeys(solution.block_unit))
     # each assignment lists its blocks in the order its unit runs them (the solver's order)
     blocks_of = {u: tuple(problem.blocks[b] for b in solution.sequence() if solution.block_unit[b] == u) for u in used}

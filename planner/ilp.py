@@ -6,8 +6,11 @@ Decision variables (names as in the code):
   t[b]       start time of block b within one frame; L latency; P period (1 / throughput); E energy per frame
   r[e,p,q]   edge e carries its tensor from PU p to PU q (continuous, forced to 1 when it must)
   o[i,j]     order of independent blocks i, j when they share a unit; same[i,j] they share one
+  q[b,u]     block b runs on unit u in int8 (where its int8 variant was validated and u runs it in fp32 too;
+             on a unit that computes int8 only, a[b,u] itself means int8)
 Every constraint is named after what it means: assign, unit_on, cores, memory,
-symmetry, transfer, handoff_cpu, precedence, serialize, region (a valid cut: what one unit runs
+symmetry, int8_on, accuracy_budget (the int8 blocks' summed accuracy losses alone in int8 stay within the
+budget), transfer, handoff_cpu, precedence, serialize, region (a valid cut: what one unit runs
 between a fork and its join fits between them), latency, period_unit, period_link, period_memory,
 cluster_capacity, energy, bound_*. The objective is latency, period or energy, with the others optionally
 bounded (epsilon constraints for the Pareto sweep). The scheduling part (t, o, same,
@@ -53,6 +56,7 @@ class Assignment:
 
     block_unit: tuple[int, ...]
     order: tuple[int, ...] = ()
+    int8: frozenset[int] = frozenset()  # blocks that run in int8 (the rest in fp32)
 
     def sequence(self) -> tuple[int, ...]:
         return self.order or tuple(range(len(self.block_unit)))
@@ -144,7 +148,7 @@ def canonical(problem: Problem, assignment: Assignment) -> Assignment:
         first = {u: unit_of.index(u) for u in members if u in unit_of}
         order = sorted(first, key=first.__getitem__) + [u for u in members if u not in first]
         relabel.update(zip(order, members, strict=True))
-    return Assignment(tuple(relabel[u] for u in unit_of), assignment.order)
+    return Assignment(tuple(relabel[u] for u in unit_of), assignment.order, assignment.int8)
 
 
 def fits(problem: Problem, assignment: Assignment) -> bool:
@@ -165,7 +169,8 @@ def schedule(problem: Problem, assignment: Assignment) -> Figures:
     unit_of = assignment.block_unit
     starts_part = partition_starts(problem, assignment)
     dur = [
-        problem.cost[(b, unit_of[b])] + (problem.unit_overhead[unit_of[b]] if starts_part[b] else 0.0) for b in range(n)
+        problem.ms(b, unit_of[b], b in assignment.int8) + (problem.unit_overhead[unit_of[b]] if starts_part[b] else 0.0)
+        for b in range(n)
     ]
     for ei, (i, j, _) in enumerate(problem.edges):  # gRPC between hosts: CPU time on the sender and the receiver
         k = (ei, problem.units[unit_of[i]].pu, problem.units[unit_of[j]].pu)
@@ -298,7 +303,10 @@ def solve(
         and warm is not None
         and (
             start.value(objective) < value * (1 - 1e-9)  # the warm start is better
-            or (assign.block_unit == warm.block_unit and start.value(objective) <= value * (1 + 1e-9))  # it is the same
+            or (  # it is the same
+                (assign.block_unit, assign.int8) == (warm.block_unit, warm.int8)
+                and start.value(objective) <= value * (1 + 1e-9)
+            )
         )
     ):
         # never worse than the start it was given: the solver's own incumbent (value, gap) is reported,
@@ -342,10 +350,29 @@ class _Model:
     comm: dict[int, pulp.LpAffineExpression] = field(default_factory=dict)
     orders: dict[tuple[int, int], pulp.LpVariable] = field(default_factory=dict)
     sames: dict[tuple[int, int], pulp.LpVariable] = field(default_factory=dict)
+    q: dict[tuple[int, int], pulp.LpVariable] = field(
+        default_factory=dict
+    )  # block b runs on u in int8 (and fp32 could)
 
     @property
     def n(self) -> int:
         return len(self.problem.blocks)
+
+    def int8(self, b: int, u: int) -> pulp.LpAffineExpression | pulp.LpVariable | int:
+        """1 when block b runs on unit u in int8: q[b,u] where u could run it in fp32 too, a[b,u] where int8 only."""
+        if (b, u) not in self.problem.int8_cost:
+            return 0
+        return self.q[(b, u)] if (b, u) in self.q else self.a[(b, u)]
+
+    def work(self, b: int, u: int) -> pulp.LpAffineExpression:
+        """Block b's time on unit u if it runs there (0 otherwise), in the precision it runs in."""
+        problem = self.problem
+        fp32, int8 = problem.cost.get((b, u)), problem.int8_cost.get((b, u))
+        if int8 is None:
+            return fp32 * self.a[(b, u)]
+        if fp32 is None:
+            return int8 * self.a[(b, u)]
+        return fp32 * self.a[(b, u)] + (int8 - fp32) * self.q[(b, u)]
 
     def on_pu(self, b: int, p: str) -> pulp.LpAffineExpression:
         return pulp.lpSum(self.a[(b, u)] for u in self.units_of_pu[p] if (b, u) in self.a)
@@ -363,6 +390,7 @@ class _Model:
             "r": self.r,
             "order": self.orders,
             "same": self.sames,
+            "q": self.q,
         }
 
 
@@ -378,6 +406,7 @@ def _formulate(
     segments: tuple[tuple[int, int, float], ...] = (),
 ) -> tuple[pulp.LpProblem, dict]:
     m = _variables(problem, objective == "latency" or max_l is not None)
+    _precision_rows(m)
     _partition_rows(m)
     _handoff_rows(m)
     dur = _durations(m)
@@ -409,7 +438,7 @@ def _formulate(
 def _variables(problem: Problem, timed: bool) -> _Model:
     """on[u], a[b,u] (binary), t[b] when timed, L, P, E."""
     n, units = len(problem.blocks), problem.units
-    allowed = {b: [u for u in range(len(units)) if (b, u) in problem.cost] for b in range(n)}
+    allowed = {b: [u for u in range(len(units)) if problem.runs(b, u)] for b in range(n)}
     return _Model(
         problem=problem,
         lp=pulp.LpProblem("parapipe", pulp.LpMinimize),
@@ -423,6 +452,19 @@ def _variables(problem: Problem, timed: bool) -> _Model:
         P=pulp.LpVariable("P", 0),
         E=pulp.LpVariable("E", 0),
     )
+
+
+def _precision_rows(m: _Model) -> None:
+    """q[b,u]: block b runs in int8 on u (only where u runs it in fp32 too; on a unit that computes int8 only,
+    a[b,u] says it). The blocks in int8 keep the sum of their accuracy losses alone within the budget."""
+    problem, lp = m.problem, m.lp
+    for b, u in sorted(problem.int8_cost):
+        if (b, u) in problem.cost:
+            var = m.q[(b, u)] = pulp.LpVariable(f"q_{b}_{u}", cat="Binary")
+            lp += var <= m.a[(b, u)], f"int8_on_{b}_{u}"
+    if problem.accuracy_budget is not None and problem.int8_cost:
+        spent = pulp.lpSum(problem.sensitivity.get(b, 0.0) * m.int8(b, u) for b, u in sorted(problem.int8_cost))
+        lp += spent <= problem.accuracy_budget, "accuracy_budget"
 
 
 def _partition_rows(m: _Model) -> None:
@@ -466,10 +508,7 @@ def _durations(m: _Model) -> dict[int, pulp.LpAffineExpression]:
         b: pulp.lpSum(problem.unit_overhead[u] * m.z[(b, u)] for u in m.allowed[b] if (b, u) in m.z) for b in range(m.n)
     }
     net = {b: pulp.lpSum(m.w_cost[k] * var for k, var in m.w.items() if k[0] == b) for b in range(m.n)}
-    return {
-        b: pulp.lpSum(problem.cost[(b, u)] * m.a[(b, u)] for u in m.allowed[b]) + overhead[b] + net[b]
-        for b in range(m.n)
-    }
+    return {b: pulp.lpSum(m.work(b, u) for u in m.allowed[b]) + overhead[b] + net[b] for b in range(m.n)}
 
 
 def _assignment_rows(m: _Model) -> None:
@@ -529,7 +568,7 @@ def _big_m(m: _Model, horizon: float | None) -> float:
     """Big-M of the ordering rows: no block of any plan ends later (or, given, of any plan worth keeping)."""
     problem = m.problem
     big_m = (
-        sum(max(problem.cost[(b, u)] for u in m.allowed[b]) for b in range(m.n))
+        sum(max(problem.slowest(b, u) for u in m.allowed[b]) for b in range(m.n))
         + m.n * max(problem.unit_overhead.values(), default=0.0)
         + sum(sum(ends) for ends in problem.handoff_cpu.values())
         + sum(
@@ -564,9 +603,7 @@ def _region_rows(m: _Model, dur: dict[int, pulp.LpAffineExpression]) -> None:
         for u in range(len(problem.units)):
             inside = [(b, u) for b in between if (b, u) in m.a]
             if len(inside) >= 2:
-                work = pulp.lpSum(
-                    problem.cost[k] * m.a[k] + (problem.unit_overhead[u] * m.z[k] if k in m.z else 0) for k in inside
-                )
+                work = pulp.lpSum(m.work(*k) + (problem.unit_overhead[u] * m.z[k] if k in m.z else 0) for k in inside)
                 lp += m.t[y] >= m.t[x] + dur[x] + work, f"region_{x}_{y}_{u}"
 
 
@@ -636,7 +673,7 @@ def _load_rows(m: _Model, upper_load: float | None) -> None:
     problem, lp, units = m.problem, m.lp, m.problem.units
     loads = {
         u: pulp.lpSum(
-            problem.cost[(b, u)] * m.a[(b, u)] + (problem.unit_overhead[u] * m.z[(b, u)] if (b, u) in m.z else 0)
+            m.work(b, u) + (problem.unit_overhead[u] * m.z[(b, u)] if (b, u) in m.z else 0)
             for b in range(m.n)
             if (b, u) in m.a
         )
@@ -676,7 +713,7 @@ def _link_and_memory_rows(m: _Model) -> None:
 def _energy_row(m: _Model) -> None:
     """Energy per frame: busy power above idle, every PU's idle power over one period, transfers."""
     problem = m.problem
-    busy = pulp.lpSum(problem.cost[(b, u)] * problem.busy_extra_w[u] * m.a[(b, u)] for (b, u) in m.a) + pulp.lpSum(
+    busy = pulp.lpSum(problem.busy_extra_w[u] * m.work(b, u) for (b, u) in m.a) + pulp.lpSum(
         problem.unit_overhead[u] * problem.busy_extra_w[u] * var for (_, u), var in m.z.items()
     )
     busy += pulp.lpSum(m.w_cost[k] * problem.busy_extra_w[k[1]] * var for k, var in m.w.items())
@@ -687,7 +724,7 @@ def _energy_row(m: _Model) -> None:
 def _load_bound(problem: Problem) -> float:
     """An upper bound on any unit's load: every block at its slowest, each its own partition."""
     slowest: dict[int, float] = {}
-    for (b, _), v in problem.cost.items():
+    for (b, _), v in [*problem.cost.items(), *problem.int8_cost.items()]:
         slowest[b] = max(slowest.get(b, 0.0), v)
     return (
         sum(slowest.values())
@@ -703,6 +740,8 @@ def _set_warm_start(problem: Problem, v: dict, warm: Assignment) -> None:
         var.setInitialValue(1 if u in used else 0)
     for (b, u), var in v["a"].items():
         var.setInitialValue(1 if warm.block_unit[b] == u else 0)
+    for (b, u), var in v["q"].items():
+        var.setInitialValue(1 if warm.block_unit[b] == u and b in warm.int8 else 0)
     starts = partition_starts(problem, warm)
     for (b, u), var in v["z"].items():
         var.setInitialValue(1 if warm.block_unit[b] == u and starts[b] else 0)
@@ -793,11 +832,16 @@ def _extract(problem: Problem, v: dict) -> Assignment:
     for b in range(n):
         best = max((u for (bb, u) in v["a"] if bb == b), key=lambda u: v["a"][(b, u)].varValue or 0.0)
         block_unit.append(best)
+    int8 = frozenset(
+        b
+        for b, u in enumerate(block_unit)
+        if (b, u) in problem.int8_cost and ((b, u) not in v["q"] or (v["q"][(b, u)].varValue or 0.0) > 0.5)
+    )
     if not v["t"]:
-        return Assignment(tuple(block_unit))
+        return Assignment(tuple(block_unit), int8=int8)
     start = {b: round(var.varValue or 0.0, 9) for b, var in v["t"].items()}
     order = tuple(sorted(range(n), key=lambda b: (start[b], b)))
-    return Assignment(tuple(block_unit), () if order == tuple(range(n)) else order)
+    return Assignment(tuple(block_unit), () if order == tuple(range(n)) else order, int8)
 
 
 def _infeasible_message(problem: Problem, max_l, max_p, max_e, status: str) -> str:

@@ -9,6 +9,7 @@ figures, memory. Everything after this is a pure function of these arrays.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,8 +62,25 @@ class Problem:
     # (edge index, from PU, to PU) -> ms the consumer waits beyond the transfer (the handoff delay ``tune``
     # learns between PUs of one host): latency only, it occupies no link; absent: none
     handoff_delay: dict[tuple[int, str, str], float] = field(default_factory=dict)
+    # precision: (block, unit) -> ms of the block's validated int8 variant there (``cost`` holds fp32 times, absent
+    # where the PU does not compute fp32: an NPU runs a block only in int8); each such block's accuracy loss
+    # alone in int8 (the sensitivity proxy) and the budget their sum stays under (None: no budget)
+    int8_cost: dict[tuple[int, int], float] = field(default_factory=dict)
+    sensitivity: dict[int, float] = field(default_factory=dict)
+    accuracy_budget: float | None = None
     # what is derived from the problem alone (baselines, warm starts), computed once per problem
     derived: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def runs(self, block: int, unit: int) -> bool:
+        """Whether the block can run on the unit in some precision."""
+        return (block, unit) in self.cost or (block, unit) in self.int8_cost
+
+    def ms(self, block: int, unit: int, int8: bool = False) -> float:
+        """The block's time on the unit in fp32 or in int8; KeyError where it cannot run so."""
+        return self.int8_cost[(block, unit)] if int8 else self.cost[(block, unit)]
+
+    def slowest(self, block: int, unit: int) -> float:
+        return max(self.cost.get((block, unit), 0.0), self.int8_cost.get((block, unit), 0.0))
 
     def pus(self) -> list[str]:
         return list(dict.fromkeys(u.pu for u in self.units))
@@ -92,6 +110,10 @@ class Problem:
             self,
             blocks=self.blocks[lo : hi + 1],
             cost={(b - lo, u): 0.0 if sink and b == hi else v for (b, u), v in self.cost.items() if lo <= b <= hi},
+            int8_cost={
+                (b - lo, u): 0.0 if sink and b == hi else v for (b, u), v in self.int8_cost.items() if lo <= b <= hi
+            },
+            sensitivity={b - lo: v for b, v in self.sensitivity.items() if lo <= b <= hi},
             edges=tuple((i - lo, j - lo, n) for ei, (i, j, n) in enumerate(self.edges) if ei in index),
             transfer=by_edge(self.transfer),
             transfer_mj=by_edge(self.transfer_mj),
@@ -123,15 +145,33 @@ def candidate_units(cost: CostModel, max_stages: int) -> list[Unit]:
     return units
 
 
-def build_problem(blocks: OpGraph, graph: OpGraph, cost: CostModel, max_stages: int = 4) -> Problem:
+@dataclass(frozen=True)
+class Int8Choice:
+    """The blocks whose int8 variant was validated (measured against fp32 on the user's frames), each with its
+    accuracy loss alone in int8 (the sensitivity proxy the ILP sums), and the budget of that sum (None: none)."""
+
+    sensitivity: Mapping[str, float]
+    budget: float | None = None
+
+
+FP32_ONLY = Int8Choice({})
+
+
+def build_problem(
+    blocks: OpGraph, graph: OpGraph, cost: CostModel, max_stages: int = 4, int8: Int8Choice = FP32_ONLY
+) -> Problem:
+    """The problem of planning ``blocks`` on ``cost``'s board. A block runs in fp32 on the PUs that compute fp32;
+    on a PU that computes int8 only (an NPU), only the blocks ``int8`` validated run, in int8."""
     if max_stages < 1:
         raise PlanError("--max-stages must be at least 1")
     units = candidate_units(cost, max_stages)
     names = [b.name for b in blocks.nodes]
     index = {n: i for i, n in enumerate(names)}
     table: dict[tuple[int, int], float] = {}
+    table8: dict[tuple[int, int], float] = {}
     by_config: dict[tuple[str, int, str], float] = {}
     unsupported: list[str] = []
+    int8_only: set[str] = set()
     for bi, b in enumerate(blocks.nodes):
         runnable = False
         for ui, u in enumerate(units):
@@ -139,18 +179,31 @@ def build_problem(blocks: OpGraph, graph: OpGraph, cost: CostModel, max_stages: 
             if not all(pu.supports(t) for t in b.op_types):
                 continue
             key = (u.pu, u.cores, b.name)
+            if pu.computes("fp32"):
+                target = table
+            elif pu.computes("int8") and b.name in int8.sensitivity:
+                target = table8  # the cost model's figure for such a PU is its int8 figure
+            else:
+                int8_only.add(u.pu)
+                continue
             if key not in by_config:
                 # calibrated once: the block's share of a partition (alpha applied), the per-partition
                 # part (beta) is the unit's overhead, charged once per partition
                 by_config[key] = cost.block_ms(b.members, u.pu, u.cores)
-            table[(bi, ui)] = by_config[key]
+            target[(bi, ui)] = by_config[key]
             runnable = True
         if not runnable:
             unsupported.append(f"{b.name} ({', '.join(b.op_types)})")
     if unsupported:
+        why = (
+            f"; {', '.join(sorted(int8_only))} compute{'s' if len(int8_only) == 1 else ''} int8 only, and the block "
+            "has no validated int8 variant"
+            if int8_only
+            else ""
+        )
         raise PlanError(
             f"no PU of {cost.profile.name} can run block(s) {'; '.join(unsupported[:3])}: every PU lacks one of their "
-            "op types. Add the op type to a PU's supported_ops in the profile, or plan for a board with a CPU."
+            f"op types{why}. Add the op type to a PU's supported_ops in the profile, or plan for a board with a CPU."
         )
     flows: dict[tuple[int, int], dict[str, int]] = {}
     for e in blocks.edges:
@@ -189,6 +242,9 @@ def build_problem(blocks: OpGraph, graph: OpGraph, cost: CostModel, max_stages: 
         param_bytes={b.name: b.param_bytes for b in blocks.nodes},
         units=tuple(units),
         cost=table,
+        int8_cost=table8,
+        sensitivity={index[name]: loss for name, loss in int8.sensitivity.items() if name in index},
+        accuracy_budget=int8.budget,
         edges=edges,
         transfer=transfer,
         transfer_mj=transfer_mj,
@@ -269,9 +325,12 @@ def toy_problem(
     idle_w: float = 0.0,
     overhead_ms: dict[int, float] | None = None,
     max_stages: int = 4,
+    int8_cost: dict[tuple[int, int], float] | None = None,
+    sensitivity: dict[int, float] | None = None,
+    accuracy_budget: float | None = None,
 ) -> Problem:
     """A problem from plain numbers (blocks 0..n-1 in topological order): for tests and examples."""
-    n = 1 + max(b for b, _ in cost)
+    n = 1 + max(b for b, _ in [*cost, *(int8_cost or {})])
     succ: list[list[int]] = [[] for _ in range(n)]
     for i, j in edges:
         if not i < j:
@@ -290,6 +349,9 @@ def toy_problem(
         param_bytes={f"b{i}": 0 for i in range(n)},
         units=tuple(units),
         cost=dict(cost),
+        int8_cost=dict(int8_cost or {}),
+        sensitivity=dict(sensitivity or {}),
+        accuracy_budget=accuracy_budget,
         edges=tuple((i, j, 1) for i, j in sorted(edges)),
         transfer=transfer,
         transfer_mj=dict.fromkeys(transfer, 0.0),

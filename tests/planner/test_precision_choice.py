@@ -1,0 +1,149 @@
+"""Precision as a choice of the ILP: a block runs in fp32 or, where its int8 variant was validated, in int8;
+a PU that computes int8 only (an NPU) takes validated blocks only, in int8; the blocks in int8 keep the sum
+of their accuracy losses within the budget; and the solver's optimum is the best plan there is."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from device_profiles.loader import load_profile
+from models.coarsen import coarsen
+from models.graph import build_graph
+from models.onnx_io import load_onnx
+from planner.costmodel import CostModel
+from planner.ilp import OBJECTIVES, Assignment, schedule, solve
+from planner.plan import PlanError
+from planner.problem import Int8Choice, Problem, Unit, build_problem, toy_problem
+
+# a 2-core CPU cluster (one 2-core unit, or two 1-core units) and an NPU that computes int8 only
+UNITS = [Unit("cpu", "cpu", 2, 0), Unit("cpu", "cpu", 1, 0), Unit("cpu", "cpu", 1, 1), Unit("npu", "npu", 1, 0)]
+CPU_UNITS, NPU = (0, 1, 2), 3
+
+
+@st.composite
+def problems(draw) -> Problem:
+    n = draw(st.integers(2, 4))
+    edges = sorted({(i, j) for j in range(1, n) for i in draw(st.sets(st.integers(0, j - 1), min_size=1, max_size=2))})
+    fp32 = draw(st.lists(st.floats(1.0, 10.0), min_size=n, max_size=n))
+    validated = draw(st.sets(st.integers(0, n - 1)))
+    speedup = draw(st.lists(st.floats(1.0, 4.0), min_size=n, max_size=n))
+    cost, int8_cost = {}, {}
+    for b in range(n):
+        for u in CPU_UNITS:
+            cost[(b, u)] = fp32[b] * 2 / UNITS[u].cores
+            if b in validated:
+                int8_cost[(b, u)] = cost[(b, u)] / speedup[b]
+        if b in validated and draw(st.booleans()):  # the NPU's compiler may not take every validated block
+            int8_cost[(b, NPU)] = fp32[b] * draw(st.floats(0.2, 4.0))
+    sensitivity = {b: draw(st.floats(0.0, 0.02)) for b in validated}
+    budget = draw(st.sampled_from([0.0, 0.005, 0.01, 0.03]))
+    return toy_problem(
+        UNITS,
+        cost,
+        edges,
+        transfer_ms=draw(st.sampled_from([0.0, 0.5])),
+        busy_w={0: 2.0, 1: 1.0, 2: 1.0, 3: 0.3},
+        idle_w=0.5,
+        int8_cost=int8_cost,
+        sensitivity=sensitivity,
+        accuracy_budget=budget,
+    )
+
+
+def _valid(problem: Problem, a: Assignment) -> bool:
+    """What the ILP allows: each block where it runs in its precision, cores shared out, the budget kept."""
+    for b, u in enumerate(a.block_unit):
+        if (b, u) not in (problem.int8_cost if b in a.int8 else problem.cost):
+            return False
+    cores = sum(problem.units[u].cores for u in set(a.block_unit) if problem.units[u].kind == "cpu")
+    spent = sum(problem.sensitivity.get(b, 0.0) for b in a.int8)
+    return cores <= 2 and spent <= (problem.accuracy_budget or 0.0) + 1e-12
+
+
+def _orders(problem: Problem) -> list[tuple[int, ...]]:
+    n = len(problem.blocks)
+    preds = {j: {i for i, jj, _ in problem.edges if jj == j} for j in range(n)}
+    return [p for p in itertools.permutations(range(n)) if all(preds[b] <= set(p[: p.index(b)]) for b in p)]
+
+
+def _best_by_enumeration(problem: Problem, objective: str) -> float:
+    n, best = len(problem.blocks), math.inf
+    orders = _orders(problem) if objective == "latency" else [tuple(range(n))]
+    for units in itertools.product(range(len(UNITS)), repeat=n):
+        for bits in itertools.product((False, True), repeat=n):
+            for order in orders:
+                a = Assignment(units, order, frozenset(b for b in range(n) if bits[b]))
+                if _valid(problem, a):
+                    best = min(best, schedule(problem, a).value(objective))
+    return best
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems(), st.sampled_from(OBJECTIVES))
+def test_the_solver_chooses_precisions_within_the_budget_and_finds_the_best_plan(problem, objective) -> None:
+    solution = solve(problem, objective, time_limit=20, gap=1e-9)
+    a = solution.assignment
+    assert _valid(problem, a), "a block in a precision it cannot run in there, or the budget overspent"
+    assert all(b in a.int8 for b, u in enumerate(a.block_unit) if u == NPU), "the NPU runs blocks in int8 only"
+    figures = schedule(problem, a)
+    assert figures.value(objective) == pytest.approx(solution.best, rel=1e-6)  # the solver's value is the plan's
+    assert solution.best == pytest.approx(_best_by_enumeration(problem, objective), rel=1e-6)
+
+
+def test_no_budget_no_int8_and_a_loose_budget_takes_the_faster_int8() -> None:
+    cost = {(b, u): 4.0 * 2 / UNITS[u].cores for b in range(2) for u in CPU_UNITS}
+    int8 = {(b, u): v / 3 for (b, u), v in cost.items()}
+    kwargs = dict(int8_cost=int8, sensitivity={0: 0.004, 1: 0.008}, busy_w={u: 1.0 for u in range(4)})
+    strict = solve(toy_problem(UNITS, cost, [(0, 1)], accuracy_budget=0.0, **kwargs), "latency", gap=1e-9)
+    assert strict.assignment.int8 == frozenset() and strict.best == pytest.approx(8.0)
+    # 0.01 pays for block 1 (the larger loss) or block 0, not both: both save the same, ties go either way
+    some = solve(toy_problem(UNITS, cost, [(0, 1)], accuracy_budget=0.01, **kwargs), "latency", gap=1e-9)
+    assert len(some.assignment.int8) == 1 and some.best == pytest.approx(4.0 + 4.0 / 3)
+    loose = solve(toy_problem(UNITS, cost, [(0, 1)], accuracy_budget=0.05, **kwargs), "latency", gap=1e-9)
+    assert loose.assignment.int8 == frozenset({0, 1}) and loose.best == pytest.approx(8.0 / 3)
+
+
+def _googlenet(exported):
+    loaded = load_onnx(exported("googlenet").path)
+    graph = build_graph(loaded.proto, loaded.sha256, "googlenet")
+    return graph, coarsen(graph, "coarse")
+
+
+@pytest.mark.zoo
+@pytest.mark.parametrize("device", ["khadas-vim3", "bst-a1000"])
+def test_units_that_compute_int8_only_receive_only_int8_validated_blocks(exported, device: str) -> None:
+    graph, blocks = _googlenet(exported)
+    cost = CostModel(load_profile(device), graph)
+    int8_only = {p.name for p in cost.profile.pus if not p.computes("fp32")}
+    assert int8_only, f"{device} has an NPU (or DSP) that computes int8 only"
+
+    fp32 = build_problem(blocks, graph, cost)
+    assert not fp32.int8_cost
+    assert not any(fp32.units[u].pu in int8_only for _, u in fp32.cost), "an fp32 block offered to an NPU"
+    for objective in OBJECTIVES:
+        a = solve(fp32, objective, time_limit=5).assignment
+        assert not any(fp32.units[u].pu in int8_only for u in a.block_unit)
+
+    names = [b.name for b in blocks.nodes]
+    validated = {name: 0.001 for name in names[::2]}  # every other block's int8 variant passed its check
+    problem = build_problem(blocks, graph, cost, int8=Int8Choice(validated, budget=0.01))
+    on_int8_only = {(b, u) for b, u in problem.int8_cost if problem.units[u].pu in int8_only}
+    assert on_int8_only and {names[b] for b, _ in on_int8_only} <= set(validated)
+    for objective in ("throughput", "energy"):
+        a = solve(problem, objective, time_limit=10).assignment
+        npu_blocks = {b for b, u in enumerate(a.block_unit) if problem.units[u].pu in int8_only}
+        assert all(names[b] in validated and b in a.int8 for b in npu_blocks)
+        assert sum(validated[names[b]] for b in a.int8) <= 0.01 + 1e-12
+
+
+def test_a_solution_with_int8_blocks_is_not_written_as_a_plan_that_would_run_them_in_fp32() -> None:
+    from planner.build import to_plan
+
+    problem = toy_problem(UNITS[:1], {(0, 0): 1.0}, [], int8_cost={(0, 0): 0.5}, sensitivity={0: 0.0})
+    with pytest.raises(PlanError, match="int8"):
+        to_plan(problem, Assignment((0,), int8=frozenset({0})), None, None, None, "x")  # type: ignore[arg-type]
