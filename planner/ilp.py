@@ -350,9 +350,12 @@ class _Model:
     comm: dict[int, pulp.LpAffineExpression] = field(default_factory=dict)
     orders: dict[tuple[int, int], pulp.LpVariable] = field(default_factory=dict)
     sames: dict[tuple[int, int], pulp.LpVariable] = field(default_factory=dict)
-    q: dict[tuple[int, int], pulp.LpVariable] = field(
-        default_factory=dict
-    )  # block b runs on u in int8 (and fp32 could)
+    # q[b,u]: block b runs on u in int8 (where it could run in fp32 too)
+    q: dict[tuple[int, int], pulp.LpVariable] = field(default_factory=dict)
+    # d[b] = block b's duration (its expression in ``dur``), for the ordering rows: one short row per pair instead
+    # of a copy of the expression in each (wide graphs have 10^5 pairs)
+    d: dict[int, pulp.LpVariable] = field(default_factory=dict)
+    dur: dict[int, pulp.LpAffineExpression] = field(default_factory=dict)
 
     @property
     def n(self) -> int:
@@ -391,6 +394,8 @@ class _Model:
             "order": self.orders,
             "same": self.sames,
             "q": self.q,
+            "d": self.d,
+            "dur": self.dur,
         }
 
 
@@ -409,7 +414,7 @@ def _formulate(
     _precision_rows(m)
     _partition_rows(m)
     _handoff_rows(m)
-    dur = _durations(m)
+    dur = m.dur = _durations(m)
     _assignment_rows(m)
     _symmetry_rows(m)
     _flow_rows(m, dur)
@@ -584,16 +589,33 @@ def _big_m(m: _Model, horizon: float | None) -> float:
 def _order_rows(m: _Model, dur: dict[int, pulp.LpAffineExpression], big_m: float) -> None:
     """o[i,j], same[i,j]: independent blocks that share a unit run one after the other, in either order."""
     lp, a, t = m.lp, m.a, m.t
+    allowed = {b: set(us) for b, us in m.allowed.items()}
+    ge = pulp.LpConstraintGE
+
+    def row(terms: list[tuple[pulp.LpVariable, float]], rhs: float, name: str) -> None:
+        # rows built from their coefficients: a wide graph has 10^5 pairs, and PuLP's operators copy
+        # an expression per operation
+        lp.addConstraint(pulp.LpConstraint(pulp.LpAffineExpression(terms), ge, rhs=rhs), name)
+
     for i, j in m.problem.independent:
-        shared = [u for u in m.allowed[i] if u in m.allowed[j]]
+        shared = [u for u in m.allowed[i] if u in allowed[j]]
         if not shared:
             continue
         o = m.orders[(i, j)] = pulp.LpVariable(f"o_{i}_{j}", cat="Binary")
         same = m.sames[(i, j)] = pulp.LpVariable(f"same_{i}_{j}", 0, 1)
-        for u in shared:
-            lp += same >= a[(i, u)] + a[(j, u)] - 1, f"same_{i}_{j}_{u}"
-        lp += t[j] >= t[i] + dur[i] - big_m * (1 - o) - big_m * (1 - same), f"serialize_{i}_{j}_a"
-        lp += t[i] >= t[j] + dur[j] - big_m * o - big_m * (1 - same), f"serialize_{i}_{j}_b"
+        for u in shared:  # same >= a[i,u] + a[j,u] - 1
+            row([(same, 1), (a[(i, u)], -1), (a[(j, u)], -1)], -1, f"same_{i}_{j}_{u}")
+        di, dj = _duration_var(m, i, dur), _duration_var(m, j, dur)
+        # t[j] >= t[i] + d[i] - M (1 - o) - M (1 - same);  t[i] >= t[j] + d[j] - M o - M (1 - same)
+        row([(t[j], 1), (t[i], -1), (di, -1), (o, -big_m), (same, -big_m)], -2 * big_m, f"serialize_{i}_{j}_a")
+        row([(t[i], 1), (t[j], -1), (dj, -1), (o, big_m), (same, -big_m)], -big_m, f"serialize_{i}_{j}_b")
+
+
+def _duration_var(m: _Model, b: int, dur: dict[int, pulp.LpAffineExpression]) -> pulp.LpVariable:
+    if b not in m.d:
+        var = m.d[b] = pulp.LpVariable(f"d_{b}", 0)
+        m.lp += var == dur[b], f"duration_{b}"
+    return m.d[b]
 
 
 def _region_rows(m: _Model, dur: dict[int, pulp.LpAffineExpression]) -> None:
@@ -761,6 +783,8 @@ def _set_warm_start(problem: Problem, v: dict, warm: Assignment) -> None:
         i, j, _ = problem.edges[ei]
         moved = problem.units[warm.block_unit[i]].pu == p and problem.units[warm.block_unit[j]].pu == q
         var.setInitialValue(1 if moved else 0)
+    for b, var in v["d"].items():  # after every variable its expression reads
+        var.setInitialValue(v["dur"][b].value())
     v["L"].setInitialValue(figures.latency_ms)
     v["P"].setInitialValue(figures.period_ms)
     v["E"].setInitialValue(figures.energy_mj)

@@ -214,10 +214,20 @@ class _Run:
         self.seq = 0
         self.segs = {f: model.frame_segments(f) for f in range(min(frames, model.period))}
         self.flows = {f: model.frame_flows(f) for f in range(min(frames, model.period))}
+        # per phase, each segment's outgoing flows (dst, bytes, PUs, block edges), in ``flows``' order
+        self.out_flows: dict[int, dict[tuple, list[tuple[tuple, int, str, str, tuple[int, ...]]]]] = {}
+        for f, flows in self.flows.items():
+            by_src: dict[tuple, list[tuple[tuple, int, str, str, tuple[int, ...]]]] = {}
+            for (src, dst), (nbytes, x, y, parts) in flows.items():
+                by_src.setdefault(src, []).append((dst, nbytes, x, y, parts))
+            self.out_flows[f] = by_src
         self.seg_by_key = {s.key: s for s in model.segments}
         self.waiting: dict[tuple[int, tuple], int] = {}
         self.unit_busy_until: dict[tuple, float] = {}
-        self.unit_queue: dict[tuple, list[tuple[int, int, tuple]]] = {}
+        # a unit's segments that may run now: each frame's next one in the unit's order, if ready (a heap, the
+        # oldest frame first); ready ones further on in the order wait in ``held`` until their turn
+        self.runnable: dict[tuple, list[tuple[int, int, tuple]]] = {}
+        self.held: dict[tuple[tuple, int], dict[int, tuple]] = {}  # (unit, frame) -> index -> segment key
         self.next_index: dict[tuple[tuple, int], int] = {}  # (unit, frame) -> the index of its next segment there
         self.done_count: dict[int, int] = {}
         self.enter: dict[int, float] = {}
@@ -244,7 +254,7 @@ class _Run:
                 self.arrive(now, *data)
             # a unit that just became free may have queued work
             for unit, until in list(self.unit_busy_until.items()):
-                if until <= now and self.unit_queue.get(unit):
+                if until <= now and self.runnable.get(unit):
                     self.dispatch(now, unit)
 
     def admit(self, now: float) -> None:
@@ -271,21 +281,23 @@ class _Run:
 
     def ready(self, now: float, f: int, key: tuple) -> None:
         seg = self.seg_by_key[key]
-        self.unit_queue.setdefault(seg.unit_key, []).append((f, seg.index, key))
-        self.dispatch(now, seg.unit_key)
+        unit = seg.unit_key
+        if seg.index == self.next_index.get((unit, f), 0):
+            heapq.heappush(self.runnable.setdefault(unit, []), (f, seg.index, key))
+        else:
+            self.held.setdefault((unit, f), {})[seg.index] = key
+        self.dispatch(now, unit)
 
     def dispatch(self, now: float, unit: tuple) -> None:
         """The oldest frame whose next segment on this unit (in the unit's order) is ready runs it."""
-        queue = self.unit_queue.get(unit)
+        queue = self.runnable.get(unit)
         if not queue or self.unit_busy_until.get(unit, 0.0) > now:
             return
-        runnable = [e for e in queue if e[1] == self.next_index.get((unit, e[0]), 0)]
-        if not runnable:
-            return
-        entry = min(runnable)
-        queue.remove(entry)
-        f, index, key = entry
+        f, index, key = heapq.heappop(queue)
         self.next_index[(unit, f)] = index + 1
+        held = self.held.get((unit, f))
+        if held and index + 1 in held:  # the frame's next segment here was ready already: its turn now
+            heapq.heappush(queue, (f, index + 1, held.pop(index + 1)))
         seg = self.seg_by_key[key]
         ms = self.model.ms[key]
         self.unit_busy_until[unit] = now + ms
@@ -297,9 +309,7 @@ class _Run:
         """A segment ended: its unit takes the next, its outputs cross their links, the frame may be finished."""
         model = self.model
         self.dispatch(now, self.seg_by_key[key].unit_key)
-        for (src, dst), (nbytes, x, y, parts) in self.flows[f % model.period].items():
-            if src != key:
-                continue
+        for dst, nbytes, x, y, parts in self.out_flows[f % model.period].get(key, ()):
             # every consumer gets the tensor as soon as it has crossed: transfers of one frame do not queue
             # behind each other (the executor hands a tensor to each consumer at once); a link's occupancy
             # per frame spaces the frames instead (``frame_traffic_ms``), as in the ILP
