@@ -396,7 +396,7 @@ edit() {
   fi
 }
 if command -v flock >/dev/null 2>&1; then
-  exec 9>>"$lock" || { echo "cannot open the crontab lock $lock" >&2; exit 3; }
+  exec 9>>"$lock" || { echo "cannot open the crontab lock $lock: the user's home must be writable" >&2; exit 3; }
   flock -w "$wait" 9 || { echo "another crontab edit has held $lock for $wait s; try again" >&2; exit 3; }
   echo flock
   edit
