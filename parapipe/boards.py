@@ -127,8 +127,10 @@ def add_board(board: Board) -> Path:
             "give the board's host key: --known-hosts FILE (e.g. from ssh-keyscan, checked by you) or "
             "--host-key SHA256:... (ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub on the board)"
         )
-    elif board.known_hosts and not Path(board.known_hosts).expanduser().is_file():
-        raise BoardError(f"known_hosts file {board.known_hosts} does not exist")
+    elif board.known_hosts:
+        from parapipe.known_hosts import read_known_hosts
+
+        read_known_hosts(board, adding=True)  # it exists and is a readable text file
     from device_profiles.loader import load_profile
 
     load_profile(board.device)  # refuses unknown profiles with the list of known ones

@@ -6,7 +6,9 @@ changed; the agent is started under a supervisor (pidfile, log in the working di
 or kept if it runs the current code: a systemd unit (Restart=always, enabled at boot)
 where systemd runs the board, else a restart loop in sh started by ``agent.boot``, which
 an ``@reboot`` crontab line runs at boot where crontab exists (``supervision``); the
-unit and the crontab line are recorded in the workdir and undeploy removes them; the bundle goes up through the agent (temporary folder,
+unit and the crontab line are recorded in the workdir and undeploy removes them (every crontab
+edit holds ``~/.parapipe-crontab.lock`` on the board, so deploys of several workdirs at once
+keep each other's lines); the bundle goes up through the agent (temporary folder,
 sha256 checked, renamed into place) unless the agent has it; then the pipeline starts
 and the hashes are confirmed. Every path deploy creates is listed in
 ``<workdir>/.parapipe-deployed.json`` once it exists (never before, never a path that was
@@ -375,6 +377,61 @@ echo none
 """
 _UNIT_NAME = re.compile(r"parapipe-agent-[0-9a-f]{12}\.service")
 CRON_MARK = "# parapipe agent"  # ends every crontab line deploy adds (the workdir follows it)
+CRONTAB_LOCK = ".parapipe-crontab.lock"  # in the user's home: every crontab edit by deploy/undeploy holds it
+CRONTAB_LOCK_WAIT_S = 60  # a crontab edit takes milliseconds; a lock held this long is reported
+
+# A crontab edit is load-modify-save (`crontab -l`, then `crontab -`): two deploys to one board at once
+# (different workdirs) would each save what they loaded and one's line would be lost. Every edit holds
+# ~/.parapipe-crontab.lock: flock(1) where util-linux is there (released by the kernel whatever ends the
+# edit); otherwise a `mkdir` lock beside it (removed on exit; one left by an edit killed outright is
+# reported after the wait, naming the folder to remove). It prints which lock it took.
+_CRONTAB_EDIT = r"""
+line=$1 mode=$2 lock="$HOME/$3" wait=$4
+edit() {
+  if [ "$mode" = add ]; then
+    { crontab -l 2>/dev/null | grep -vxF -- "$line"; printf '%s\n' "$line"; } | crontab -
+  else
+    crontab -l >/dev/null 2>&1 || return 0
+    crontab -l | grep -vxF -- "$line" | crontab -
+  fi
+}
+if command -v flock >/dev/null 2>&1; then
+  exec 9>>"$lock" || { echo "cannot open the crontab lock $lock: the user's home must be writable" >&2; exit 3; }
+  flock -w "$wait" 9 || { echo "another crontab edit has held $lock for $wait s; try again" >&2; exit 3; }
+  echo flock
+  edit
+else
+  n=0
+  until mkdir "$lock.d" 2>/dev/null; do
+    n=$((n + 1))
+    if [ "$n" -gt "$wait" ]; then
+      echo "the crontab lock $lock.d (no flock on this board) has been held for $wait s; if no deploy or"         "undeploy to this board is running, an edit was killed holding it: remove that folder (rmdir)" >&2
+      exit 3
+    fi
+    sleep 1
+  done
+  trap 'rmdir "$lock.d" 2>/dev/null' EXIT
+  trap 'exit 129' HUP INT TERM
+  echo mkdir
+  edit
+fi
+"""
+
+
+def edit_crontab(conn: BoardConnection, line: str, add: bool) -> str:
+    """Add ``line`` to the user's crontab on the board (once), or remove it (every copy, nothing else),
+    holding the board's crontab lock so concurrent deploys and undeploys never lose each other's
+    lines. Returns the lock it held: ``flock``, or ``mkdir`` on a board without util-linux's flock."""
+    code, out, err = conn.run(
+        ["sh", "-c", _CRONTAB_EDIT, "sh", line, "add" if add else "remove", CRONTAB_LOCK, str(CRONTAB_LOCK_WAIT_S)],
+        check=False,
+        timeout=CRONTAB_LOCK_WAIT_S + 60,
+    )
+    if code != 0:
+        raise DeployError(
+            f"editing the crontab on {conn.board.name} failed ({code}): {err.strip()[-600:] or 'no message'}"
+        )
+    return out.strip().splitlines()[0] if out.strip() else ""
 
 
 def supervision(conn: BoardConnection) -> str:
@@ -511,8 +568,7 @@ def _add_cron(conn: BoardConnection, wd: str) -> None:
     if "\n" in line:
         raise DeployError(f"the workdir {wd!r} holds a line break; a crontab line cannot name it; use another workdir")
     conn.run(["sh", "-c", f"cat > {shlex.quote(p['cron'])}"], stdin=line.encode())
-    script = '{ crontab -l 2>/dev/null | grep -vxF -- "$1"; printf "%s\\n" "$1"; } | crontab -'
-    conn.run(["sh", "-c", script, "sh", line])
+    edit_crontab(conn, line, add=True)
 
 
 def remove_boot_hooks(conn: BoardConnection, wd: str) -> None:
@@ -540,8 +596,7 @@ def _remove_cron(conn: BoardConnection, wd: str) -> None:
     code, line, _ = conn.run(["cat", p["cron"]], check=False)
     line = line.strip("\n")
     if code == 0 and line.startswith("@reboot ") and CRON_MARK in line:
-        script = 'crontab -l >/dev/null 2>&1 || exit 0; crontab -l | grep -vxF -- "$1" | crontab -'
-        conn.run(["sh", "-c", script, "sh", line], check=False)
+        edit_crontab(conn, line, add=False)  # a failure stops here, agent.cron kept: undeploy can run again
     conn.run(["rm", "-f", p["cron"]], check=False)
 
 

@@ -7,7 +7,6 @@ local port to the agent on the board's 127.0.0.1 (the agent never listens public
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import select
 import shlex
@@ -19,23 +18,25 @@ from pathlib import Path
 import paramiko
 
 from parapipe.boards import Board
+from parapipe.known_hosts import fingerprint, read_known_hosts
 from parapipe.local_agent import DeployError
 
 PARTIAL = ".parapipe-partial-"  # an upload's temporary name: <target>.parapipe-partial-<8 hex digits>
 
 
-def fingerprint(key: paramiko.PKey) -> str:
-    return "SHA256:" + base64.b64encode(hashlib.sha256(key.asbytes()).digest()).decode().rstrip("=")
-
-
 class _PinnedKey(paramiko.MissingHostKeyPolicy):
-    """Accept exactly the pinned fingerprint; anything else is refused before authentication."""
+    """Accept exactly the pinned fingerprint, unless a known_hosts line revokes it; anything else is
+    refused before authentication."""
 
-    def __init__(self, expected: str) -> None:
-        self.expected = expected
+    def __init__(self, expected: str, revoked: frozenset[str] = frozenset()) -> None:
+        self.expected, self.revoked = expected, revoked
 
     def missing_host_key(self, client, hostname, key) -> None:
         got = fingerprint(key)
+        if got in self.revoked:
+            raise DeployError(
+                f"host key of {hostname} is {got}, which the known_hosts file marks @revoked: refusing to connect"
+            )
         if got != self.expected:
             raise DeployError(
                 f"host key of {hostname} is {got}, but the inventory pins {self.expected}; if the board was "
@@ -47,17 +48,21 @@ class BoardConnection:
     def __init__(self, board: Board) -> None:
         self.board = board
         self.client = paramiko.SSHClient()
-        known = board.known_hosts and Path(board.known_hosts).expanduser()
-        if known:
-            try:
-                self.client.load_host_keys(str(known))
-            except OSError as exc:
-                raise DeployError(
-                    f"board {board.name}: cannot read its known_hosts file {board.known_hosts} ({exc.strerror}); "
-                    "restore it or re-add the board with --known-hosts FILE or --host-key SHA256:..."
-                ) from None
+        known = read_known_hosts(board) if board.known_hosts else None
+        if known is not None:
+            known.install(self.client.get_host_keys())
+        key = Path(board.key).expanduser()
+        try:
+            key.open("rb").close()
+        except OSError as exc:
+            raise DeployError(
+                f"board {board.name}: cannot read its SSH key {key} ({exc.strerror or exc}); restore it, or add the "
+                f"board again with `parapipe boards add {board.name} ... --key FILE`"
+            ) from None
         if board.host_key_sha256:
-            self.client.set_missing_host_key_policy(_PinnedKey(board.host_key_sha256))
+            self.client.set_missing_host_key_policy(
+                _PinnedKey(board.host_key_sha256, known.revoked if known is not None else frozenset())
+            )
         else:
             self.client.set_missing_host_key_policy(paramiko.RejectPolicy())
         try:
@@ -65,7 +70,7 @@ class BoardConnection:
                 board.host,
                 port=board.port,
                 username=board.user,
-                key_filename=str(Path(board.key).expanduser()),
+                key_filename=str(key),
                 timeout=board.timeout_s,
                 banner_timeout=board.timeout_s,
                 auth_timeout=board.timeout_s,
@@ -83,6 +88,7 @@ class BoardConnection:
                 raise DeployError(
                     f"{board.host}:{board.port} is not in {board.known_hosts or 'a known_hosts file'}: refusing an unknown "
                     "host key. Add the board's key (checked on the board) to the known_hosts file."
+                    + (known.why_not_found() if known is not None else "")
                 ) from None
             raise DeployError(f"cannot connect to {board.user}@{board.host}:{board.port}: {exc}") from None
         except DeployError:

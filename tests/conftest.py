@@ -33,6 +33,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "parapipe/test_cli_plan_run.py": ("agent",),
     "parapipe/test_deploy_ssh.py": ("ssh", "agent"),
     "parapipe/test_fleet.py": ("ssh", "agent"),
+    "parapipe/test_known_hosts.py": ("ssh",),
     "parapipe/test_direct_boards.py": ("agent",),
     "parapipe/test_netns_edge_cloud.py": ("netns", "agent"),
     "parapipe/test_tune.py": ("agent",),

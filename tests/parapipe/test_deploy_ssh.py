@@ -480,6 +480,133 @@ def test_a_reboot_brings_the_agent_back_with_its_pipeline(board, bundle, monkeyp
         assert not (workdir / "agent.boot").exists()
 
 
+class _WithoutFlock(BoardConnection):
+    """A board without util-linux's flock: every command runs with a PATH that lacks it."""
+
+    bin: Path
+
+    def shell(self, command: str, *args, **kwargs):
+        return super().shell(f"env PATH={shlex.quote(str(self.bin))} {command}", *args, **kwargs)
+
+
+def _without_flock(board: Board, folder: Path) -> _WithoutFlock:
+    folder.mkdir(exist_ok=True)
+    for tool in ("sh", "crontab", "grep", "mkdir", "rmdir", "sleep", "cat"):
+        if not (folder / tool).exists():
+            (folder / tool).symlink_to(shutil.which(tool) or tool)
+    conn = _WithoutFlock(board)
+    conn.bin = folder
+    return conn
+
+
+def _editing(lines: set[str]) -> set[str]:
+    """Which of ``lines`` have a crontab edit (``sh -c SCRIPT sh LINE ...``) running on this machine (the board) now."""
+    seen = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if len(argv) > 4 and argv[1] == b"-c" and argv[4].decode(errors="replace") in lines:
+                seen.add(argv[4].decode())
+    return seen
+
+
+@pytest.mark.parametrize("lock", ["flock", "mkdir"])
+def test_concurrent_crontab_edits_lose_no_line(board, tmp_path, lock) -> None:
+    """Deploys and undeploys of several workdirs of one board at once edit its crontab without losing
+    a line: each edit holds ~/.parapipe-crontab.lock (flock; a mkdir lock where the board has no
+    flock). While another edit holds the lock every edit waits, then each runs in turn; and a burst
+    of edits with nothing held keeps every line too. The user's own lines are kept throughout."""
+    import fcntl
+    import time
+
+    from parapipe.deploy import CRON_MARK, CRONTAB_LOCK, edit_crontab
+
+    if shutil.which("crontab") is None:
+        pytest.skip("no crontab here")
+    if lock == "flock" and shutil.which("flock") is None:
+        pytest.skip("no flock here")
+
+    def connect() -> BoardConnection:
+        return _without_flock(board, tmp_path / "bin") if lock == "mkdir" else BoardConnection(board)
+
+    def line(name: str) -> str:
+        return f"@reboot sh {shlex.quote(str(tmp_path / name / 'agent.boot'))} {CRON_MARK} {tmp_path / name}"
+
+    def crontab() -> list[str]:
+        return subprocess.run(["crontab", "-l"], capture_output=True, text=True, check=True).stdout.splitlines()
+
+    def at_once(edits: list[tuple[str, bool]]) -> tuple[list[object], list[threading.Thread]]:
+        """Start the edits together, each on its own connection; (their results, their threads)."""
+        conns = [connect() for _ in edits]  # connected first: the edits themselves start together
+        results: list[object] = [RuntimeError("did not finish")] * len(edits)
+        start = threading.Barrier(len(edits))
+
+        def one(i: int) -> None:
+            start.wait()
+            try:
+                results[i] = edit_crontab(conns[i], edits[i][0], add=edits[i][1])
+            except Exception as exc:  # reported by the assertion on the results
+                results[i] = exc
+            finally:
+                conns[i].close()
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(edits))]
+        for t in threads:
+            t.start()
+        return results, threads
+
+    theirs = "# the user's own jobs\n0 3 * * * true\n"
+    with _users_crontab(theirs):
+        with connect() as conn:
+            home = Path(conn.home())
+            old = [line(f"old{i}") for i in range(3)]
+            for x in old:
+                assert edit_crontab(conn, x, add=True) == lock
+        assert crontab() == theirs.splitlines() + old
+
+        # another deploy holds the lock: three undeploys and six deploys all wait for it, then go in turn
+        new = [line(f"new{i}") for i in range(6)]
+        edits = [(x, False) for x in old] + [(x, True) for x in new]
+        held = home / CRONTAB_LOCK
+        holder = open(held, "a") if lock == "flock" else None  # released below
+        if holder is not None:
+            fcntl.flock(holder, fcntl.LOCK_EX)
+        else:
+            (home / f"{CRONTAB_LOCK}.d").mkdir()
+        threads: list[threading.Thread] = []
+        try:
+            results, threads = at_once(edits)
+            deadline = time.monotonic() + 60  # a hang guard
+            while _editing({x for x, _ in edits}) != {x for x, _ in edits}:
+                assert crontab() == theirs.splitlines() + old, "a crontab edit went ahead of the lock's holder"
+                assert time.monotonic() < deadline, "the edits did not all start"
+                time.sleep(0.05)
+            time.sleep(0.5)
+            assert crontab() == theirs.splitlines() + old, "a crontab edit went ahead of the lock's holder"
+            assert all(t.is_alive() for t in threads)
+        finally:
+            if holder is not None:
+                holder.close()
+            else:
+                shutil.rmtree(home / f"{CRONTAB_LOCK}.d", ignore_errors=True)
+            for t in threads:  # before the user's crontab is put back, whatever happened
+                t.join(120)
+        assert results == [lock] * len(edits), results
+        assert crontab()[:2] == theirs.splitlines() and sorted(crontab()[2:]) == sorted(new)
+
+        # nothing held: eight edits at once, each of its own line, none lost
+        burst = [line(f"burst{i}") for i in range(8)]
+        results, threads = at_once([(x, True) for x in burst])
+        for t in threads:
+            t.join(120)
+        assert results == [lock] * len(burst), results
+        assert crontab()[:2] == theirs.splitlines() and sorted(crontab()[2:]) == sorted(new + burst)
+        assert not (home / f"{CRONTAB_LOCK}.d").exists(), "the mkdir lock was left behind"
+
+
 def _alive(pid: int) -> bool:
     try:
         return "Z" not in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
