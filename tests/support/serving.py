@@ -135,13 +135,18 @@ def compile_served(folder: Path, two_hosts: bool) -> Served:
 
 def start_served(stack: ExitStack, served: Served, **agent_args) -> LocalAgent:
     """Agents for every host of the plan, started (the entry host last); returns the entry host's."""
+    return start_hosts(stack, served, **agent_args)[served.entry]
+
+
+def start_hosts(stack: ExitStack, served: Served, **agent_args) -> dict[str, LocalAgent]:
+    """Agents for every host of the plan ("" for one host), started, the entry host last."""
     agents = {h: stack.enter_context(LocalAgent(**agent_args)) for h in served.parts}
     for h, part in served.parts.items():
         agents[h].client.load_bundle(part)
     for h in sorted(served.parts, key=lambda h: h == served.entry):
         peers = [Peer(o, f"127.0.0.1:{agents[o].port}") for o in served.parts if o != h]
         agents[h].client.start(parse_manifest((served.parts[h] / "manifest.json").read_text()).sha256(), peers=peers)
-    return agents[served.entry]
+    return agents
 
 
 def run_client(script: str, folder: Path, *extra: Path, **values: object) -> dict:
