@@ -87,9 +87,12 @@ for r, _ in streamed:
 # a wrong shape and an unknown model: the protocol's errors, not a crash
 bad = g.InferInput("x", [1, 3], "FP32")
 bad.set_data_from_numpy(np.zeros((1, 3), np.float32))
+words = g.InferInput("x", [1, 16], "BYTES")  # strings, as tritonclient sends them
+words.set_data_from_numpy(np.array([["w"] * 16], dtype=np.object_))
 errors = {}
 for what, call in {
     "bad_shape": lambda: client.infer(model, [bad, request(0)[1]], headers=headers),
+    "bytes": lambda: client.infer(model, [words, request(0)[1]], headers=headers),
     "unknown_model": lambda: client.infer("no-such-model", request(0), headers=headers),
 }.items():
     try:
@@ -132,6 +135,8 @@ def _check(out: dict, folder: Path, served, frames) -> None:
                 assert np.max(np.abs(got.astype(np.float64) - want)) <= TOL, key
     assert out["errors"]["bad_shape"][0] == "StatusCode.INVALID_ARGUMENT"
     assert "shape" in out["errors"]["bad_shape"][1]
+    code, message = out["errors"]["bytes"]
+    assert code == "StatusCode.INVALID_ARGUMENT" and "'x'" in message and "FP32 [1, 16]" in message, message
     assert out["errors"]["unknown_model"][0] == "StatusCode.NOT_FOUND"
     assert served.plan_name in out["errors"]["unknown_model"][1]
 
