@@ -133,6 +133,17 @@ def compile_served(folder: Path, two_hosts: bool) -> Served:
     return Served({"": write_bundle(compiled, folder / "bundle")}, "", plan.name, model, compiled.manifest.inputs)
 
 
+def write_two_host_plan(folder: Path) -> Path:
+    """The model's plan over the ``local-edge-cloud`` profile's two hosts, as a plan file naming its model."""
+    model = write_model(folder / "serving.onnx")
+    loaded = load_onnx(model)
+    blocks = coarsen(build_graph(loaded.proto, loaded.sha256, "serving"), "coarse")
+    plan = flop_pipeline(blocks, load_profile("local-edge-cloud"), [("edge", 1), ("cloud", 1)], name="edge-then-cloud")
+    path = folder / "edge-then-cloud.json"
+    path.write_text(json.dumps(dict(plan.to_json(), model_path=str(model))))
+    return path
+
+
 def start_served(stack: ExitStack, served: Served, **agent_args) -> LocalAgent:
     """Agents for every host of the plan, started (the entry host last); returns the entry host's."""
     return start_hosts(stack, served, **agent_args)[served.entry]
