@@ -257,6 +257,8 @@ def main(out):
             c.stop_stream()
     else:
         client, answers = stream()
+        client.async_stream_infer("no-such-model", request(0), request_id="wrong")  # answered, the stream goes on
+        out["wrong"] = describe(*answers.get(timeout=60))
         client.async_stream_infer(ARGS["model"], request(0), request_id="before")
         out["before"] = describe(*answers.get(timeout=60))
         agent.start(ARGS["sha"])  # the same bundle started again: a new pipeline replaces the one streamed to
@@ -330,6 +332,7 @@ def test_a_tritonclient_stream_ends_when_its_pipeline_is_replaced(tmp_path: Path
             STREAMS, tmp_path, url=f"127.0.0.1:{agent.port}", model=served.plan_name, phase="replace", sha=sha
         )
         status = agent.client.status()
+    assert out["wrong"]["status"] is None and "no model 'no-such-model'" in out["wrong"]["message"]
     assert out["before"] == {"answer": "before"} and out["after"] == {"answer": "after"}
     [end] = out["replaced"]
     assert end["status"] == "StatusCode.FAILED_PRECONDITION", end
