@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import grpc
 import numpy as np
 import pytest
-from hypothesis import example, given, settings
+from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
 from agents.inference import CONTENTS, NUMPY
@@ -136,7 +136,9 @@ def test_every_malformed_request_gets_the_protocols_status_naming_the_problem(ag
         reply = agent.stub.ModelInfer(request, timeout=60)
     except grpc.RpcError as exc:
         code, details = exc.code(), exc.details() or ""
+        event(code.name)
     else:
+        event("answered")
         assert model in ("plan", "alias") and not faulty, f"answered a malformed request: {model}, {faulty}"
         assert [o.name for o in reply.outputs] == ["out:a", "scores", "label"] and reply.id == "r"
         return
