@@ -104,11 +104,14 @@ def check_request(request: kpb.ModelInferRequest, inputs: Sequence[TensorSpec]) 
     model's, with its datatype and shape, none missing. ValueError (INVALID_ARGUMENT) names the
     input and what the model takes."""
     specs = {t.name: t for t in inputs}
-    takes = ", ".join(_describe(t) for t in inputs)
+
+    def takes() -> str:  # only for a message: frames that are right pay nothing for it
+        return ", ".join(_describe(t) for t in inputs)
+
     for t in request.inputs:
         spec = specs.get(t.name)
         if spec is None:
-            raise ValueError(f"the model has no input {t.name!r}; it takes {takes}")
+            raise ValueError(f"the model has no input {t.name!r}; it takes {takes()}")
         want = DATATYPES.get(spec.dtype, spec.dtype)
         if t.datatype == "BYTES":
             raise ValueError(
@@ -122,7 +125,7 @@ def check_request(request: kpb.ModelInferRequest, inputs: Sequence[TensorSpec]) 
             raise ValueError(f"input {t.name!r} is sent with shape {list(t.shape)}; the model takes {list(spec.shape)}")
     missing = [name for name in specs if name not in {t.name for t in request.inputs}]
     if missing:
-        raise ValueError(f"the request lacks input(s) {missing}; the model takes {takes}")
+        raise ValueError(f"the request lacks input(s) {missing}; the model takes {takes()}")
 
 
 def decode_inputs(request: kpb.ModelInferRequest) -> dict[str, np.ndarray]:
