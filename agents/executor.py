@@ -217,6 +217,12 @@ class _Worker:
             frame += period
 
 
+def _finite(timeout: float | None) -> float | None:
+    """``timeout``, or None (no bound) where it is beyond what a lock can wait: for a gRPC call without
+    a deadline ``time_remaining()`` is beyond ``threading.TIMEOUT_MAX``, and ``Condition.wait`` raises."""
+    return None if timeout is None or timeout >= threading.TIMEOUT_MAX else timeout
+
+
 class Pipeline:
     """Runs a bundle's partitions as a pipeline of pinned workers."""
 
@@ -369,6 +375,7 @@ class Pipeline:
                 f"send frames to the agent of the entry host {self.manifest.entry!r}"
             )
         self.check_inputs(tensors)
+        timeout = _finite(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             while len(self._frames) >= self.max_inflight and not (self.stopping or self.broken or self.draining):
@@ -391,6 +398,7 @@ class Pipeline:
         """Wait for a submitted frame; past ``timeout`` the frame is given up (its slot freed) and
         ``DeadlineExceeded`` raised."""
         latch = getattr(future, "latch", None)
+        timeout = _finite(timeout)
         try:
             if latch is not None and not future.done():
                 # a C-level lock the finishing worker releases: cheaper to wait on than the future's Condition

@@ -10,16 +10,18 @@ prefix. Tensors travel as ``raw_*_contents`` (what tritonclient sends) or as typ
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 
 import grpc
 import numpy as np
 
 from agents import service
-from agents.executor import Pipeline, PipelineError
+from agents.bundle import TensorSpec
+from agents.executor import DeadlineExceeded, Pipeline, PipelineError
 from agents.proto import inference_pb2 as kpb
 from agents.proto import inference_pb2_grpc as krpc
 
@@ -62,8 +64,21 @@ class ModelNotFound(service.NotFound):
     """The request names a model or version this agent does not serve."""
 
 
-def model_version(state: service.AgentState) -> str:
-    return state.running[:12]
+def model_version(pipeline: Pipeline) -> str:
+    """The pipeline's one version: its bundle's hash prefix (the bundle's folder is named by its hash)."""
+    return pipeline.folder.name[:12]
+
+
+def _match(pipeline: Pipeline, name: str, version: str) -> Pipeline:
+    """``pipeline`` if ``name``/``version`` name it, else ModelNotFound."""
+    names = (pipeline.manifest.plan_name, MODEL_ALIAS)
+    if name not in names:
+        raise ModelNotFound(f"no model {name!r} here; this agent serves {names[0]!r} (alias {MODEL_ALIAS!r})")
+    if version and version != model_version(pipeline):
+        raise ModelNotFound(
+            f"model {name!r} has no version {version!r}; the running one is {model_version(pipeline)!r}"
+        )
+    return pipeline
 
 
 def _resolve(state: service.AgentState, name: str, version: str) -> Pipeline:
@@ -73,16 +88,44 @@ def _resolve(state: service.AgentState, name: str, version: str) -> Pipeline:
         if name == MODEL_ALIAS:
             raise service.NotReady("no pipeline is running; deploy a plan to this board first")
         raise ModelNotFound(f"no model {name!r} here: no pipeline is running")
-    names = (pipeline.manifest.plan_name, MODEL_ALIAS)
-    if name not in names:
-        raise ModelNotFound(f"no model {name!r} here; this agent serves {names[0]!r} (alias {MODEL_ALIAS!r})")
-    if version and version != model_version(state):
-        raise ModelNotFound(f"model {name!r} has no version {version!r}; the running one is {model_version(state)!r}")
-    return pipeline
+    return _match(pipeline, name, version)
 
 
 def _ready(pipeline: Pipeline | None) -> bool:
     return pipeline is not None and pipeline.entry and not (pipeline.broken or pipeline.stopping or pipeline.draining)
+
+
+def _describe(spec: TensorSpec) -> str:
+    return f"{spec.name!r} ({DATATYPES.get(spec.dtype, spec.dtype)} {list(spec.shape)})"
+
+
+def check_request(request: kpb.ModelInferRequest, inputs: Sequence[TensorSpec]) -> None:
+    """The request's tensors against the model's inputs, before any data is read: each one of the
+    model's, with its datatype and shape, none missing. ValueError (INVALID_ARGUMENT) names the
+    input and what the model takes."""
+    specs = {t.name: t for t in inputs}
+
+    def takes() -> str:  # only for a message: frames that are right pay nothing for it
+        return ", ".join(_describe(t) for t in inputs)
+
+    for t in request.inputs:
+        spec = specs.get(t.name)
+        if spec is None:
+            raise ValueError(f"the model has no input {t.name!r}; it takes {takes()}")
+        want = DATATYPES.get(spec.dtype, spec.dtype)
+        if t.datatype == "BYTES":
+            raise ValueError(
+                f"input {t.name!r} is sent as BYTES (strings), which this agent does not serve; "
+                f"the model takes {want} {list(spec.shape)} for it"
+            )
+        if t.datatype != want:
+            sent = f"as {t.datatype}" if t.datatype else "without a datatype"
+            raise ValueError(f"input {t.name!r} is sent {sent}; the model takes {want}")
+        if list(t.shape) != list(spec.shape):
+            raise ValueError(f"input {t.name!r} is sent with shape {list(t.shape)}; the model takes {list(spec.shape)}")
+    missing = [name for name in specs if name not in {t.name for t in request.inputs}]
+    if missing:
+        raise ValueError(f"the request lacks input(s) {missing}; the model takes {takes()}")
 
 
 def decode_inputs(request: kpb.ModelInferRequest) -> dict[str, np.ndarray]:
@@ -99,7 +142,7 @@ def decode_inputs(request: kpb.ModelInferRequest) -> dict[str, np.ndarray]:
         if any(d < 0 for d in t.shape):
             raise ValueError(f"input {t.name!r}: negative dimension in {list(t.shape)}")
         dtype = np.dtype(NUMPY[t.datatype])
-        count = int(np.prod(t.shape, dtype=np.int64))
+        count = math.prod(t.shape)  # Python ints: no overflow however large the shape claims to be
         if raw:
             if len(raw[i]) != count * dtype.itemsize:
                 raise ValueError(
@@ -173,7 +216,7 @@ class InferenceServicer(krpc.GRPCInferenceServiceServicer):
         m = pipeline.manifest
         return kpb.ModelMetadataResponse(
             name=m.plan_name,
-            versions=[model_version(self.state)],
+            versions=[model_version(pipeline)],
             platform=PLATFORM,
             inputs=[
                 kpb.ModelMetadataResponse.TensorMetadata(name=t.name, datatype=DATATYPES[t.dtype], shape=list(t.shape))
@@ -185,27 +228,38 @@ class InferenceServicer(krpc.GRPCInferenceServiceServicer):
             ],
         )
 
-    def _submit(self, request: kpb.ModelInferRequest, context) -> tuple[Pipeline, Future]:
-        pipeline = _resolve(self.state, request.model_name, request.model_version)
-        _check_outputs(request, pipeline)
-        return pipeline, pipeline.submit(decode_inputs(request), timeout=context.time_remaining())
-
     def ModelInfer(self, request, context):
         from agents.server import _abort, _wait
 
         try:
-            pipeline, future = self._submit(request, context)
+            pipeline = _resolve(self.state, request.model_name, request.model_version)
+            future = _submit(pipeline, request, context)
             outputs = _wait(pipeline, future, context)
         except Exception as exc:
             _abort(context, exc)
-        return encode_outputs(request, pipeline, model_version(self.state), outputs)
+        return encode_outputs(request, pipeline, model_version(pipeline), outputs)
 
     def ModelStreamInfer(self, request_iterator, context) -> Iterator[kpb.ModelStreamInferResponse]:
-        """Requests are fed while earlier ones run (the pipeline overlaps them); answers come back in
-        order, a failed one as ``error_message``, and the stream goes on."""
+        """The stream serves the pipeline running when it opens. Requests are fed while earlier ones
+        run (the pipeline overlaps them); answers come back in order, a failed one as
+        ``error_message``, and the stream goes on. When that pipeline stops or is replaced, the
+        answers of the requests taken are sent and the stream ends with FAILED_PRECONDITION, which
+        also ends its feed thread."""
         from agents.server import POLL_S, _abort, _wait
 
-        pending: deque[tuple[kpb.ModelInferRequest, Pipeline | None, Future | None, str]] = deque()
+        pipeline = self.state.pipeline
+        try:
+            if pipeline is None:
+                raise service.NotReady("no pipeline is running; deploy a plan to this board first")
+            if not pipeline.entry:
+                m = pipeline.manifest
+                raise service.NotReady(
+                    f"this agent runs host {m.host!r}'s part of a plan over {', '.join(m.hosts)}; "
+                    f"open the stream to the agent of the entry host {m.entry!r}"
+                )
+        except Exception as exc:
+            _abort(context, exc)
+        pending: deque[tuple[kpb.ModelInferRequest, Future | None, str]] = deque()
         cond = threading.Condition()
         done = [False]
 
@@ -213,30 +267,35 @@ class InferenceServicer(krpc.GRPCInferenceServiceServicer):
             try:
                 for req in request_iterator:
                     try:
-                        pipeline, fut = self._submit(req, context)
-                        item = (req, pipeline, fut, "")
-                    except (service.NotFound, service.NotReady, PipelineError, ValueError) as exc:
-                        item = (req, None, None, str(exc))
+                        _match(pipeline, req.model_name, req.model_version)
+                        item = (req, _submit(pipeline, req, context), "")
+                    except (service.NotFound, PipelineError, DeadlineExceeded, ValueError) as exc:
+                        item = (req, None, str(exc))
                     with cond:
                         pending.append(item)
                         cond.notify()
             except Exception as exc:  # the stream itself broke (cancelled, deadline)
                 with cond:
-                    pending.append((kpb.ModelInferRequest(), None, None, f"the request stream broke: {exc}"))
+                    pending.append((kpb.ModelInferRequest(), None, f"the request stream broke: {exc}"))
             finally:
                 with cond:
                     done[0] = True
                     cond.notify()
+                self.state.feeding(-1)
 
+        self.state.feeding(+1)
         threading.Thread(target=feed, name="pp-kserve-feed", daemon=True).start()
+        version = model_version(pipeline)
         while True:
             with cond:
-                while not pending and not done[0] and context.is_active():
+                while not pending and not done[0] and context.is_active() and not pipeline.stopping:
                     cond.wait(POLL_S)
+                if not pending and pipeline.stopping and not done[0]:  # ends the call, and so its feed
+                    _abort(context, PipelineError(_ended(self.state, pipeline)))
                 if not pending:
                     break
-                req, pipeline, fut, error = pending.popleft()
-            if fut is None or pipeline is None:
+                req, fut, error = pending.popleft()
+            if fut is None:
                 yield kpb.ModelStreamInferResponse(error_message=error)
                 continue
             try:
@@ -246,8 +305,26 @@ class InferenceServicer(krpc.GRPCInferenceServiceServicer):
                 continue
             except Exception as exc:
                 _abort(context, exc)
-            response = encode_outputs(req, pipeline, model_version(self.state), outputs)
-            yield kpb.ModelStreamInferResponse(infer_response=response)
+            yield kpb.ModelStreamInferResponse(infer_response=encode_outputs(req, pipeline, version, outputs))
+
+
+def _submit(pipeline: Pipeline, request: kpb.ModelInferRequest, context) -> Future:
+    _check_outputs(request, pipeline)
+    check_request(request, pipeline.manifest.inputs)
+    return pipeline.submit(decode_inputs(request), timeout=context.time_remaining())
+
+
+def _ended(state: service.AgentState, pipeline: Pipeline) -> str:
+    """Why a stream's pipeline no longer serves it, and what to do."""
+    now = state.pipeline
+    if now is None or now is pipeline:
+        return (
+            f"the pipeline this stream served ({model_version(pipeline)}) was stopped; open a new stream once one runs"
+        )
+    return (
+        f"the pipeline this stream served ({model_version(pipeline)}) was replaced by "
+        f"{now.manifest.plan_name!r} version {model_version(now)!r}; open a new stream to use it"
+    )
 
 
 def add_to_server(state: service.AgentState, server: grpc.Server) -> None:

@@ -175,12 +175,6 @@ class AgentServicer(rpc.AgentServicer):
     def __init__(self, state: service.AgentState, limits: CallLimits | None = None) -> None:
         self.state = state
         self.limits = limits
-        self._feeds = 0
-        self._feeds_lock = threading.Lock()
-
-    def _feeding(self, delta: int) -> None:
-        with self._feeds_lock:
-            self._feeds += delta
 
     def LoadBundle(self, request_iterator, context):
         try:
@@ -235,9 +229,9 @@ class AgentServicer(rpc.AgentServicer):
                 with cond:
                     done[0] = True
                     cond.notify()
-                self._feeding(-1)
+                self.state.feeding(-1)
 
-        self._feeding(+1)
+        self.state.feeding(+1)
         threading.Thread(target=feed, name="pp-stream-feed", daemon=True).start()
         while True:
             with cond:
@@ -298,8 +292,7 @@ class AgentServicer(rpc.AgentServicer):
         reply = service.status(self.state)
         if self.limits is not None:
             reply.calls.extend(self.limits.stats())
-        with self._feeds_lock:
-            reply.stream_feeds = self._feeds
+        reply.stream_feeds = self.state.stream_feeds
         return reply
 
     def Exchange(self, request_iterator, context):

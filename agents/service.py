@@ -91,12 +91,19 @@ class AgentState:
     generation: int = 0  # bumped by every StartPipeline/StopPipeline call: a resume in progress gives way
     # told of every pipeline once it started, before it takes frames (pipeline, resumed): metrics
     on_pipeline: Callable[[Pipeline, bool], None] | None = None
+    stream_feeds: int = 0  # threads reading frames from a stream's caller now (InferStream, ModelStreamInfer)
+    _feeds_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
         self.workdir = Path(self.workdir).resolve()
         (self.workdir / "bundles").mkdir(parents=True, exist_ok=True)
         self.clean_partial()
         self.boots = self._count_boot()
+
+    def feeding(self, delta: int) -> None:
+        """A stream's feed thread started (+1) or ended (-1)."""
+        with self._feeds_lock:
+            self.stream_feeds += delta
 
     def _count_boot(self) -> int:
         path = self.workdir / "boots"

@@ -4,7 +4,8 @@ The agent runs detached from the command (its own session), with its workdir, lo
 and port files under ``$PARAPIPE_HOME/local-agent/``; ``agent.json`` there records what was
 started. Deploying again reuses the running agent (restarting it only to turn metrics on or
 off); ``undeploy --board local`` stops exactly that agent (pid, start time and command line
-must all match) and removes the folder. Plans over several hosts need their hosts' boards.
+must all match) and removes the folder. A plan over several hosts is refused before it is compiled,
+saying how to plan for one host or run it over its hosts.
 """
 
 from __future__ import annotations
@@ -17,12 +18,16 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agents.client import AgentClient, AgentError
 from agents.server import process_start_time
 from models.files import atomic_write, locked
 from parapipe.home import parapipe_home
 from parapipe.local_agent import DeployError
+
+if TYPE_CHECKING:
+    from planner.plan import Plan
 
 STARTUP_S = 60.0
 STOP_S = 20.0
@@ -116,16 +121,44 @@ def _stop(record: dict) -> bool:
     return True
 
 
+def several_hosts(what: str, hosts: list[str] | tuple[str, ...], device: str, plan: str = "PLAN") -> str:
+    """Why a plan over several hosts is not deployed here, and what to do instead."""
+    from parapipe.reach import LOCAL_BOARDS
+
+    single = " or ".join(f"--device {b}" for b in LOCAL_BOARDS if b != "local-edge-cloud")
+    pairs = " ".join(f"--board {h}=BOARD" for h in hosts)
+    return (
+        f"{what} runs over hosts {', '.join(hosts)}; a deploy to this machine serves a plan of one host. "
+        f"To serve the model here, plan it for one host ({single}) and deploy that plan. To run this plan over "
+        f"its hosts, give each host its own agent: on this machine `parapipe run {plan} --board {device}`, "
+        f"on boards `parapipe run {plan} {pairs}` (measured, then stopped)"
+    )
+
+
+def check_one_host(plan: Plan, path: Path) -> None:
+    """Refuse (DeployError, before anything is compiled) a plan whose units sit on several hosts."""
+    from device_profiles.loader import load_profile
+    from planner.unitname import UnitName
+
+    profile = load_profile(plan.device)
+    hosts: list[str] = []
+    for stage in plan.stages:
+        for pu in stage.pus():
+            for part in UnitName(pu).parts:
+                host = profile.pu(part).host
+                if host not in hosts:
+                    hosts.append(host)
+    if len(hosts) > 1:
+        raise DeployError(several_hosts(f"plan {plan.name or path.stem!r}", hosts, plan.device, str(path)))
+
+
 def deploy_local(bundle: Path, metrics: bool = False) -> LocalDeployment:
     """Serve ``bundle`` (one host's) from the local agent, starting it if needed."""
     from agents.bundle import MANIFEST, parse_manifest
 
     manifest = parse_manifest((Path(bundle) / MANIFEST).read_text())
     if manifest.hosts:
-        raise DeployError(
-            f"this plan runs over hosts {', '.join(manifest.hosts)}; `deploy --board local` serves plans for one "
-            "host: plan for `local` (or `local-biglittle`), or deploy each host's part to its board"
-        )
+        raise DeployError(several_hosts(f"bundle {manifest.plan_name!r}", manifest.hosts, manifest.device))
     with locked(_record_path()):
         record = _read_record()
         started = False
@@ -173,4 +206,4 @@ def local_deployment() -> dict | None:
     return record if record is not None and _ours(record) else None
 
 
-__all__ = ["LocalDeployment", "deploy_local", "local_deployment", "undeploy_local"]
+__all__ = ["LocalDeployment", "check_one_host", "deploy_local", "local_deployment", "undeploy_local"]

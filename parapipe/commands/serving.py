@@ -13,7 +13,7 @@ from parapipe.local_agent import DeployError
 
 
 def deploy_here(plan: Path, board: str, model: Path | None, metrics: bool, as_json: bool) -> None:
-    from parapipe.local_deploy import deploy_local
+    from parapipe.local_deploy import check_one_host, deploy_local
     from parapipe.reach import LOCAL_BOARDS
     from parapipe.run import build_bundle, resolve_model
     from planner.plan import load_plan
@@ -24,6 +24,7 @@ def deploy_here(plan: Path, board: str, model: Path | None, metrics: bool, as_js
             f"{plan} was planned for {the_plan.device}, not this machine; plan with --device local "
             f"(or {', '.join(sorted(b for b in LOCAL_BOARDS if b != 'local'))}) to deploy it to --board {board}"
         )
+    check_one_host(the_plan, plan)
     with err.status(f"deploying {the_plan.name or plan.stem} to this machine"):
         folder, _ = build_bundle(the_plan, resolve_model(the_plan, model))
         result = deploy_local(folder, metrics)

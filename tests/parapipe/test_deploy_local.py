@@ -15,9 +15,7 @@ import parapipe
 from parapipe.application import InferenceError
 from tests.support.cli import PARAPIPE
 from tests.support.packages import folders_for, python_path
-from tests.support.serving import ROWS, write_model
-
-pytestmark = pytest.mark.agent
+from tests.support.serving import ROWS, write_model, write_two_host_plan
 
 
 def _cli(work: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
@@ -30,6 +28,7 @@ def _json(work: Path, env: dict[str, str], *args: str) -> dict:
     return json.loads(done.stdout)
 
 
+@pytest.mark.agent
 def test_deploy_to_this_machine_serves_until_undeploy(tmp_path: Path) -> None:
     work = tmp_path / "work"
     work.mkdir()
@@ -77,3 +76,21 @@ def test_deploy_to_this_machine_serves_until_undeploy(tmp_path: Path) -> None:
     with pytest.raises(InferenceError, match="no agent answers"):
         parapipe.connect(address, timeout=2)
     assert _cli(work, env, "undeploy", "--board", "local").returncode == 0  # nothing left: nothing to do
+
+
+def test_a_plan_over_several_hosts_is_refused_saying_what_to_do(tmp_path: Path) -> None:
+    """Exit 2 before anything is compiled or started, naming the hosts and the commands that work."""
+    home = tmp_path / "home"
+    env = {**os.environ, "PARAPIPE_HOME": str(home)}
+    plan = write_two_host_plan(tmp_path)
+    for board in ("local", "local-edge-cloud"):
+        for extra in ((), ("--json",), ("--metrics",)):
+            refused = _cli(tmp_path, env, "deploy", str(plan), "--board", board, *extra)
+            message = " ".join(refused.stderr.split())  # the console wraps long lines
+            assert refused.returncode == 2, refused.stdout + refused.stderr
+            assert "Traceback" not in refused.stderr and not refused.stdout
+            assert "'edge-then-cloud' runs over hosts edge, cloud" in message, message
+            assert "plan it for one host (--device local or --device local-biglittle)" in message, message
+            assert f"parapipe run {plan} --board local-edge-cloud" in message, message
+            assert f"parapipe run {plan} --board edge=BOARD --board cloud=BOARD" in message, message
+    assert not (home / "bundles").exists() and not (home / "local-agent").exists()  # nothing compiled or started

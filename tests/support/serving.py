@@ -133,15 +133,31 @@ def compile_served(folder: Path, two_hosts: bool) -> Served:
     return Served({"": write_bundle(compiled, folder / "bundle")}, "", plan.name, model, compiled.manifest.inputs)
 
 
+def write_two_host_plan(folder: Path) -> Path:
+    """The model's plan over the ``local-edge-cloud`` profile's two hosts, as a plan file naming its model."""
+    model = write_model(folder / "serving.onnx")
+    loaded = load_onnx(model)
+    blocks = coarsen(build_graph(loaded.proto, loaded.sha256, "serving"), "coarse")
+    plan = flop_pipeline(blocks, load_profile("local-edge-cloud"), [("edge", 1), ("cloud", 1)], name="edge-then-cloud")
+    path = folder / "edge-then-cloud.json"
+    path.write_text(json.dumps(dict(plan.to_json(), model_path=str(model))))
+    return path
+
+
 def start_served(stack: ExitStack, served: Served, **agent_args) -> LocalAgent:
     """Agents for every host of the plan, started (the entry host last); returns the entry host's."""
+    return start_hosts(stack, served, **agent_args)[served.entry]
+
+
+def start_hosts(stack: ExitStack, served: Served, **agent_args) -> dict[str, LocalAgent]:
+    """Agents for every host of the plan ("" for one host), started, the entry host last."""
     agents = {h: stack.enter_context(LocalAgent(**agent_args)) for h in served.parts}
     for h, part in served.parts.items():
         agents[h].client.load_bundle(part)
     for h in sorted(served.parts, key=lambda h: h == served.entry):
         peers = [Peer(o, f"127.0.0.1:{agents[o].port}") for o in served.parts if o != h]
         agents[h].client.start(parse_manifest((served.parts[h] / "manifest.json").read_text()).sha256(), peers=peers)
-    return agents[served.entry]
+    return agents
 
 
 def run_client(script: str, folder: Path, *extra: Path, **values: object) -> dict:
