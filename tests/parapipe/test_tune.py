@@ -168,6 +168,7 @@ def test_a_calibration_that_predicts_the_measured_plans_worse_is_reverted(tuned,
     costs = _fresh(tuned, tmp_path)
     table = CostTable.load(costs)
     before = {e.key: e for e in table}
+    learnt_before = dict(table.calibration)
     plan, real = tuned["last"][0]
     corrupt = dataclasses.replace(
         real,
@@ -178,6 +179,7 @@ def test_a_calibration_that_predicts_the_measured_plans_worse_is_reverted(tuned,
     calibration, handoff, power = recalibrate(table, [(plan, corrupt)], [(plan, real)], graph, profile, ort.__version__)
     assert not calibration.kept and calibration.rmspe_after > calibration.rmspe_before
     assert {e.key: e for e in table} == before, "the previous table's entries are back, nothing added"
+    assert table.calibration == learnt_before, "and its calibration values"
     assert handoff is None and power is None
     assert table_errors(table, [(plan, real)], graph, profile)[2] == pytest.approx(calibration.rmspe_before)
 
@@ -232,7 +234,12 @@ def test_measured_energy_rescales_the_power_model(exported, tmp_path, monkeypatc
     assert first.stop == "rounds" and first.calibration is not None and first.calibration.kept
     assert first.power_scale is not None and max(first.power_scale) > 1.5
     table = CostTable.load(costs)
-    assert {e.name for e in table if e.kind == "power"} == {"active-scale", "idle-scale"}
+    learnt = {r.kind: r for r in table.learnt(board="local")}
+    assert {"power-active-scale", "power-idle-scale"} <= set(learnt) and all(
+        r.unit == "x" for r in learnt.values() if r.kind != "handoff"
+    )
+    assert (learnt["power-active-scale"].value, learnt["power-idle-scale"].value) == pytest.approx(first.power_scale)
+    assert all(e.kind in ("op", "block", "partition") for e in table), "no placeholder timing entries"
     # The kept table predicts the energy the sensor measured for the plan it learnt from.
     from planner.build import evaluate
     from planner.costmodel import CostModel
