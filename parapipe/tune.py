@@ -423,27 +423,34 @@ def noise_verdict(noise: Noise, target: float) -> tuple[float, bool, str]:
     )
 
 
+@dataclass(frozen=True)
+class TuneOptions:
+    """How the loop runs: the CLI's --objective, --rounds, --target-error, --time-limit, --frames, --max-frames."""
+
+    objective: str = "pareto"  # pareto, latency, throughput or energy
+    rounds: int = 3
+    target_error: float = 5.0  # stop when the RMSPE (%) is at most this
+    time_limit: float = 2.0  # seconds per ILP solve
+    frames: int = 30  # frames per measured plan (doubled while the noise is large)
+    max_frames: int | None = None  # the cap --frames may grow to (default 8x frames)
+    noise_runs: int = 2  # how many times the first plan of round 1 is measured to take the noise
+
+
 def tune(
     model: Path,
     board: str,
     costs: Path,
-    objective: str = "pareto",
-    rounds: int = 3,
-    target_error: float = 5.0,
-    time_limit: float = 2.0,
-    frames: int = 30,
+    options: TuneOptions = TuneOptions(),
     progress: Callable[[str], None] | None = None,
     input_shape: list[str] | None = None,
     input_data: Path | None = None,
-    max_frames: int | None = None,
-    noise_runs: int = 2,
 ) -> tuple[list[Round], list[tuple[Plan, RunResult]]]:
-    """Rounds of plan -> run -> recalibrate; see the module docstring. ``max_frames``: the cap --frames
-    may grow to while the noise is above a third of the target (default 8x ``frames``); ``noise_runs``:
-    how many times the first plan of round 1 is measured to take the noise."""
+    """Rounds of plan -> run -> recalibrate; see the module docstring and ``TuneOptions``."""
     import onnxruntime as ort
 
     say = progress or (lambda _msg: None)
+    objective, rounds, target_error, frames = options.objective, options.rounds, options.target_error, options.frames
+    search = SearchOptions(time_limit=options.time_limit)
     loaded: LoadedModel = open_model(model, input_shape, input_data)
     graph = build_graph(loaded.proto, loaded.sha256, model.stem)
     profile = load_profile(board_device(board))
@@ -452,7 +459,7 @@ def tune(
         say(f"profiling on {board}")
         profile_on_board(loaded, graph, board, table, costs)
     blocks = coarsen(graph, "coarse")
-    cap = max(frames, max_frames if max_frames is not None else frames * MAX_FRAMES_FACTOR)
+    cap = max(frames, options.max_frames if options.max_frames is not None else frames * MAX_FRAMES_FACTOR)
     history: list[Round] = []
     last: list[tuple[Plan, RunResult]] = []
     measured: list[tuple[Plan, RunResult]] = []  # every plan measured so far, for the kept-calibration rule
@@ -461,14 +468,16 @@ def tune(
         cost = CostModel.from_table(profile, graph, table)
         say(f"round {r + 1}: planning")
         if objective == "pareto":
-            plans = pareto_set(blocks, graph, cost, SearchOptions(time_limit=time_limit))
+            plans = pareto_set(blocks, graph, cost, search)
         else:
-            plans = [best_plan(blocks, graph, cost, objective, SearchOptions(time_limit=time_limit))]
+            plans = [best_plan(blocks, graph, cost, objective, search)]
         last = []
         for i, plan in enumerate(plans):
             plan = dataclasses.replace(plan, model_path=str(model.resolve()), inputs=loaded.inputs)
             if noise is None:
-                noise, result = measure_noise(plan, board, frames, cap, target_error, noise_runs, input_data, say)
+                noise, result = measure_noise(
+                    plan, board, frames, cap, target_error, options.noise_runs, input_data, say
+                )
                 frames = noise.frames
             else:
                 say(f"round {r + 1}: running plan {i + 1}/{len(plans)} on {board} ({frames} frames)")

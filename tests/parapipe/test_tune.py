@@ -18,6 +18,7 @@ from parapipe.records import Figures, PartitionMeasurement
 from parapipe.tune import (
     NOISE_MARGIN,
     Noise,
+    TuneOptions,
     feed_back,
     merge_runs,
     noise_verdict,
@@ -83,9 +84,8 @@ def tuned(exported, tmp_path_factory):
     os.environ["PARAPIPE_HOME"] = str(home)
     try:
         costs = home / "costs.json"
-        history, last = tune(
-            exported(MODEL).path, "local", costs, "throughput", rounds=1, target_error=1e6, time_limit=1, frames=8
-        )
+        options = TuneOptions("throughput", rounds=1, target_error=1e6, time_limit=1, frames=8)
+        history, last = tune(exported(MODEL).path, "local", costs, options)
     finally:
         if old is None:
             del os.environ["PARAPIPE_HOME"]
@@ -225,9 +225,8 @@ def test_measured_energy_rescales_the_power_model(exported, tmp_path, monkeypatc
     monkeypatch.setenv("PARAPIPE_HWMON_ROOT", str(tmp_path / "hwmon"))
     monkeypatch.setenv("PARAPIPE_HOME", str(tmp_path))
     costs = tmp_path / "costs.json"
-    history, last = tune(
-        exported(MODEL).path, "local", costs, "throughput", rounds=1, target_error=0.0, time_limit=1, frames=8
-    )
+    options = TuneOptions("throughput", rounds=1, target_error=0.0, time_limit=1, frames=8)
+    history, last = tune(exported(MODEL).path, "local", costs, options)
     assert all(r.energy_source == "measured" for _, r in last)
     (first,) = history
     assert first.rmspe_energy is not None and first.rmspe_energy > 50  # the estimates are far off (predicted ~2% of it)
