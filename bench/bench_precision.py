@@ -60,7 +60,7 @@ from models.precision import (
 )
 from profiler.measure import time_model
 from profiler.session import pu_configs
-from profiler.variants import saved_ms, time_variants
+from profiler.variants import VariantOptions, saved_ms, time_variants
 
 CORPUS = Path.home() / ".cache" / "parapipe-corpus" / "models"
 IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], np.float32).reshape(3, 1, 1)
@@ -217,7 +217,7 @@ def run_case(
         # Alone, a unit pays its own Q/DQ that int8 neighbours would share, so B is only a candidate.
         profile = load_profile("local")
         cfg = pu_configs(profile)[-1]
-        unit_times = time_variants(model, groups, cal[:2], profile, [cfg], ("fp32", "int8"), repeats=20)
+        unit_times = time_variants(model, groups, cal[:2], profile, [cfg], VariantOptions(("fp32", "int8"), repeats=20))
         saved = saved_ms(unit_times)
         slower = [g for g in groups if saved.get(g, 0.0) <= 0]
         gains = {g: max(saved.get(g, 0.0), 1e-6) for g in groups}

@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from parapipe.tune import NOISE_MARGIN, Round, tune
+from parapipe.tune import NOISE_MARGIN, Round, TuneOptions, tune
 
 
 def no_worse(history: list[Round], tolerance: float) -> bool:
@@ -60,9 +60,8 @@ def main() -> None:
             path = args.zoo_dir / f"{name}.onnx"
             if not path.exists():
                 export_model(name, path)
-            history, _ = tune(
-                path, board, costs, "pareto", args.rounds, args.target, 2.0, args.frames, max_frames=args.max_frames
-            )
+            options = TuneOptions("pareto", args.rounds, args.target, 2.0, args.frames, args.max_frames)
+            history, _ = tune(path, board, costs, options)
             for h in history:
                 c = h.calibration
                 cal = (

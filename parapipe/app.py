@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import inspect
 import json
 import sys
+import typing
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -47,6 +50,44 @@ DataOpt = Annotated[
         help="Sample inputs, an .npz with one array per model input (numpy.savez); fixes their shapes and values.",
     ),
 ]
+
+
+def option_groups(**groups: type) -> Callable[[F], F]:
+    """Let a command take options that travel together as one frozen dataclass.
+
+    ``@option_groups(search=SearchFlags)`` on ``def plan(model, search: SearchFlags, ...)``: every field of
+    ``SearchFlags`` (each ``Annotated[T, typer.Option(...)]`` with its default) becomes an option of the
+    command in the parameter's place, and the command receives one ``SearchFlags`` made of them. Typer reads
+    the signature this returns, so ``--help`` lists the options as if they were written one by one."""
+
+    def decorate(fn: F) -> F:
+        hints = typing.get_type_hints(fn, include_extras=True)
+        params: list[inspect.Parameter] = []
+        for p in inspect.signature(fn).parameters.values():
+            if p.name not in groups:
+                params.append(p.replace(annotation=hints[p.name], kind=inspect.Parameter.KEYWORD_ONLY))
+                continue
+            flag_hints = typing.get_type_hints(groups[p.name], include_extras=True)
+            for f in dataclasses.fields(groups[p.name]):
+                default = inspect.Parameter.empty if f.default is dataclasses.MISSING else f.default
+                params.append(
+                    inspect.Parameter(
+                        f.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=flag_hints[f.name]
+                    )
+                )
+
+        @functools.wraps(fn)
+        def wrapper(**kwargs: Any) -> Any:
+            for name, cls in groups.items():
+                kwargs[name] = cls(**{f.name: kwargs.pop(f.name) for f in dataclasses.fields(cls)})
+            return fn(**kwargs)
+
+        del wrapper.__wrapped__  # type: ignore[attr-defined]
+        wrapper.__signature__ = inspect.Signature(params, return_annotation=None)  # type: ignore[attr-defined]
+        wrapper.__annotations__ = {p.name: p.annotation for p in params} | {"return": None}
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
 
 
 def fails_cleanly(fn: F) -> F:

@@ -42,7 +42,7 @@ from planner.costmodel import CostModel
 from planner.plan import Plan
 from planner.search import SearchOptions, best_plan, pareto_set
 from planner.segments import lower
-from profiler.costtable import Conditions, CostEntry, CostTable, entry_key
+from profiler.costtable import EVERY_UNIT, CalibrationRecord, Conditions, CostEntry, CostTable, entry_key
 
 NOISE_FRACTION = 1 / 3  # a measurement's noise is "well below" the target at a third of it or less
 NOISE_MARGIN = 1.5  # errors within 1.5x the measured noise cannot be told from noise
@@ -181,6 +181,11 @@ def feed_back(
     return added
 
 
+def _board_wide(profile: DeviceProfile, ort_version: str) -> Conditions:
+    """The conditions of a value learnt for the whole board (every PU, every core count)."""
+    return Conditions(profile.name, EVERY_UNIT, 0, 0, "", ort_version, "all", None)
+
+
 HANDOFF_GRID_MS = (0.0, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0)
 
 
@@ -196,7 +201,7 @@ def fit_handoff(
     With the partitions' measured times in the table, what is left between predicted and
     measured latency is mostly the cost of waking a worker on another PU (on a throttled
     core: of waiting for its quota). The value on ``HANDOFF_GRID_MS`` with the least RMSPE
-    over this round's plans becomes a ``handoff`` entry of the cost table. None when no plan
+    over this round's plans becomes the cost table's ``handoff`` calibration value. None when no plan
     hands tensors between PUs.
     """
     from planner.build import evaluate
@@ -217,23 +222,8 @@ def fit_handoff(
             best = (h, err)
     if best is None or not varies:
         return None
-    cond = Conditions(profile.name, "*", 0, 0, "", ort_version, "all", None)
-    table.add(
-        CostEntry(
-            key=entry_key(graph.model_sha256, "handoff", (), cond),
-            kind="handoff",
-            model_sha256=graph.model_sha256,
-            name="handoff",
-            members=(),
-            conditions=cond,
-            median_ms=best[0],
-            mean_ms=best[0],
-            p10_ms=best[0],
-            p90_ms=best[0],
-            repeats=len(runs),
-            energy_source="none",
-            measured_at=time.time(),
-        )
+    table.learn(
+        CalibrationRecord.learnt(graph.model_sha256, "handoff", best[0], _board_wide(profile, ort_version), len(runs))
     )
     return best[0]
 
@@ -276,26 +266,9 @@ def fit_power(
             a, b = (0.0, only_idle) if a < 0 else (only_busy, 0.0)
     else:
         a = b = float(np.median(y / a_mat.sum(axis=1)))
-    cond = Conditions(profile.name, "*", 0, 0, "", ort_version, "all", None)
-    for name, value in (("active-scale", float(a)), ("idle-scale", float(b))):
-        table.add(
-            CostEntry(
-                key=entry_key(graph.model_sha256, "power", (name,), cond),
-                kind="power",
-                model_sha256=graph.model_sha256,
-                name=name,
-                members=(),
-                conditions=cond,
-                median_ms=0.0,
-                mean_ms=0.0,
-                p10_ms=0.0,
-                p90_ms=0.0,
-                repeats=len(measured),
-                energy_source="measured",
-                measured_at=time.time(),
-                value=value,
-            )
-        )
+    cond = _board_wide(profile, ort_version)
+    table.learn(CalibrationRecord.learnt(graph.model_sha256, "power-active-scale", float(a), cond, len(measured)))
+    table.learn(CalibrationRecord.learnt(graph.model_sha256, "power-idle-scale", float(b), cond, len(measured)))
     return (float(a), float(b))
 
 
@@ -373,15 +346,29 @@ def table_errors(
     return rmspe(lat), rmspe(thr), rmspe(every)
 
 
-def _entries_of(table: CostTable, model_sha256: str, board: str) -> dict[str, CostEntry]:
-    return {e.key: e for e in table.select(model_sha256=model_sha256, board=board)}
+@dataclass(frozen=True)
+class _Snapshot:
+    """A model's and board's entries and calibration values in a table, to put back."""
 
+    entries: dict[str, CostEntry]
+    learnt: dict[str, CalibrationRecord]
 
-def _restore(table: CostTable, model_sha256: str, board: str, previous: dict[str, CostEntry]) -> None:
-    """Put back exactly ``previous`` as the table's entries for this model and board."""
-    for key in list(_entries_of(table, model_sha256, board)):
-        del table.entries[key]
-    table.entries.update(previous)
+    @staticmethod
+    def of(table: CostTable, model_sha256: str, board: str) -> _Snapshot:
+        return _Snapshot(
+            {e.key: e for e in table.select(model_sha256=model_sha256, board=board, precision=None)},
+            {r.key: r for r in table.learnt(model_sha256=model_sha256, board=board)},
+        )
+
+    def restore(self, table: CostTable, model_sha256: str, board: str) -> None:
+        """Put back exactly this snapshot as the table's entries and calibration values for this model and board."""
+        now = _Snapshot.of(table, model_sha256, board)
+        for key in now.entries:
+            del table.entries[key]
+        for key in now.learnt:
+            del table.calibration[key]
+        table.entries.update(self.entries)
+        table.calibration.update(self.learnt)
 
 
 def recalibrate(
@@ -397,7 +384,7 @@ def recalibrate(
     Returns the verdict and the handoff and power scales learnt (None where reverted or nothing learnt).
     The table is changed in memory only; the caller saves it.
     """
-    previous = _entries_of(table, graph.model_sha256, profile.name)
+    previous = _Snapshot.of(table, graph.model_sha256, profile.name)
     before = table_errors(table, measured, graph, profile)[2]
     for plan, res in runs:
         feed_back(table, plan, res, graph, profile, ort_version)
@@ -406,7 +393,7 @@ def recalibrate(
     after = table_errors(table, measured, graph, profile)[2]
     kept = after < before
     if not kept:
-        _restore(table, graph.model_sha256, profile.name, previous)
+        previous.restore(table, graph.model_sha256, profile.name)
         handoff = power = None
     return Recalibration(kept, before, after, len(measured)), handoff, power
 
@@ -436,27 +423,34 @@ def noise_verdict(noise: Noise, target: float) -> tuple[float, bool, str]:
     )
 
 
+@dataclass(frozen=True)
+class TuneOptions:
+    """How the loop runs: the CLI's --objective, --rounds, --target-error, --time-limit, --frames, --max-frames."""
+
+    objective: str = "pareto"  # pareto, latency, throughput or energy
+    rounds: int = 3
+    target_error: float = 5.0  # stop when the RMSPE (%) is at most this
+    time_limit: float = 2.0  # seconds per ILP solve
+    frames: int = 30  # frames per measured plan (doubled while the noise is large)
+    max_frames: int | None = None  # the cap --frames may grow to (default 8x frames)
+    noise_runs: int = 2  # how many times the first plan of round 1 is measured to take the noise
+
+
 def tune(
     model: Path,
     board: str,
     costs: Path,
-    objective: str = "pareto",
-    rounds: int = 3,
-    target_error: float = 5.0,
-    time_limit: float = 2.0,
-    frames: int = 30,
+    options: TuneOptions = TuneOptions(),
     progress: Callable[[str], None] | None = None,
     input_shape: list[str] | None = None,
     input_data: Path | None = None,
-    max_frames: int | None = None,
-    noise_runs: int = 2,
 ) -> tuple[list[Round], list[tuple[Plan, RunResult]]]:
-    """Rounds of plan -> run -> recalibrate; see the module docstring. ``max_frames``: the cap --frames
-    may grow to while the noise is above a third of the target (default 8x ``frames``); ``noise_runs``:
-    how many times the first plan of round 1 is measured to take the noise."""
+    """Rounds of plan -> run -> recalibrate; see the module docstring and ``TuneOptions``."""
     import onnxruntime as ort
 
     say = progress or (lambda _msg: None)
+    objective, rounds, target_error, frames = options.objective, options.rounds, options.target_error, options.frames
+    search = SearchOptions(time_limit=options.time_limit)
     loaded: LoadedModel = open_model(model, input_shape, input_data)
     graph = build_graph(loaded.proto, loaded.sha256, model.stem)
     profile = load_profile(board_device(board))
@@ -465,7 +459,7 @@ def tune(
         say(f"profiling on {board}")
         profile_on_board(loaded, graph, board, table, costs)
     blocks = coarsen(graph, "coarse")
-    cap = max(frames, max_frames if max_frames is not None else frames * MAX_FRAMES_FACTOR)
+    cap = max(frames, options.max_frames if options.max_frames is not None else frames * MAX_FRAMES_FACTOR)
     history: list[Round] = []
     last: list[tuple[Plan, RunResult]] = []
     measured: list[tuple[Plan, RunResult]] = []  # every plan measured so far, for the kept-calibration rule
@@ -474,14 +468,16 @@ def tune(
         cost = CostModel.from_table(profile, graph, table)
         say(f"round {r + 1}: planning")
         if objective == "pareto":
-            plans = pareto_set(blocks, graph, cost, SearchOptions(time_limit=time_limit))
+            plans = pareto_set(blocks, graph, cost, search)
         else:
-            plans = [best_plan(blocks, graph, cost, objective, SearchOptions(time_limit=time_limit))]
+            plans = [best_plan(blocks, graph, cost, objective, search)]
         last = []
         for i, plan in enumerate(plans):
             plan = dataclasses.replace(plan, model_path=str(model.resolve()), inputs=loaded.inputs)
             if noise is None:
-                noise, result = measure_noise(plan, board, frames, cap, target_error, noise_runs, input_data, say)
+                noise, result = measure_noise(
+                    plan, board, frames, cap, target_error, options.noise_runs, input_data, say
+                )
                 frames = noise.frames
             else:
                 say(f"round {r + 1}: running plan {i + 1}/{len(plans)} on {board} ({frames} frames)")

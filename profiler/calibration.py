@@ -25,7 +25,7 @@ from types import MappingProxyType
 
 import numpy as np
 
-from profiler.costtable import CostEntry, CostTable
+from profiler.costtable import EVERY_UNIT, CalibrationRecord, CostEntry, CostTable
 from profiler.roofline import Roofline
 
 Config = tuple[str, int]  # (PU name, cores)
@@ -126,15 +126,22 @@ class Calibration:
         return fit.alpha * units + fit.beta_ms if fit.partitions_fitted else units
 
 
-def _measured(model_sha256: str, board: str, entries: Iterable[CostEntry], holdout: frozenset[str]) -> Calibration:
-    """The table's entries for one model and board sorted into a calibration, nothing fitted yet.
+def _measured(
+    model_sha256: str,
+    board: str,
+    entries: Iterable[CostEntry],
+    learnt: Iterable[CalibrationRecord],
+    holdout: frozenset[str],
+) -> Calibration:
+    """The table's entries and calibration values for one model and board sorted into a calibration, nothing
+    fitted yet.
 
-    Where entries fill one place (a block and a partition of the same nodes, a handoff, a power scale), the
-    latest measurement wins, whatever order the table holds them in (in memory: as measured; loaded: by key)."""
+    Where entries fill one place (a block and a partition of the same nodes), and where calibration values
+    do (a handoff, a power scale), the latest measurement wins, whatever order the table holds them in
+    (in memory: as measured; loaded: by key)."""
     ops: dict[tuple[Config, str], float] = {}
     fused: dict[tuple[Config, frozenset[str]], CostEntry] = {}
     partitions: dict[Config, list[CostEntry]] = {}
-    latest: dict[tuple[str, str], CostEntry] = {}  # (kind, name) -> the latest handoff / power entry
     for e in sorted(entries, key=lambda e: e.measured_at):  # stable: equal times keep the table's order
         cfg = e.config
         if e.kind == "op":
@@ -145,14 +152,7 @@ def _measured(model_sha256: str, board: str, entries: Iterable[CostEntry], holdo
             if e.name not in holdout:
                 fused[(cfg, frozenset(e.members))] = e
             partitions.setdefault(cfg, []).append(e)
-        elif e.kind == "handoff" or (e.kind == "power" and e.value is not None):
-            latest[(e.kind, "handoff" if e.kind == "handoff" else e.name)] = e
-
-    def scale(name: str) -> float:
-        e = latest.get(("power", name))
-        return e.value if e is not None and e.value is not None else 1.0
-
-    handoff = latest.get(("handoff", "handoff"))
+    latest = {r.kind: r.value for r in sorted(learnt, key=lambda r: r.measured_at) if r.applies_to == EVERY_UNIT}
     return Calibration(
         model_sha256,
         board,
@@ -160,9 +160,9 @@ def _measured(model_sha256: str, board: str, entries: Iterable[CostEntry], holdo
         fused=fused,
         partitions={cfg: tuple(es) for cfg, es in partitions.items()},
         blocks=tuple(frozenset(e.members) for e in fused.values() if e.kind == "block"),
-        handoff_ms=handoff.mean_ms if handoff is not None else 0.0,
-        power_active_scale=scale("active-scale"),
-        power_idle_scale=scale("idle-scale"),
+        handoff_ms=latest.get("handoff", 0.0),
+        power_active_scale=latest.get("power-active-scale", 1.0),
+        power_idle_scale=latest.get("power-idle-scale", 1.0),
         holdout=holdout,
     )
 
@@ -222,7 +222,8 @@ def calibrate(roofline: Roofline, table: CostTable | None, holdout: Iterable[str
         raise ValueError("calibration needs the operator-level graph")
     held = frozenset(holdout)
     entries = table.select(model_sha256=graph.model_sha256, board=board) if table else []
-    measured = _measured(graph.model_sha256, board, entries, held)
+    learnt = table.learnt(model_sha256=graph.model_sha256, board=board) if table else []
+    measured = _measured(graph.model_sha256, board, entries, learnt, held)
     configs = sorted({c for c, _ in measured.ops} | {c for c, _ in measured.fused})
     # Alpha and beta of a configuration are fitted on unit sums made with its unit fit (and no other's).
     units = dataclasses.replace(measured, fits={cfg: _unit_fit(measured, roofline, cfg) for cfg in configs})

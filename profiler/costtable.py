@@ -4,6 +4,12 @@ Each entry is keyed by a content hash of (model, block members, PU config, ORT
 version, execution provider, board), so a repeated profiling run finds what is
 already there and measures nothing twice. Saving merges with what is on disk under
 a file lock and writes through a temporary file and a rename.
+
+Times are ``CostEntry`` records (an operator, a fused block, a partition). What ``parapipe tune``
+learns that is not a time of a group of nodes (the handoff delay between PUs, the scales of the
+profile's busy and idle power) is a ``CalibrationRecord`` in the table's own ``calibration`` list.
+Tables of version 1 held those as ``handoff`` and ``power`` entries; they are moved to that list
+when such a table is read.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
@@ -26,8 +32,15 @@ from models.schema import first_problem, load_record, record_schema
 if TYPE_CHECKING:
     from profiler.measure import Timing
 
-TABLE_VERSION = 1
-KINDS = ("op", "block", "partition")
+TABLE_VERSION = 2
+READS_VERSIONS = (1, 2)  # version 1: calibration values were entries of kind handoff / power
+EntryKind = Literal["op", "block", "partition"]
+KINDS: tuple[EntryKind, ...] = ("op", "block", "partition")
+# What tune learns besides times: the delay of handing a tensor to a worker on another PU of a host
+# (ms), and the factors on the profile's busy and idle power (dimensionless).
+CalibrationKind = Literal["handoff", "power-active-scale", "power-idle-scale"]
+CALIBRATION_UNITS: dict[str, str] = {"handoff": "ms", "power-active-scale": "x", "power-idle-scale": "x"}
+EVERY_UNIT = "*"  # a calibration value learnt for every PU and link of the board
 
 
 class CostTableError(ParapipeError):
@@ -59,7 +72,7 @@ def _conditions_json(cond: Conditions) -> dict[str, object]:
 @dataclass(frozen=True)
 class CostEntry:
     key: str
-    kind: str  # op | block | partition, or a calibration: handoff (ms) | power (value)
+    kind: EntryKind
     model_sha256: str
     name: str  # op or block name, or a partition label
     members: tuple[str, ...]  # ONNX node names
@@ -73,11 +86,17 @@ class CostEntry:
     energy_source: str = "modelled"  # measured | modelled
     flops: int = 0
     measured_at: float = 0.0
-    value: float | None = None  # calibration values that are not times (kind "power": a scale factor)
 
     @classmethod
     def from_timing(
-        cls, model_sha256: str, kind: str, name: str, members: tuple[str, ...], cond: Conditions, t: Timing, flops: int
+        cls,
+        model_sha256: str,
+        kind: EntryKind,
+        name: str,
+        members: tuple[str, ...],
+        cond: Conditions,
+        t: Timing,
+        flops: int,
     ) -> CostEntry:
         """A measured entry: the timing's figures, keyed by model, kind, members and conditions."""
         return cls(
@@ -103,14 +122,63 @@ class CostEntry:
         return (self.conditions.pu, self.conditions.cores)
 
 
+@dataclass(frozen=True)
+class CalibrationRecord:
+    """One value ``parapipe tune`` learnt for a model on a board that is not a time of some nodes."""
+
+    key: str
+    kind: CalibrationKind
+    model_sha256: str
+    applies_to: str  # the PU or link it was learnt for; EVERY_UNIT: all of the board's
+    value: float  # in ``unit``
+    conditions: Conditions
+    runs: int  # measured plans it was learnt from
+    measured_at: float
+
+    @classmethod
+    def learnt(
+        cls,
+        model_sha256: str,
+        kind: CalibrationKind,
+        value: float,
+        cond: Conditions,
+        runs: int,
+        applies_to: str = EVERY_UNIT,
+    ) -> CalibrationRecord:
+        """A value learnt now, keyed by model, kind, what it applies to and conditions."""
+        return cls(
+            calibration_key(model_sha256, kind, applies_to, cond),
+            kind,
+            model_sha256,
+            applies_to,
+            value,
+            cond,
+            runs,
+            time.time(),
+        )
+
+    @property
+    def unit(self) -> str:
+        return CALIBRATION_UNITS[self.kind]
+
+
 @functools.cache
-def _table_schema() -> type[BaseModel]:
-    """A cost table file: its version and its entries, each a ``CostEntry`` with its ``Conditions``."""
+def _table_schema(version: int) -> type[BaseModel]:
+    """A cost table file: its version, its ``CostEntry`` entries and (version 2) its ``CalibrationRecord`` list.
+
+    Version 1 entries may be of any kind and carry a ``value`` (the power scales); ``_migrated`` sorts them."""
+    entry = record_schema(CostEntry)
+    if version == 1:
+        entry = create_model("CostEntryV1File", __base__=entry, kind=(str, ...), value=(float | None, None))
+        return create_model(
+            "CostTableV1File", __config__=ConfigDict(strict=True), version=(int, ...), entries=(list[entry], ...)
+        )
     return create_model(
         "CostTableFile",
         __config__=ConfigDict(strict=True),
         version=(int, ...),
-        entries=(list[record_schema(CostEntry)], ...),  # type: ignore[misc]
+        entries=(list[entry], ...),  # type: ignore[valid-type]
+        calibration=(list[record_schema(CalibrationRecord)], []),  # type: ignore[misc]
     )
 
 
@@ -122,11 +190,62 @@ def entry_key(model_sha256: str, kind: str, members: Iterable[str], cond: Condit
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
+def calibration_key(model_sha256: str, kind: str, applies_to: str, cond: Conditions) -> str:
+    payload = json.dumps(
+        {"model": model_sha256, "calibration": kind, "applies_to": applies_to, "cond": _conditions_json(cond)},
+        sort_keys=True,
+    )
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+_V1_CALIBRATION: dict[tuple[str, str], CalibrationKind] = {
+    ("handoff", "handoff"): "handoff",
+    ("power", "active-scale"): "power-active-scale",
+    ("power", "idle-scale"): "power-idle-scale",
+}
+
+
+def _migrated(entries: list[Any], origin: str) -> tuple[list[CostEntry], list[CalibrationRecord]]:
+    """Version 1 entries as times and calibration values: a ``handoff`` entry's time and a ``power`` entry's
+    ``value`` become calibration records (a power entry without a value meant nothing and is dropped)."""
+    times, learnt = [], []
+    for i, raw in enumerate(entries):
+        if raw.kind in KINDS:
+            times.append(
+                load_record(CostEntry, record_schema(CostEntry).model_validate(raw.model_dump(exclude={"value"})))
+            )
+            continue
+        kind = _V1_CALIBRATION.get((raw.kind, raw.name))
+        if kind is None:
+            raise CostTableError(
+                f"{origin} is malformed (entries[{i}]: kind {raw.kind!r} named {raw.name!r} is none of "
+                f"{', '.join(KINDS)}, handoff, power active-scale / idle-scale); fix that field or move the file away"
+            )
+        value = raw.mean_ms if raw.kind == "handoff" else raw.value
+        if value is None:
+            continue
+        cond = load_record(Conditions, raw.conditions)
+        learnt.append(
+            CalibrationRecord(
+                calibration_key(raw.model_sha256, kind, EVERY_UNIT, cond),
+                kind,
+                raw.model_sha256,
+                EVERY_UNIT,
+                float(value),
+                cond,
+                raw.repeats,
+                raw.measured_at,
+            )
+        )
+    return times, learnt
+
+
 @dataclass
 class CostTable:
-    """Entries by key. Mutable while a profiling run fills it; saved atomically."""
+    """Entries and calibration values by key. Mutable while a profiling or tuning run fills it; saved atomically."""
 
     entries: dict[str, CostEntry] = field(default_factory=dict)
+    calibration: dict[str, CalibrationRecord] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -139,6 +258,9 @@ class CostTable:
 
     def add(self, entry: CostEntry) -> None:
         self.entries[entry.key] = entry
+
+    def learn(self, record: CalibrationRecord) -> None:
+        self.calibration[record.key] = record
 
     def select(
         self,
@@ -158,6 +280,15 @@ class CostTable:
             and (precision is None or e.conditions.precision == precision)
         ]
 
+    def learnt(self, model_sha256: str | None = None, board: str | None = None) -> list[CalibrationRecord]:
+        """The calibration values for this model and board (None: any)."""
+        return [
+            r
+            for r in self.calibration.values()
+            if (model_sha256 is None or r.model_sha256 == model_sha256)
+            and (board is None or r.conditions.board == board)
+        ]
+
     def to_json(self) -> dict[str, object]:
         return {
             "version": TABLE_VERSION,
@@ -165,23 +296,37 @@ class CostTable:
                 {**asdict(e), "conditions": _conditions_json(e.conditions)}
                 for e in sorted(self.entries.values(), key=lambda e: e.key)
             ],
+            "calibration": [
+                {**asdict(r), "conditions": _conditions_json(r.conditions)}
+                for r in sorted(self.calibration.values(), key=lambda r: r.key)
+            ],
         }
 
     @staticmethod
     def from_json(data: object, origin: str = "cost table") -> CostTable:
         if not isinstance(data, dict) or "version" not in data:
             raise CostTableError(f"{origin} is not a parapipe cost table (no version field)")
-        if data["version"] != TABLE_VERSION:
-            raise CostTableError(f"{origin} has version {data['version']}; this parapipe reads version {TABLE_VERSION}")
+        version = data["version"]
+        if version not in READS_VERSIONS or isinstance(version, bool):
+            raise CostTableError(
+                f"{origin} has version {version}; this parapipe reads versions {', '.join(map(str, READS_VERSIONS))}"
+            )
         try:
-            checked = _table_schema().model_validate(data)
+            checked = _table_schema(version).model_validate(data)
         except ValidationError as exc:
             raise CostTableError(
                 f"{origin} is malformed ({first_problem(exc)}); fix that field or move the file away to start a new table"
             ) from None
         table = CostTable()
-        for raw in checked.entries:  # type: ignore[attr-defined]
-            table.add(load_record(CostEntry, raw))
+        if version == 1:
+            times, learnt = _migrated(checked.entries, origin)  # type: ignore[attr-defined]
+        else:
+            times = [load_record(CostEntry, raw) for raw in checked.entries]  # type: ignore[attr-defined]
+            learnt = [load_record(CalibrationRecord, raw) for raw in checked.calibration]  # type: ignore[attr-defined]
+        for entry in times:
+            table.add(entry)
+        for record in learnt:
+            table.learn(record)
         return table
 
     @staticmethod
@@ -200,6 +345,8 @@ class CostTable:
         with locked(path):
             merged = CostTable.load(path)
             merged.entries.update(self.entries)
+            merged.calibration.update(self.calibration)
             atomic_write(path, json.dumps(merged.to_json(), indent=1) + "\n")
         self.entries = merged.entries
+        self.calibration = merged.calibration
         return len(merged)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from device_profiles.schema import DeviceProfile
 from models.onnx_io import LoadedModel
 from models.precision import Frame, VariantMaker
-from profiler.costtable import Conditions, CostEntry, CostTable, entry_key
+from profiler.costtable import Conditions, CostEntry, CostTable, EntryKind, entry_key
 from profiler.measure import PuConfig
 from profiler.session import LocalTimer, Timer
 
@@ -43,27 +43,34 @@ def variant_conditions(board: str, cfg: PuConfig, ort_version: str, precision: s
     )
 
 
+@dataclass(frozen=True)
+class VariantOptions:
+    """Which variants are timed and how: the precisions, the entries' kind, the runs, the timer."""
+
+    precisions: tuple[str, ...] = ("fp32", "int8")
+    kind: EntryKind = "block"  # what the groups are: blocks or partitions
+    warmup: int = 3  # untimed runs first
+    repeats: int = 10  # timed runs per measurement
+    timer: Timer | None = None  # default: a LocalTimer here
+    ort_version: str | None = None  # recorded in the entries' conditions; default: the timer's
+
+
 def time_variants(
     model: LoadedModel,
     groups: Mapping[str, Sequence[str]],
     calibration: Sequence[Frame],
     profile: DeviceProfile,
     configs: Sequence[PuConfig],
-    precisions: Iterable[str] = ("fp32", "int8"),
-    kind: str = "block",
+    options: VariantOptions = VariantOptions(),
     table: CostTable | None = None,
-    warmup: int = 3,
-    repeats: int = 10,
     maker: VariantMaker | None = None,
-    timer: Timer | None = None,
-    ort_version: str | None = None,
 ) -> list[VariantTime]:
     """Time each group's variants on each configuration; entries go into ``table`` (when given), and
     entries already there are reused, not measured again."""
-    timer = timer or LocalTimer()
-    ort_version = ort_version or timer.ort_version
+    timer = options.timer or LocalTimer()
+    ort_version = options.ort_version or timer.ort_version
     maker = maker or VariantMaker(model)
-    precisions = tuple(precisions)
+    precisions, kind = options.precisions, options.kind
     flops = {n.name: n.flops for n in maker.graph.nodes}
     # one fp32 run per frame for every group's boundary values, not one per group
     entering = {t for members in groups.values() for t in maker.extractor.boundary(list(members))[0]}
@@ -83,7 +90,7 @@ def time_variants(
                 if table is not None and key in table:
                     out.append(VariantTime(name, precision, cfg.label, table.entries[key], variant.sha256, True))
                     continue
-                t = timer.time(variant.model, feeds, cfg, warmup, repeats, pu)
+                t = timer.time(variant.model, feeds, cfg, options.warmup, options.repeats, pu)
                 entry = CostEntry.from_timing(
                     model.sha256, kind, name, members, cond, t, sum(flops.get(m, 0) for m in members)
                 )

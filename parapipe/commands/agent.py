@@ -2,13 +2,26 @@
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.table import Table
 
-from parapipe.app import DataOpt, JsonFlag, ShapeOpt, app, err, fails_cleanly, out, print_info, print_json
+from parapipe.app import (
+    DataOpt,
+    JsonFlag,
+    ShapeOpt,
+    app,
+    err,
+    fails_cleanly,
+    option_groups,
+    out,
+    print_info,
+    print_json,
+)
 
 agent_app = typer.Typer(help="The board agent: serve it here, or ask one for its status.", no_args_is_help=True)
 app.add_typer(agent_app, name="agent")
@@ -264,21 +277,29 @@ def run(
             raise typer.Exit(1)
 
 
+@dataclass(frozen=True)
+class TuneFlags:
+    """The options of the tune loop, as ``parapipe.tune.TuneOptions`` takes them."""
+
+    objective: Annotated[str, typer.Option("--objective", help="pareto, latency, throughput or energy.")] = "pareto"
+    rounds: Annotated[int, typer.Option("--rounds", min=1)] = 3
+    target_error: Annotated[float, typer.Option("--target-error", help="Stop when RMSPE (%) is below this.")] = 5.0
+    time_limit: Annotated[float, typer.Option("--time-limit", min=0.1, help="Seconds per ILP solve.")] = 2.0
+    frames: Annotated[
+        int, typer.Option("--frames", min=5, help="Frames per measured plan (doubled while the noise is large).")
+    ] = 30
+    max_frames: Annotated[
+        int | None, typer.Option("--max-frames", min=5, help="Cap for the grown --frames (default 8x --frames).")
+    ] = None
+
+
 @app.command()
 @fails_cleanly
+@option_groups(flags=TuneFlags)
 def tune(
     model: Annotated[Path, typer.Argument(help="The .onnx model.")],
     board: Annotated[str, typer.Option("--board", help="local, local-biglittle or an inventory board.")] = "local",
-    objective: Annotated[str, typer.Option("--objective", help="pareto, latency, throughput or energy.")] = "pareto",
-    rounds: Annotated[int, typer.Option("--rounds", min=1)] = 3,
-    target_error: Annotated[float, typer.Option("--target-error", help="Stop when RMSPE (%) is below this.")] = 5.0,
-    time_limit: Annotated[float, typer.Option("--time-limit", min=0.1, help="Seconds per ILP solve.")] = 2.0,
-    frames: Annotated[
-        int, typer.Option("--frames", min=5, help="Frames per measured plan (doubled while the noise is large).")
-    ] = 30,
-    max_frames: Annotated[
-        int | None, typer.Option("--max-frames", min=5, help="Cap for the grown --frames (default 8x --frames).")
-    ] = None,
+    flags: TuneFlags = TuneFlags(),
     costs: Annotated[
         Path | None, typer.Option("--costs", help="Cost table (default $PARAPIPE_HOME/costs.json).")
     ] = None,
@@ -288,24 +309,21 @@ def tune(
 ) -> None:
     """Profile, plan, run every plan, feed the measurements back and re-plan, until predictions match."""
     from parapipe.home import default_costs
+    from parapipe.tune import TuneOptions
     from parapipe.tune import tune as run_tune
     from planner.objective import parse_objective
 
-    parse_objective(objective, allow_pareto=True)
+    parse_objective(flags.objective, allow_pareto=True)
+    target_error = flags.target_error
     with err.status(f"tuning {model.name} on {board}") as status:
         history, last = run_tune(
             model,
             board,
             costs or default_costs(),
-            objective,
-            rounds,
-            target_error,
-            time_limit,
-            frames,
+            TuneOptions(**dataclasses.asdict(flags)),
             status.update,
             input_shape=input_shape,
             input_data=input_data,
-            max_frames=max_frames,
         )
     if as_json:
         print_json(

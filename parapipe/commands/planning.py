@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -12,7 +13,7 @@ import typer
 from rich.table import Table
 
 from models.names import safe_name
-from parapipe.app import DataOpt, JsonFlag, ShapeOpt, app, err, fails_cleanly, out, print_json
+from parapipe.app import DataOpt, JsonFlag, ShapeOpt, app, err, fails_cleanly, option_groups, out, print_json
 
 
 def _load_inputs(
@@ -101,19 +102,27 @@ def _table(rows: list[dict[str, Any]], title: str = "") -> Table:
     return t
 
 
+@dataclass(frozen=True)
+class PlanFlags:
+    """What ``plan`` searches for and how: the objective, the blocks, and the search's bounds and solver."""
+
+    objective: Annotated[str, typer.Option("--objective", help="latency, throughput, energy or pareto.")] = "pareto"
+    granularity: Annotated[str, typer.Option("--granularity", help="coarse, fine or auto.")] = "auto"
+    max_stages: Annotated[int, typer.Option("--max-stages", min=1, help="Most pipeline stages.")] = 4
+    time_limit: Annotated[float, typer.Option("--time-limit", min=0.1, help="Seconds per ILP solve.")] = 10.0
+    solver: Annotated[str, typer.Option("--solver", help="highs (default) or cbc.")] = "highs"
+
+
 @app.command()
 @fails_cleanly
+@option_groups(flags=PlanFlags)
 def plan(
     model: Annotated[Path, typer.Argument(help="The .onnx model.")],
     device: Annotated[str, typer.Option("--device", help="Profile name or TOML path.")],
     costs: Annotated[
         Path | None, typer.Option("--costs", help="Cost table (default $PARAPIPE_HOME/costs.json).")
     ] = None,
-    objective: Annotated[str, typer.Option("--objective", help="latency, throughput, energy or pareto.")] = "pareto",
-    granularity: Annotated[str, typer.Option("--granularity", help="coarse, fine or auto.")] = "auto",
-    max_stages: Annotated[int, typer.Option("--max-stages", min=1, help="Most pipeline stages.")] = 4,
-    time_limit: Annotated[float, typer.Option("--time-limit", min=0.1, help="Seconds per ILP solve.")] = 10.0,
-    solver: Annotated[str, typer.Option("--solver", help="highs (default) or cbc.")] = "highs",
+    flags: PlanFlags = PlanFlags(),
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Folder for the plan files.")] = None,
     input_shape: ShapeOpt = None,
     input_data: DataOpt = None,
@@ -128,15 +137,18 @@ def plan(
     from planner.problem import build_problem
     from planner.search import SearchOptions, baselines, best_plan, pareto_set
 
+    objective, max_stages = flags.objective, flags.max_stages
     parse_objective(objective, allow_pareto=True)
-    profile, graph, blocks, cost, loaded = _load_inputs(model, device, costs, granularity, input_shape, input_data)
+    profile, graph, blocks, cost, loaded = _load_inputs(
+        model, device, costs, flags.granularity, input_shape, input_data
+    )
     folder = output or Path("plans") / safe_name(f"{model.stem}-{profile.name}")
     with err.status(f"planning {model.name} on {profile.name} ({blocks.granularity} blocks)") as status:
 
         def progress(msg: str) -> None:
             status.update(msg)
 
-        search = SearchOptions(time_limit, max_stages, solver, progress)
+        search = SearchOptions(flags.time_limit, max_stages, flags.solver, progress)
         problem = build_problem(blocks, graph, cost, max_stages)
         progress("baselines")
         base = baselines(blocks, graph, cost, max_stages, problem)
@@ -364,17 +376,25 @@ def show(
         out.print(f"note: {note}", highlight=False)
 
 
+@dataclass(frozen=True)
+class CompareFlags:
+    """The blocks and the search's bounds ``compare`` plans with."""
+
+    granularity: Annotated[str, typer.Option("--granularity", help="coarse, fine or auto.")] = "auto"
+    max_stages: Annotated[int, typer.Option("--max-stages", min=1)] = 4
+    time_limit: Annotated[float, typer.Option("--time-limit", min=0.1)] = 10.0
+
+
 @app.command()
 @fails_cleanly
+@option_groups(flags=CompareFlags)
 def compare(
     model: Annotated[Path, typer.Argument(help="The .onnx model.")],
     device: Annotated[str, typer.Option("--device", help="Profile name or TOML path.")],
     costs: Annotated[
         Path | None, typer.Option("--costs", help="Cost table (default $PARAPIPE_HOME/costs.json).")
     ] = None,
-    granularity: Annotated[str, typer.Option("--granularity", help="coarse, fine or auto.")] = "auto",
-    max_stages: Annotated[int, typer.Option("--max-stages", min=1)] = 4,
-    time_limit: Annotated[float, typer.Option("--time-limit", min=0.1)] = 10.0,
+    flags: CompareFlags = CompareFlags(),
     input_shape: ShapeOpt = None,
     input_data: DataOpt = None,
     as_json: JsonFlag = False,
@@ -385,11 +405,11 @@ def compare(
     from planner.search import SearchOptions, baselines, best_plan
     from planner.select import ratios
 
-    profile, graph, blocks, cost, _ = _load_inputs(model, device, costs, granularity, input_shape, input_data)
+    profile, graph, blocks, cost, _ = _load_inputs(model, device, costs, flags.granularity, input_shape, input_data)
     with err.status("planning"):
-        problem = build_problem(blocks, graph, cost, max_stages)
-        base = baselines(blocks, graph, cost, max_stages, problem)
-        search = SearchOptions(time_limit, max_stages)
+        problem = build_problem(blocks, graph, cost, flags.max_stages)
+        base = baselines(blocks, graph, cost, flags.max_stages, problem)
+        search = SearchOptions(flags.time_limit, flags.max_stages)
         ours = {o: best_plan(blocks, graph, cost, o, search, problem=problem) for o in Objective}
     rows = []
     for name, b in base.items():

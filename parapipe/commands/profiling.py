@@ -5,6 +5,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
@@ -12,11 +13,21 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from parapipe.app import DataOpt, JsonFlag, ShapeOpt, app, err, fails_cleanly, out, print_json
+from parapipe.app import DataOpt, JsonFlag, ShapeOpt, app, err, fails_cleanly, option_groups, out, print_json
+
+
+@dataclass(frozen=True)
+class ProfileFlags:
+    """What ``profile`` measures and how often, as ``profiler.session.ProfileOptions`` takes them."""
+
+    granularity: Annotated[str, typer.Option("--granularity", help="Blocks to time: coarse, fine or both.")] = "coarse"
+    repeats: Annotated[int, typer.Option("--repeats", min=3, help="Timed runs per measurement.")] = 10
+    warmup: Annotated[int, typer.Option("--warmup", min=0, help="Untimed runs first.")] = 3
 
 
 @app.command()
 @fails_cleanly
+@option_groups(flags=ProfileFlags)
 def profile(
     model: Annotated[Path, typer.Argument(help="The .onnx model to measure.")],
     board: Annotated[
@@ -27,9 +38,7 @@ def profile(
     ] = "local",
     pu: Annotated[list[str] | None, typer.Option("--pu", help="Only these PUs (repeatable); default all.")] = None,
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Cost table (merged, not overwritten).")] = None,
-    granularity: Annotated[str, typer.Option("--granularity", help="Blocks to time: coarse, fine or both.")] = "coarse",
-    repeats: Annotated[int, typer.Option("--repeats", min=3, help="Timed runs per measurement.")] = 10,
-    warmup: Annotated[int, typer.Option("--warmup", min=0, help="Untimed runs first.")] = 3,
+    flags: ProfileFlags = ProfileFlags(),
     input_shape: ShapeOpt = None,
     input_data: DataOpt = None,
     as_json: JsonFlag = False,
@@ -50,7 +59,7 @@ def profile(
     table = CostTable.load(path)
     before = len(table)
     with _progress_bar(f"profiling {model.name} on {board}", board, quiet=as_json) as progress:
-        options = ProfileOptions(granularity, repeats, warmup, progress)
+        options = ProfileOptions(flags.granularity, flags.repeats, flags.warmup, progress)
         done = profile_on_board(loaded, graph, board, table, path, pu, options)
     summary = done.summary
     result = _summarise(table, loaded.sha256, done.profile.name, done.configs, graph)

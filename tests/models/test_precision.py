@@ -364,19 +364,18 @@ def test_cost_table_keeps_fp32_keys_and_stores_precision(tmp_path: Path) -> None
 
 def test_time_variants_records_each_precision_the_pu_computes(tiny: LoadedModel) -> None:
     from profiler.session import pu_configs
-    from profiler.variants import speedups, time_variants
+    from profiler.variants import VariantOptions, speedups, time_variants
 
     profile = load_profile("local")
     configs = pu_configs(profile)[:1]
     table = CostTable()
     groups = {"middle": GROUPS["middle"]}
-    times = time_variants(
-        tiny, groups, _frames(4, 7), profile, configs, ("fp32", "int8", "fp16"), table=table, repeats=2, warmup=1
-    )
+    options = VariantOptions(("fp32", "int8", "fp16"), repeats=2, warmup=1)
+    times = time_variants(tiny, groups, _frames(4, 7), profile, configs, options, table=table)
     # the local CPU computes fp32 and int8, not fp16
     assert sorted(t.precision for t in times) == ["fp32", "int8"]
     assert sorted(e.conditions.precision for e in table.select(precision=None)) == ["fp32", "int8"]
     assert all(t.entry.median_ms > 0 and not t.reused for t in times)
     assert set(speedups(times)) == {("middle", configs[0].label, "int8")}
-    again = time_variants(tiny, groups, _frames(4, 7), profile, configs, ("fp32", "int8"), table=table, repeats=2)
+    again = time_variants(tiny, groups, _frames(4, 7), profile, configs, VariantOptions(repeats=2), table=table)
     assert all(t.reused for t in again) and len(table) == 2

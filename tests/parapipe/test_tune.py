@@ -18,6 +18,7 @@ from parapipe.records import Figures, PartitionMeasurement
 from parapipe.tune import (
     NOISE_MARGIN,
     Noise,
+    TuneOptions,
     feed_back,
     merge_runs,
     noise_verdict,
@@ -83,9 +84,8 @@ def tuned(exported, tmp_path_factory):
     os.environ["PARAPIPE_HOME"] = str(home)
     try:
         costs = home / "costs.json"
-        history, last = tune(
-            exported(MODEL).path, "local", costs, "throughput", rounds=1, target_error=1e6, time_limit=1, frames=8
-        )
+        options = TuneOptions("throughput", rounds=1, target_error=1e6, time_limit=1, frames=8)
+        history, last = tune(exported(MODEL).path, "local", costs, options)
     finally:
         if old is None:
             del os.environ["PARAPIPE_HOME"]
@@ -168,6 +168,7 @@ def test_a_calibration_that_predicts_the_measured_plans_worse_is_reverted(tuned,
     costs = _fresh(tuned, tmp_path)
     table = CostTable.load(costs)
     before = {e.key: e for e in table}
+    learnt_before = dict(table.calibration)
     plan, real = tuned["last"][0]
     corrupt = dataclasses.replace(
         real,
@@ -178,6 +179,7 @@ def test_a_calibration_that_predicts_the_measured_plans_worse_is_reverted(tuned,
     calibration, handoff, power = recalibrate(table, [(plan, corrupt)], [(plan, real)], graph, profile, ort.__version__)
     assert not calibration.kept and calibration.rmspe_after > calibration.rmspe_before
     assert {e.key: e for e in table} == before, "the previous table's entries are back, nothing added"
+    assert table.calibration == learnt_before, "and its calibration values"
     assert handoff is None and power is None
     assert table_errors(table, [(plan, real)], graph, profile)[2] == pytest.approx(calibration.rmspe_before)
 
@@ -223,16 +225,20 @@ def test_measured_energy_rescales_the_power_model(exported, tmp_path, monkeypatc
     monkeypatch.setenv("PARAPIPE_HWMON_ROOT", str(tmp_path / "hwmon"))
     monkeypatch.setenv("PARAPIPE_HOME", str(tmp_path))
     costs = tmp_path / "costs.json"
-    history, last = tune(
-        exported(MODEL).path, "local", costs, "throughput", rounds=1, target_error=0.0, time_limit=1, frames=8
-    )
+    options = TuneOptions("throughput", rounds=1, target_error=0.0, time_limit=1, frames=8)
+    history, last = tune(exported(MODEL).path, "local", costs, options)
     assert all(r.energy_source == "measured" for _, r in last)
     (first,) = history
     assert first.rmspe_energy is not None and first.rmspe_energy > 50  # the estimates are far off (predicted ~2% of it)
     assert first.stop == "rounds" and first.calibration is not None and first.calibration.kept
     assert first.power_scale is not None and max(first.power_scale) > 1.5
     table = CostTable.load(costs)
-    assert {e.name for e in table if e.kind == "power"} == {"active-scale", "idle-scale"}
+    learnt = {r.kind: r for r in table.learnt(board="local")}
+    assert {"power-active-scale", "power-idle-scale"} <= set(learnt) and all(
+        r.unit == "x" for r in learnt.values() if r.kind != "handoff"
+    )
+    assert (learnt["power-active-scale"].value, learnt["power-idle-scale"].value) == pytest.approx(first.power_scale)
+    assert all(e.kind in ("op", "block", "partition") for e in table), "no placeholder timing entries"
     # The kept table predicts the energy the sensor measured for the plan it learnt from.
     from planner.build import evaluate
     from planner.costmodel import CostModel
