@@ -235,7 +235,7 @@ def solve(
     solver: str = "highs",
 ) -> Solution:
     """The ILP's best assignment for ``objective`` under ``bounds``, never worse than ``warm``."""
-    max_latency_ms, max_period_ms, max_energy_mj = bounds.max_latency_ms, bounds.max_period_ms, bounds.max_energy_mj
+    max_latency_ms = bounds.max_latency_ms
     if objective not in OBJECTIVES:
         raise PlanError(f"unknown objective {objective!r}; choose one of {', '.join(OBJECTIVES)}")
     started = time.perf_counter()
@@ -250,17 +250,13 @@ def solve(
     horizon = max_latency_ms
     if objective == "latency" and start is not None:
         horizon = start.latency_ms if horizon is None else min(horizon, start.latency_ms)
-    lp, v = _formulate(
-        problem,
-        objective,
-        max_latency_ms,
-        max_period_ms,
-        max_energy_mj,
+    cuts = Cuts(
         horizon,
         _load_bound(problem),
         start.latency_ms if objective == "latency" and start is not None else None,
         segment_bounds(problem, time_limit / 4) if objective == "latency" or max_latency_ms is not None else (),
     )
+    lp, v = _formulate(problem, objective, bounds, cuts)
     if warm is not None:
         _set_warm_start(problem, v, warm)
     remaining = max(time_limit - (time.perf_counter() - started), 0.1 * time_limit)
@@ -295,7 +291,7 @@ def solve(
             True,
         )
     if status in ("infeasible", "no solution"):
-        raise PlanError(_infeasible_message(problem, max_latency_ms, max_period_ms, max_energy_mj, status))
+        raise PlanError(_infeasible_message(problem, bounds, status))
     assign = _extract(problem, v)
     value = float(pulp.value({"latency": v["L"], "throughput": v["P"], "energy": v["E"]}[objective]))
     if (
@@ -399,17 +395,22 @@ class _Model:
         }
 
 
+@dataclass(frozen=True)
+class Cuts:
+    """What tightens the model without cutting off a plan worth keeping: the big-M horizon (no block of such a
+    plan ends later), an upper bound on any unit's load, the warm start's latency (with latency as the
+    objective), and lower bounds on the spans between articulation blocks (``segment_bounds``)."""
+
+    horizon: float | None = None
+    upper_load: float | None = None
+    upper_latency: float | None = None
+    segments: tuple[tuple[int, int, float], ...] = ()
+
+
 def _formulate(
-    problem: Problem,
-    objective: str,
-    max_l: float | None,
-    max_p: float | None,
-    max_e: float | None,
-    horizon: float | None,
-    upper_load: float | None = None,
-    upper_latency: float | None = None,
-    segments: tuple[tuple[int, int, float], ...] = (),
+    problem: Problem, objective: str, bounds: Bounds = NO_BOUNDS, cuts: Cuts = Cuts()
 ) -> tuple[pulp.LpProblem, dict]:
+    max_l, max_p, max_e = bounds.max_latency_ms, bounds.max_period_ms, bounds.max_energy_mj
     m = _variables(problem, objective == "latency" or max_l is not None)
     _precision_rows(m)
     _partition_rows(m)
@@ -419,11 +420,11 @@ def _formulate(
     _symmetry_rows(m)
     _flow_rows(m, dur)
     if m.timed:
-        _order_rows(m, dur, _big_m(m, horizon))
+        _order_rows(m, dur, _big_m(m, cuts.horizon))
         _region_rows(m, dur)
-        _latency_rows(m, dur, upper_latency if objective == "latency" else None)
-        _segment_rows(m, segments)
-    _load_rows(m, upper_load)
+        _latency_rows(m, dur, cuts.upper_latency if objective == "latency" else None)
+        _segment_rows(m, cuts.segments)
+    _load_rows(m, cuts.upper_load)
     _link_and_memory_rows(m)
     _energy_row(m)
     lp = m.lp
@@ -468,8 +469,10 @@ def _precision_rows(m: _Model) -> None:
             var = m.q[(b, u)] = pulp.LpVariable(f"q_{b}_{u}", cat="Binary")
             lp += var <= m.a[(b, u)], f"int8_on_{b}_{u}"
     if problem.accuracy_budget is not None and problem.int8_cost:
-        spent = pulp.lpSum(problem.sensitivity.get(b, 0.0) * m.int8(b, u) for b, u in sorted(problem.int8_cost))
-        lp += spent <= problem.accuracy_budget, "accuracy_budget"
+        # in millionths: the solver's feasibility tolerance (1e-7) would otherwise let a loss of 1e-7 through a
+        # budget of 0
+        spent = pulp.lpSum(1e6 * problem.sensitivity.get(b, 0.0) * m.int8(b, u) for b, u in sorted(problem.int8_cost))
+        lp += spent <= 1e6 * problem.accuracy_budget, "accuracy_budget"
 
 
 def _partition_rows(m: _Model) -> None:
@@ -677,7 +680,7 @@ def segment_bounds(problem: Problem, budget: float) -> tuple[tuple[int, int, flo
 
 def _latency_bound(problem: Problem, time_limit: float) -> float | None:
     """The proven lower bound on a problem's latency (HiGHS's dual bound of the pure latency ILP)."""
-    lp, v = _formulate(problem, "latency", None, None, None, None, _load_bound(problem))
+    lp, v = _formulate(problem, "latency", cuts=Cuts(upper_load=_load_bound(problem)))
     lp.setObjective(v["L"])
     backend = _solver("highs", max(time_limit, 0.05), 1e-4, False)
     try:
@@ -868,7 +871,8 @@ def _extract(problem: Problem, v: dict) -> Assignment:
     return Assignment(tuple(block_unit), () if order == tuple(range(n)) else order, int8)
 
 
-def _infeasible_message(problem: Problem, max_l, max_p, max_e, status: str) -> str:
+def _infeasible_message(problem: Problem, given: Bounds, status: str) -> str:
+    max_l, max_p, max_e = given.max_latency_ms, given.max_period_ms, given.max_energy_mj
     bounds = []
     if max_l is not None:
         bounds.append(f"--max-latency-ms {max_l:g}")

@@ -25,6 +25,7 @@ from planner.costmodel import Calibration, CostModel, Fit
 from planner.ilp import (
     Assignment,
     Bounds,
+    Cuts,
     _formulate,
     _set_warm_start,
     canonical,
@@ -106,7 +107,7 @@ def test_warm_start_satisfies_every_row_and_the_incumbent_is_never_worse(case) -
     assert schedule(problem, start) == schedule(problem, warm)  # relabelling identical units changes nothing
     figures = schedule(problem, start)
     horizon = figures.latency_ms if objective == "latency" else None
-    lp, v = _formulate(problem, objective, None, None, None, horizon, None, horizon)
+    lp, v = _formulate(problem, objective, cuts=Cuts(horizon=horizon, upper_latency=horizon))
     _set_warm_start(problem, v, start)
     broken = [name for name, row in lp.constraints.items() if not row.valid(1e-6)]
     assert not broken, f"the warm start breaks {broken[:5]}: HiGHS would drop it"
@@ -119,7 +120,7 @@ def test_balanced_warm_start_on_googlenet_is_feasible_for_the_solver(exported) -
     graph, blocks = _load(exported, "googlenet")
     problem = build_problem(blocks, graph, CostModel(load_profile("khadas-vim3"), graph), 4)
     warm = canonical(problem, H.balanced(problem))
-    lp, v = _formulate(problem, "throughput", None, None, None, None, None, None)
+    lp, v = _formulate(problem, "throughput")
     _set_warm_start(problem, v, warm)
     assert all(row.valid(1e-6) for row in lp.constraints.values())
 

@@ -104,6 +104,10 @@ def test_no_budget_no_int8_and_a_loose_budget_takes_the_faster_int8() -> None:
     # 0.01 pays for block 1 (the larger loss) or block 0, not both: both save the same, ties go either way
     some = solve(toy_problem(UNITS, cost, [(0, 1)], accuracy_budget=0.01, **kwargs), "latency", gap=1e-9)
     assert len(some.assignment.int8) == 1 and some.best == pytest.approx(4.0 + 4.0 / 3)
+    # a loss below the solver's feasibility tolerance (1e-7) still does not fit a budget of 0 (found by hypothesis)
+    tiny = dict(kwargs, sensitivity={0: 0.0, 1: 5.8e-8})
+    zero = solve(toy_problem(UNITS, cost, [(0, 1)], accuracy_budget=0.0, **tiny), "latency", gap=1e-9)
+    assert zero.assignment.int8 == frozenset({0})
     loose = solve(toy_problem(UNITS, cost, [(0, 1)], accuracy_budget=0.05, **kwargs), "latency", gap=1e-9)
     assert loose.assignment.int8 == frozenset({0, 1}) and loose.best == pytest.approx(8.0 / 3)
 
