@@ -318,7 +318,7 @@ def segmented(problem: Problem, units: Sequence[int], time_limit: float = 1.0) -
     the other, each solved by the ILP on ``units`` for its shortest span, its first block kept on the unit
     the segment before it chose. A frame's latency is the sum of its segments' spans, so this is exact
     but for that greedy choice at the joins (and the per-partition overhead the segments do not see)."""
-    from planner.ilp import solve  # the ILP on a segment: a sub-problem far smaller than the model
+    from planner.ilp import ordering_rows, rows_within, solve  # the ILP on a segment: a far smaller sub-problem
 
     n = len(problem.blocks)
     allowed = set(units)
@@ -344,6 +344,8 @@ def segmented(problem: Problem, units: Sequence[int], time_limit: float = 1.0) -
         }
         if len({b for b, _ in cost}) < hi - lo + 1:
             return None  # a block none of these units can run
+        if ordering_rows(sub) > rows_within(per):
+            return None  # a segment too wide for its share of the time (HEFT stands in)
         try:
             solution = solve(dataclasses.replace(sub, cost=cost, derived={}), "latency", per, gap=1e-4)
         except PlanError:

@@ -247,6 +247,22 @@ def solve(
     # Big-M of the ordering rows: every block of a plan worth keeping ends by this time. With latency as
     # the objective, the warm start's latency (a better plan is no slower); under a latency bound, the
     # bound; never the warm start's latency when latency is only bounded (that cuts off valid plans).
+    timed = objective == "latency" or max_latency_ms is not None
+    if timed and warm is not None and start is not None and ordering_rows(problem) > rows_within(time_limit):
+        # the scheduling rows alone take longer to write than the limit gives, let alone to solve: the warm
+        # start stands, as it would after the solver's time ran out (wide graphs: 10^5 pairs of blocks)
+        return Solution(
+            warm,
+            start,
+            solver,
+            f"not solved: {ordering_rows(problem)} ordering rows are too many for {time_limit:g} s (raise --time-limit)",
+            None,
+            None,
+            time.perf_counter() - started,
+            objective,
+            float("nan"),
+            True,
+        )
     horizon = max_latency_ms
     if objective == "latency" and start is not None:
         horizon = start.latency_ms if horizon is None else min(horizon, start.latency_ms)
@@ -309,6 +325,23 @@ def solve(
         # the warm start is returned (and named as such when the incumbent is the warm start itself)
         return Solution(warm, start, backend.name, status, mip_gap, bound, seconds, objective, value, True)
     return Solution(assign, schedule(problem, assign), backend.name, status, mip_gap, bound, seconds, objective, value)
+
+
+def ordering_rows(problem: Problem) -> int:
+    """About how many rows the scheduling part of the ILP has (two per pair of independent blocks, one
+    per unit they may share)."""
+    if "ordering_rows" not in problem.derived:
+        problem.derived["ordering_rows"] = sum(
+            2 + sum(1 for u in range(len(problem.units)) if problem.runs(i, u) and problem.runs(j, u))
+            for i, j in problem.independent
+        )
+    return problem.derived["ordering_rows"]
+
+
+def rows_within(time_limit: float) -> float:
+    """The scheduling rows worth writing for a solve of ``time_limit`` s: PuLP writes about 10^5 rows a
+    second here, and HiGHS needs several times that to solve them."""
+    return max(50_000.0, 20_000.0 * time_limit)
 
 
 @contextlib.contextmanager

@@ -268,3 +268,20 @@ def test_segment_bounds_hold_for_every_warm_start_on_googlenet(exported) -> None
         for x, y, span in segments:
             late = figures.starts[y] if y < len(problem.blocks) else figures.latency_ms
             assert late - (figures.starts[x] if x >= 0 else 0.0) >= span - 1e-6
+
+
+def test_a_latency_ilp_too_wide_for_its_time_limit_is_not_written_and_the_warm_start_stands() -> None:
+    """300 parallel branches: 44,850 pairs of independent blocks, ~180,000 ordering rows, more than PuLP writes
+    in 1 s; the solve returns the warm start at once (before, it spent its time writing rows it never solved)."""
+    units = [Unit("cpu", "cpu", 2, 0), Unit("cpu", "cpu", 1, 0), Unit("cpu", "cpu", 1, 1)]
+    n = 302
+    edges = [(0, b) for b in range(1, n - 1)] + [(b, n - 1) for b in range(1, n - 1)]
+    cost = {(b, u): 1.0 * 2 / x.cores for b in range(n) for u, x in enumerate(units)}
+    problem = toy_problem(units, cost, edges)
+    warm = Assignment((0,) * n)
+    latency = solve(problem, "latency", time_limit=1.0, warm=warm)
+    assert latency.status.startswith("not solved") and "raise --time-limit" in latency.status
+    assert latency.warm_kept and latency.assignment == warm
+    assert latency.figures == schedule(problem, warm)
+    throughput = solve(problem, "throughput", time_limit=5.0, warm=warm)  # no ordering rows: solved
+    assert not throughput.status.startswith("not solved")
