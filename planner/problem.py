@@ -167,6 +167,51 @@ def build_problem(
     units = candidate_units(cost, max_stages)
     names = [b.name for b in blocks.nodes]
     index = {n: i for i, n in enumerate(names)}
+    table, table8 = _block_costs(blocks, units, cost, int8)
+    flows: dict[tuple[int, int], dict[str, int]] = {}
+    for e in blocks.edges:
+        flows.setdefault((index[e.src], index[e.dst]), {})[e.tensor] = e.nbytes
+    edges = tuple((i, j, sum(t.values())) for (i, j), t in sorted(flows.items()))
+    succ = _successors(blocks)
+    links = _links(edges, list(dict.fromkeys(u.pu for u in units)), cost)
+    return Problem(
+        model_name=blocks.name,
+        blocks=tuple(names),
+        members={b.name: b.members for b in blocks.nodes},
+        param_bytes={b.name: b.param_bytes for b in blocks.nodes},
+        units=tuple(units),
+        cost=table,
+        int8_cost=table8,
+        sensitivity={index[name]: loss for name, loss in int8.sensitivity.items() if name in index},
+        accuracy_budget=int8.budget,
+        edges=edges,
+        transfer=links.transfer,
+        transfer_mj=links.transfer_mj,
+        cluster_cores={p.name: len(p.cores) for p in cost.profile.pus if p.kind == "cpu"},
+        memory={p.name: p.memory_bytes.value for p in cost.profile.pus},
+        unit_overhead={ui: cost.partition_overhead_ms(u.pu, u.cores) for ui, u in enumerate(units)},
+        busy_extra_w={ui: _busy_extra_w(u, cost) for ui, u in enumerate(units)},
+        idle_w=sum(p.idle_power_w.value for p in cost.profile.pus) * cost.calibration.power_idle_scale,
+        independent=tuple(_independent_pairs(succ)),
+        regions=tuple(_fork_join_regions(succ)),
+        max_stages=max_stages,
+        activation_bytes={b.name: activation_bytes(b.members, graph) for b in blocks.nodes},
+        handoff_cpu=links.handoff_cpu,
+        handoff_delay=links.handoff_delay,
+        shared_memories={m.name: m.pus for m in cost.profile.memories},
+        traffic={
+            (bi, m.name): cost.traffic_ms(b.members, m.pus[0])
+            for m in cost.profile.memories
+            for bi, b in enumerate(blocks.nodes)
+        },
+    )
+
+
+def _block_costs(
+    blocks: OpGraph, units: list[Unit], cost: CostModel, int8: Int8Choice
+) -> tuple[dict[tuple[int, int], float], dict[tuple[int, int], float]]:
+    """(block, unit) -> ms in fp32 where the unit's PU computes fp32, and in int8 for validated blocks where it
+    computes int8 only; a block no PU can run is an error naming it."""
     table: dict[tuple[int, int], float] = {}
     table8: dict[tuple[int, int], float] = {}
     by_config: dict[tuple[str, int, str], float] = {}
@@ -205,67 +250,43 @@ def build_problem(
             f"no PU of {cost.profile.name} can run block(s) {'; '.join(unsupported[:3])}: every PU lacks one of their "
             f"op types{why}. Add the op type to a PU's supported_ops in the profile, or plan for a board with a CPU."
         )
-    flows: dict[tuple[int, int], dict[str, int]] = {}
-    for e in blocks.edges:
-        flows.setdefault((index[e.src], index[e.dst]), {})[e.tensor] = e.nbytes
-    edges = tuple((i, j, sum(t.values())) for (i, j), t in sorted(flows.items()))
-    succ = _successors(blocks)
-    pus = list(dict.fromkeys(u.pu for u in units))
-    transfer, transfer_mj, handoff_cpu, handoff_delay = {}, {}, {}, {}
+    return table, table8
+
+
+@dataclass(frozen=True)
+class _Links:
+    """Per (edge index, from PU, to PU): transfer ms and mJ, gRPC CPU ms at both ends, handoff delay ms."""
+
+    transfer: dict[tuple[int, str, str], float]
+    transfer_mj: dict[tuple[int, str, str], float]
+    handoff_cpu: dict[tuple[int, str, str], tuple[float, float]]
+    handoff_delay: dict[tuple[int, str, str], float]
+
+
+def _links(edges: tuple[tuple[int, int, int], ...], pus: list[str], cost: CostModel) -> _Links:
+    links = _Links({}, {}, {}, {})
     for ei, (_, _, nbytes) in enumerate(edges):
         for p in pus:
             for q in pus:
-                if p != q:
-                    transfer[(ei, p, q)] = cost.transfer_ms(nbytes, p, q)
-                    transfer_mj[(ei, p, q)] = cost.transfer_mj(nbytes, p, q)
-                    ends = cost.handoff_cpu_ms(nbytes, p, q)
-                    if any(ends):
-                        handoff_cpu[(ei, p, q)] = ends
-                    if delay := cost.handoff_delay_ms(p, q):
-                        handoff_delay[(ei, p, q)] = delay
-    overhead = {}
-    busy_extra = {}
-    for ui, u in enumerate(units):
-        overhead[ui] = cost.partition_overhead_ms(u.pu, u.cores)
-        pu = cost.profile.pu(u.pu)
-        if pu.kind == "cpu":
-            n = max(1, len(pu.cores))
-            busy_extra[ui] = (
-                (pu.active_power_w.value - pu.idle_power_w.value) / n * u.cores * cost.calibration.power_active_scale
-            )
-        else:
-            busy_extra[ui] = (pu.active_power_w.value - pu.idle_power_w.value) * cost.calibration.power_active_scale
-    return Problem(
-        model_name=blocks.name,
-        blocks=tuple(names),
-        members={b.name: b.members for b in blocks.nodes},
-        param_bytes={b.name: b.param_bytes for b in blocks.nodes},
-        units=tuple(units),
-        cost=table,
-        int8_cost=table8,
-        sensitivity={index[name]: loss for name, loss in int8.sensitivity.items() if name in index},
-        accuracy_budget=int8.budget,
-        edges=edges,
-        transfer=transfer,
-        transfer_mj=transfer_mj,
-        cluster_cores={p.name: len(p.cores) for p in cost.profile.pus if p.kind == "cpu"},
-        memory={p.name: p.memory_bytes.value for p in cost.profile.pus},
-        unit_overhead=overhead,
-        busy_extra_w=busy_extra,
-        idle_w=sum(p.idle_power_w.value for p in cost.profile.pus) * cost.calibration.power_idle_scale,
-        independent=tuple(_independent_pairs(succ)),
-        regions=tuple(_fork_join_regions(succ)),
-        max_stages=max_stages,
-        activation_bytes={b.name: activation_bytes(b.members, graph) for b in blocks.nodes},
-        handoff_cpu=handoff_cpu,
-        handoff_delay=handoff_delay,
-        shared_memories={m.name: m.pus for m in cost.profile.memories},
-        traffic={
-            (bi, m.name): cost.traffic_ms(b.members, m.pus[0])
-            for m in cost.profile.memories
-            for bi, b in enumerate(blocks.nodes)
-        },
-    )
+                if p == q:
+                    continue
+                links.transfer[(ei, p, q)] = cost.transfer_ms(nbytes, p, q)
+                links.transfer_mj[(ei, p, q)] = cost.transfer_mj(nbytes, p, q)
+                ends = cost.handoff_cpu_ms(nbytes, p, q)
+                if any(ends):
+                    links.handoff_cpu[(ei, p, q)] = ends
+                if delay := cost.handoff_delay_ms(p, q):
+                    links.handoff_delay[(ei, p, q)] = delay
+    return links
+
+
+def _busy_extra_w(unit: Unit, cost: CostModel) -> float:
+    """A unit's busy power above idle: its cores' share of a CPU cluster's, or the whole PU's."""
+    pu = cost.profile.pu(unit.pu)
+    span = pu.active_power_w.value - pu.idle_power_w.value
+    if pu.kind == "cpu":
+        span = span / max(1, len(pu.cores)) * unit.cores
+    return span * cost.calibration.power_active_scale
 
 
 def _successors(blocks: OpGraph) -> list[list[int]]:
