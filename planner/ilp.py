@@ -244,25 +244,15 @@ def solve(
     if warm is not None:
         warm = canonical(problem, warm)  # else the symmetry rows make it infeasible and HiGHS drops it
     start = schedule(problem, warm) if warm is not None else None
-    # Big-M of the ordering rows: every block of a plan worth keeping ends by this time. With latency as
-    # the objective, the warm start's latency (a better plan is no slower); under a latency bound, the
-    # bound; never the warm start's latency when latency is only bounded (that cuts off valid plans).
     timed = objective == "latency" or max_latency_ms is not None
     if timed and warm is not None and start is not None and ordering_rows(problem) > rows_within(time_limit):
         # the scheduling rows alone take longer to write than the limit gives, let alone to solve: the warm
         # start stands, as it would after the solver's time ran out (wide graphs: 10^5 pairs of blocks)
-        return Solution(
-            warm,
-            start,
-            solver,
-            f"not solved: {ordering_rows(problem)} ordering rows are too many for {time_limit:g} s (raise --time-limit)",
-            None,
-            None,
-            time.perf_counter() - started,
-            objective,
-            float("nan"),
-            True,
-        )
+        status = f"not solved: {ordering_rows(problem)} ordering rows are too many for {time_limit:g} s"
+        return _kept(warm, start, solver, status + " (raise --time-limit)", None, started, objective)
+    # Big-M of the ordering rows: every block of a plan worth keeping ends by this time. With latency as
+    # the objective, the warm start's latency (a better plan is no slower); under a latency bound, the
+    # bound; never the warm start's latency when latency is only bounded (that cuts off valid plans).
     horizon = max_latency_ms
     if objective == "latency" and start is not None:
         horizon = start.latency_ms if horizon is None else min(horizon, start.latency_ms)
@@ -276,36 +266,12 @@ def solve(
     if warm is not None:
         _set_warm_start(problem, v, warm)
     remaining = max(time_limit - (time.perf_counter() - started), 0.1 * time_limit)
-    backend = _solver(solver, remaining, gap, warm is not None)
-    try:
-        with _quiet():
-            lp.solve(backend)
-    except pulp.PulpSolverError as exc:
-        if solver != "cbc" or warm is None:
-            raise PlanError(f"the solver failed: {exc}; try --solver cbc") from None
-        # CBC 2.10 can crash reading a MIP start: solve without it (the warm start is still kept if better)
-        backend = _solver(solver, time_limit, gap, False)
-        try:
-            with _quiet():
-                lp.solve(backend)
-        except pulp.PulpSolverError as again:
-            raise PlanError(f"the solver failed: {again}; try --solver highs") from None
+    backend = _run_solver(lp, solver, remaining, time_limit, gap, warm is not None)
     seconds = time.perf_counter() - started
     status, mip_gap, bound = _status(lp, backend)
     if status == "no solution" and warm is not None and start is not None:
         # the solver ran out of time before it had a solution of its own: the warm start stands
-        return Solution(
-            warm,
-            start,
-            backend.name,
-            "time-limit (warm start kept)",
-            None,
-            bound,
-            seconds,
-            objective,
-            float("nan"),
-            True,
-        )
+        return _kept(warm, start, backend.name, "time-limit (warm start kept)", bound, started, objective)
     if status in ("infeasible", "no solution"):
         raise PlanError(_infeasible_message(problem, bounds, status))
     assign = _extract(problem, v)
@@ -325,6 +291,33 @@ def solve(
         # the warm start is returned (and named as such when the incumbent is the warm start itself)
         return Solution(warm, start, backend.name, status, mip_gap, bound, seconds, objective, value, True)
     return Solution(assign, schedule(problem, assign), backend.name, status, mip_gap, bound, seconds, objective, value)
+
+
+def _run_solver(lp: pulp.LpProblem, solver: str, remaining: float, time_limit: float, gap: float, warm: bool):
+    """Solve ``lp`` in place; returns the backend (its status is read from it). Solver crashes are PlanErrors."""
+    backend = _solver(solver, remaining, gap, warm)
+    try:
+        with _quiet():
+            lp.solve(backend)
+    except pulp.PulpSolverError as exc:
+        if solver != "cbc" or not warm:
+            raise PlanError(f"the solver failed: {exc}; try --solver cbc") from None
+        # CBC 2.10 can crash reading a MIP start: solve without it (the warm start is still kept if better)
+        backend = _solver(solver, time_limit, gap, False)
+        try:
+            with _quiet():
+                lp.solve(backend)
+        except pulp.PulpSolverError as again:
+            raise PlanError(f"the solver failed: {again}; try --solver highs") from None
+    return backend
+
+
+def _kept(
+    warm: Assignment, start: Figures, solver: str, status: str, bound: float | None, started: float, objective: str
+) -> Solution:
+    """The warm start stands: the solver had no incumbent of its own."""
+    seconds = time.perf_counter() - started
+    return Solution(warm, start, solver, status, None, bound, seconds, objective, float("nan"), True)
 
 
 def ordering_rows(problem: Problem) -> int:
