@@ -93,15 +93,53 @@ def compile_cmd(
     )
 
 
+@dataclass(frozen=True)
+class AgentSecurityFlags:
+    """Who may call the agent: its token and TLS files, or --insecure off loopback."""
+
+    token_file: Annotated[Path | None, typer.Option("--token-file")] = None
+    tls_cert: Annotated[Path | None, typer.Option("--tls-cert")] = None
+    tls_key: Annotated[Path | None, typer.Option("--tls-key")] = None
+    tls_ca: Annotated[Path | None, typer.Option("--tls-ca")] = None
+
+
+@dataclass(frozen=True)
+class AgentObservabilityFlags:
+    """What the agent tells operators: Prometheus metrics and the log format."""
+
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            "--metrics-port",
+            help="Serve Prometheus metrics on this port (on --host, same token and TLS; 0 picks one). Off by default.",
+        ),
+    ] = None
+    metrics_port_file: Annotated[
+        Path | None, typer.Option("--metrics-port-file", help="Write the bound metrics port here.")
+    ] = None
+    log_format: Annotated[
+        str | None,
+        typer.Option("--log-format", help="text or json (JSON lines: time, level, event, bundle, plan, peer)."),
+    ] = None
+
+
+def _flag_args(flags: object) -> list[str]:
+    """A flag group as ``agents.server``'s arguments: ``--field-name value`` for every value given."""
+    argv: list[str] = []
+    for f in dataclasses.fields(flags):  # type: ignore[arg-type]
+        value = getattr(flags, f.name)
+        if value is not None:
+            argv += ["--" + f.name.replace("_", "-"), str(value)]
+    return argv
+
+
 @agent_app.command("serve")
+@option_groups(security=AgentSecurityFlags, observability=AgentObservabilityFlags)
 def serve(
     host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port")] = 50051,
     workdir: Annotated[Path | None, typer.Option("--workdir", help="Default ~/.parapipe-agent.")] = None,
-    token_file: Annotated[Path | None, typer.Option("--token-file")] = None,
-    tls_cert: Annotated[Path | None, typer.Option("--tls-cert")] = None,
-    tls_key: Annotated[Path | None, typer.Option("--tls-key")] = None,
-    tls_ca: Annotated[Path | None, typer.Option("--tls-ca")] = None,
+    security: AgentSecurityFlags = AgentSecurityFlags(),
     port_file: Annotated[Path | None, typer.Option("--port-file", help="Write the bound port here.")] = None,
     insecure: Annotated[
         bool,
@@ -109,20 +147,7 @@ def serve(
             "--insecure", help="Serve on a network address without a token (anyone who can reach it may run models)."
         ),
     ] = False,
-    metrics_port: Annotated[
-        int | None,
-        typer.Option(
-            "--metrics-port",
-            help="Serve Prometheus metrics on this port (on --host, same token and TLS; 0 picks one). Off by default.",
-        ),
-    ] = None,
-    metrics_port_file: Annotated[
-        Path | None, typer.Option("--metrics-port-file", help="Write the bound metrics port here.")
-    ] = None,
-    log_format: Annotated[
-        str | None,
-        typer.Option("--log-format", help="text or json (JSON lines: time, level, event, bundle, plan, peer)."),
-    ] = None,
+    observability: AgentObservabilityFlags = AgentObservabilityFlags(),
 ) -> None:
     """Run the board agent in the foreground (the same as `python -m agents.server`).
 
@@ -132,18 +157,9 @@ def serve(
     argv = ["--host", host, "--port", str(port), "--workdir", str(workdir or Path.home() / ".parapipe-agent")]
     if insecure:
         argv.append("--insecure")
-    for flag, value in (
-        ("--token-file", token_file),
-        ("--tls-cert", tls_cert),
-        ("--tls-key", tls_key),
-        ("--tls-ca", tls_ca),
-        ("--port-file", port_file),
-        ("--metrics-port", metrics_port),
-        ("--metrics-port-file", metrics_port_file),
-        ("--log-format", log_format),
-    ):
-        if value is not None:
-            argv += [flag, str(value)]
+    if port_file is not None:
+        argv += ["--port-file", str(port_file)]
+    argv += _flag_args(security) + _flag_args(observability)
     raise typer.Exit(main(argv))
 
 

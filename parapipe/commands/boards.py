@@ -2,45 +2,63 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.table import Table
 
-from parapipe.app import JsonFlag, app, err, fails_cleanly, out, print_info, print_json
+from parapipe.app import JsonFlag, app, err, fails_cleanly, option_groups, out, print_info, print_json
 
 boards_app = typer.Typer(help="The board inventory ($PARAPIPE_HOME/boards.toml).", no_args_is_help=True)
 app.add_typer(boards_app, name="boards")
 
 
-@boards_app.command("add")
-@fails_cleanly
-def add(
-    name: Annotated[str, typer.Argument(help="A name for the board.")],
-    device: Annotated[str, typer.Option("--device", help="Device profile (name or TOML path).")],
-    host: Annotated[str, typer.Option("--host", help="SSH host of the board.")] = "",
-    user: Annotated[str, typer.Option("--user", help="SSH user.")] = "",
-    key: Annotated[Path | None, typer.Option("--key", help="Private key file for SSH.")] = None,
-    port: Annotated[int, typer.Option("--port")] = 22,
+@dataclass(frozen=True)
+class SshFlags:
+    """How a board is reached over SSH, and where its agent lives there."""
+
+    host: Annotated[str, typer.Option("--host", help="SSH host of the board.")] = ""
+    user: Annotated[str, typer.Option("--user", help="SSH user.")] = ""
+    key: Annotated[Path | None, typer.Option("--key", help="Private key file for SSH.")] = None
+    port: Annotated[int, typer.Option("--port")] = 22
     known_hosts: Annotated[
         Path | None, typer.Option("--known-hosts", help="known_hosts file holding the board's key.")
-    ] = None,
-    host_key: Annotated[str | None, typer.Option("--host-key", help="Pinned host key fingerprint, SHA256:...")] = None,
-    python: Annotated[str, typer.Option("--python", help="Python on the board.")] = "python3",
-    workdir: Annotated[str, typer.Option("--workdir", help="Working directory on the board.")] = "~/parapipe",
-    agent_port: Annotated[
-        int, typer.Option("--agent-port", help="Port of the agent on the board's 127.0.0.1.")
-    ] = 50051,
+    ] = None
+    host_key: Annotated[str | None, typer.Option("--host-key", help="Pinned host key fingerprint, SHA256:...")] = None
+    python: Annotated[str, typer.Option("--python", help="Python on the board.")] = "python3"
+    workdir: Annotated[str, typer.Option("--workdir", help="Working directory on the board.")] = "~/parapipe"
+    agent_port: Annotated[int, typer.Option("--agent-port", help="Port of the agent on the board's 127.0.0.1.")] = 50051
+
+
+@dataclass(frozen=True)
+class DirectFlags:
+    """An agent reached directly over TLS with a token (no SSH)."""
+
     agent_address: Annotated[
         str,
         typer.Option(
             "--agent-address",
             help="HOST:PORT of an agent reachable directly over TLS (no SSH tunnel); needs --token-file and --tls-ca.",
         ),
-    ] = "",
-    token_file: Annotated[Path | None, typer.Option("--token-file", help="The agent's bearer token.")] = None,
-    tls_ca: Annotated[Path | None, typer.Option("--tls-ca", help="CA (PEM) of the agent's TLS certificate.")] = None,
+    ] = ""
+    token_file: Annotated[Path | None, typer.Option("--token-file", help="The agent's bearer token.")] = None
+    tls_ca: Annotated[Path | None, typer.Option("--tls-ca", help="CA (PEM) of the agent's TLS certificate.")] = None
+
+
+def _absolute(path: Path | None) -> str:
+    return str(path.expanduser().resolve()) if path else ""
+
+
+@boards_app.command("add")
+@fails_cleanly
+@option_groups(ssh=SshFlags, direct=DirectFlags)
+def add(
+    name: Annotated[str, typer.Argument(help="A name for the board.")],
+    device: Annotated[str, typer.Option("--device", help="Device profile (name or TOML path).")],
+    ssh: SshFlags,
+    direct: DirectFlags,
     group: Annotated[
         str, typer.Option("--group", help="A fleet the board belongs to (deploy/undeploy --group NAME).")
     ] = "",
@@ -50,19 +68,19 @@ def add(
 
     board = Board(
         name=name,
-        host=host,
-        port=port,
-        user=user,
-        key=str(key.expanduser().resolve()) if key else "",
+        host=ssh.host,
+        port=ssh.port,
+        user=ssh.user,
+        key=_absolute(ssh.key),
         device=device,
-        known_hosts=str(known_hosts.expanduser().resolve()) if known_hosts else "",
-        host_key_sha256=host_key or "",
-        python=python,
-        workdir=workdir,
-        agent_port=agent_port,
-        agent_address=agent_address,
-        token_file=str(token_file.expanduser().resolve()) if token_file else "",
-        tls_ca=str(tls_ca.expanduser().resolve()) if tls_ca else "",
+        known_hosts=_absolute(ssh.known_hosts),
+        host_key_sha256=ssh.host_key or "",
+        python=ssh.python,
+        workdir=ssh.workdir,
+        agent_port=ssh.agent_port,
+        agent_address=direct.agent_address,
+        token_file=_absolute(direct.token_file),
+        tls_ca=_absolute(direct.tls_ca),
         group=group,
     )
     path = add_board(board)
