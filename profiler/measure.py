@@ -26,6 +26,11 @@ import numpy as np
 
 from profiler.pinning import run_pinned
 
+# "Latency at rate" is measured (on the agent) and predicted (by the simulator) with frames arriving at this
+# share of the throughput measured back to back: at exactly that throughput the queue has no slack, any
+# hiccup stays in it for good and the figure is noise (53 and 25 ms in two runs of one plan, 10 ms alone).
+AT_RATE_LOAD = 0.9
+
 
 @dataclass(frozen=True)
 class Timing:

@@ -191,9 +191,12 @@ def test_solver_analytic_and_simulation_are_one_model(case) -> None:
     assert 1000.0 / figures.period_ms == pytest.approx(predicted.throughput_fps, rel=0.01)
     assert figures.energy_mj == pytest.approx(predicted.energy_mj, rel=0.01)
     assert figures.latency_ms == pytest.approx(predicted.latency_ms, rel=0.01)
-    if handoff == 0:
+    # the analytic period is the busiest unit, link or memory: no run of the plan is faster
+    assert simulated.throughput_fps <= predicted.throughput_fps * 1.02
+    if handoff == 0 and not _balanced(figures, problem, solution.assignment):
         # a handoff delay several times the period can make the executor's window of in-flight frames, not a
-        # unit or link, set the simulated throughput; the analytic figure has no window
+        # unit or link, set the simulated throughput; the analytic figure has no window. A plan with several
+        # resources at the period's load reaches it only after a long transient (docs/architecture.md)
         assert simulated.throughput_fps == pytest.approx(predicted.throughput_fps, rel=0.02)
     if calibration is not None and calibration[1] > 0:
         # the solver counts partitions (for their overhead) from a lower bound: it may only be optimistic
@@ -206,6 +209,15 @@ def test_solver_analytic_and_simulation_are_one_model(case) -> None:
         assert solution.value == pytest.approx(predicted.energy_mj, rel=0.01)
     else:
         assert solution.value == pytest.approx(predicted.latency_ms, rel=0.01)
+
+
+def _balanced(figures, problem, assignment: Assignment) -> bool:
+    """Whether a second unit carries within 5% of the busiest one's load (the period)."""
+    load: dict[int, float] = {}
+    for b, u in enumerate(assignment.block_unit):
+        load[u] = load.get(u, 0.0) + problem.ms(b, u, b in assignment.int8)
+    ranked = sorted(load.values(), reverse=True)
+    return len(ranked) > 1 and ranked[1] >= 0.95 * figures.period_ms
 
 
 @st.composite
