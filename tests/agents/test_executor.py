@@ -76,12 +76,12 @@ def test_bad_frames_are_refused(exported, two_cores, tmp_path) -> None:
 
 def _const_bundle(folder) -> tuple:
     """Partition ``const`` has no inputs (Cast of a weight, as exporters leave them); ``add`` adds it to x."""
-    import hashlib
     import os
 
     from onnx import TensorProto, helper, numpy_helper
 
-    from agents.bundle import MANIFEST, Manifest, PartitionSpec, TensorSpec
+    from agents.bundle import MANIFEST, Manifest, TensorSpec
+    from tests.support.tiny import cpu_partition
 
     weight = numpy_helper.from_array(np.arange(8, dtype=np.float16).reshape(1, 8), "w16")
     const = helper.make_graph(
@@ -99,27 +99,9 @@ def _const_bundle(folder) -> tuple:
         for name, g in (("const", const), ("add", add))
     }
     core = sorted(os.sched_getaffinity(0))[0]
-    parts = tuple(
-        PartitionSpec(
-            name=name,
-            file=f"{name}.onnx",
-            sha256=hashlib.sha256(data).hexdigest(),
-            pu="cpu",
-            cores=1,
-            core_ids=(core,),
-            threads=1,
-            throttle_percent=None,
-            throttled_cores=(),
-            provider="CPUExecutionProvider",
-            provider_options={},
-            stage=0,
-            group=0,
-            unit=i,
-            segment=i,
-            inputs=() if name == "const" else ("x", "w"),
-            outputs=("w",) if name == "const" else ("y",),
-        )
-        for i, (name, data) in enumerate(files.items())
+    parts = (
+        cpu_partition("const", "const.onnx", files["const"], core, inputs=(), outputs=("w",), unit=0),
+        cpu_partition("add", "add.onnx", files["add"], core, inputs=("x", "w"), outputs=("y",), unit=1),
     )
     manifest = Manifest(
         model_sha256="0" * 64, plan_name="const", device="test", pipelined=True, max_inflight=2, replicas=(1,),

@@ -78,6 +78,17 @@ def _learnt(kind: str = "handoff", value: float = 0.3, board: str = "local") -> 
     return CalibrationRecord.learnt("sha", kind, value, cond, runs=2)  # type: ignore[arg-type]
 
 
+def _load_error(tmp_path: Path, table: CostTable, section: str, change) -> str:
+    """The error loading ``table`` gives once ``change`` spoiled the first record of ``section``."""
+    data = json.loads(json.dumps(table.to_json()))
+    change(data[section][0])
+    path = tmp_path / "costs.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(CostTableError) as info:
+        CostTable.load(path)
+    return str(info.value)
+
+
 @pytest.mark.parametrize(
     ("change", "field"),
     [
@@ -93,13 +104,7 @@ def _learnt(kind: str = "handoff", value: float = 0.3, board: str = "local") -> 
 def test_a_malformed_entry_is_one_line_naming_the_field(tmp_path: Path, change, field: str) -> None:
     table = CostTable()
     table.add(_entry("a", 1.0))
-    data = json.loads(json.dumps(table.to_json()))
-    change(data["entries"][0])
-    path = tmp_path / "costs.json"
-    path.write_text(json.dumps(data))
-    with pytest.raises(CostTableError) as info:
-        CostTable.load(path)
-    message = str(info.value)
+    message = _load_error(tmp_path, table, "entries", change)
     assert f"({field}" in message and "\n" not in message, message
     assert "move the file away" in message
 
@@ -151,13 +156,7 @@ def test_calibration_values_are_their_own_section_and_round_trip(tmp_path: Path)
 def test_a_malformed_calibration_value_is_one_line_naming_the_field(tmp_path: Path, change, field: str) -> None:
     table = CostTable()
     table.learn(_learnt())
-    data = json.loads(json.dumps(table.to_json()))
-    change(data["calibration"][0])
-    path = tmp_path / "costs.json"
-    path.write_text(json.dumps(data))
-    with pytest.raises(CostTableError) as info:
-        CostTable.load(path)
-    message = str(info.value)
+    message = _load_error(tmp_path, table, "calibration", change)
     assert f"({field}" in message and "\n" not in message and "move the file away" in message, message
 
 

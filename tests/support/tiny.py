@@ -42,6 +42,41 @@ def _stage_model(stage: int) -> bytes:
     return model.SerializeToString()
 
 
+def cpu_partition(
+    name: str,
+    file: str,
+    data: bytes,
+    core: int,
+    *,
+    inputs: tuple[str, ...],
+    outputs: tuple[str, ...],
+    stage: int = 0,
+    unit: int = 0,
+    host: str = "",
+) -> PartitionSpec:
+    """A partition of one thread on one CPU core (its own unit and segment), for hand-made bundles."""
+    return PartitionSpec(
+        name=name,
+        file=file,
+        sha256=hashlib.sha256(data).hexdigest(),
+        pu="cpu",
+        cores=1,
+        core_ids=(core,),
+        threads=1,
+        throttle_percent=None,
+        throttled_cores=(),
+        provider="CPUExecutionProvider",
+        provider_options={},
+        stage=stage,
+        group=0,
+        unit=unit,
+        segment=unit,
+        inputs=inputs,
+        outputs=outputs,
+        host=host,
+    )
+
+
 def _manifest(stages: int, max_inflight: int, host: str, hosts: tuple[str, ...], plan_bundle: str) -> Manifest:
     cores = sorted(os.sched_getaffinity(0))
     parts = []
@@ -50,24 +85,15 @@ def _manifest(stages: int, max_inflight: int, host: str, hosts: tuple[str, ...],
         on = ("a" if s == 0 else "b") if hosts else ""
         local = not host or on == host
         parts.append(
-            PartitionSpec(
-                name=f"s{s}",
-                file=f"s{s}.onnx" if local else "",
-                sha256=hashlib.sha256(data).hexdigest(),
-                pu="cpu",
-                cores=1,
-                core_ids=(cores[s % len(cores)],),
-                threads=1,
-                throttle_percent=None,
-                throttled_cores=(),
-                provider="CPUExecutionProvider",
-                provider_options={},
-                stage=s,
-                group=0,
-                unit=s,
-                segment=s,
+            cpu_partition(
+                f"s{s}",
+                f"s{s}.onnx" if local else "",
+                data,
+                cores[s % len(cores)],
                 inputs=("idx",) if s == 0 else (f"t{s - 1}",),
                 outputs=(f"t{s}",),
+                stage=s,
+                unit=s,
                 host=on,
             )
         )
