@@ -276,11 +276,14 @@ def _uniform_unit_sets(problem: Problem) -> list[list[int]]:
     return sets
 
 
-def balanced(problem: Problem) -> Assignment | None:
-    """Throughput warm start: longest block first onto the least-loaded unit, then improving moves and swaps."""
-    best: tuple[float, Assignment] | None = None
+def balanced(problem: Problem, tries: int | None = None) -> Assignment | None:
+    """Throughput warm start: longest block first onto the least-loaded unit, then single-block moves and
+    pairwise swaps while they help, on each uniform cut of the board (at most ``tries`` evaluations per cut,
+    by default about 150,000 block evaluations: a count, not a time, so the same inputs give the same plan)."""
+    best: tuple[tuple[float, float], Assignment] | None = None
+    n = len(problem.blocks)
+    tries = min(4000, 150_000 // max(n, 1)) if tries is None else tries
     for units in _uniform_unit_sets(problem):
-        n = len(problem.blocks)
         order = sorted(range(n), key=lambda b: -min(problem.cost.get((b, u), float("inf")) for u in units))
         load = {u: 0.0 for u in units}
         assign = [-1] * n
@@ -293,24 +296,59 @@ def balanced(problem: Problem) -> Assignment | None:
             load[u] += problem.cost[(b, u)]
         if -1 in assign:
             continue
-        current = Assignment(tuple(assign))
-        period = schedule(problem, current).period_ms
-        improved = True
-        while improved:
-            improved = False
-            for b in range(n):
-                for u in units:
-                    if u == current.block_unit[b] or not _runs(problem, b, u):
-                        continue
-                    trial = list(current.block_unit)
-                    trial[b] = u
-                    cand = Assignment(tuple(trial))
-                    p = schedule(problem, cand).period_ms
-                    if p < period - 1e-9:
-                        current, period, improved = cand, p, True
-        if best is None or period < best[0]:
-            best = (period, current)
+        current = _rebalance(problem, Assignment(tuple(assign)), units, tries)
+        score = _balance(problem, current)
+        if best is None or score < best[0]:
+            best = (score, current)
     return best[1] if best else None
+
+
+def _balance(problem: Problem, assignment: Assignment) -> tuple[float, float]:
+    """What load balancing minimises: the period, then the sum of squared resource loads (so that a move
+    off one of several equally busiest units counts: it is the way down to a shorter period)."""
+    figures = schedule(problem, assignment)
+    return round(figures.period_ms, 9), sum(x * x for x in figures.loads)
+
+
+def _rebalance(problem: Problem, start: Assignment, units: Sequence[int], tries: int) -> Assignment:
+    """Moves of a block off a busiest unit, else swaps of such a block with one elsewhere: the first that
+    improves ``_balance`` is taken, until none does or ``tries`` evaluations are spent."""
+    current, score = start, _balance(problem, start)
+    n = len(problem.blocks)
+
+    def trial(changes: dict[int, int]) -> bool:
+        nonlocal current, score, tries
+        tries -= 1
+        unit_of = list(current.block_unit)
+        for b, u in changes.items():
+            unit_of[b] = u
+        cand = Assignment(tuple(unit_of))
+        s = _balance(problem, cand)
+        if s < score and fits(problem, cand):
+            current, score = cand, s
+            return True
+        return False
+
+    improved = True
+    while improved and tries > 0:
+        improved = False
+        figures = schedule(problem, current)
+        busiest = {u for u in units if figures.loads[u] >= figures.period_ms - 1e-9}
+        for b in (b for b in range(n) if current.block_unit[b] in busiest):
+            if any(tries > 0 and u != current.block_unit[b] and _runs(problem, b, u) and trial({b: u}) for u in units):
+                improved = True
+                break
+        if improved:
+            continue
+        for b in (b for b in range(n) if current.block_unit[b] in busiest):
+            u = current.block_unit[b]
+            if any(
+                tries > 0 and v != u and _runs(problem, b, v) and _runs(problem, c, u) and trial({b: v, c: u})
+                for c, v in enumerate(current.block_unit)
+            ):
+                improved = True
+                break
+    return current
 
 
 def segmented(problem: Problem, units: Sequence[int], time_limit: float = 1.0) -> Assignment | None:

@@ -68,6 +68,9 @@ class Figures:
     period_ms: float
     energy_mj: float
     starts: tuple[float, ...] = ()  # block start times of one frame (the list schedule)
+    # every resource's time per frame: each unit (by index), links, shared memories; not part of equality
+    # (relabelling identical units permutes it and changes no figure)
+    loads: tuple[float, ...] = field(default=(), compare=False)
 
     def value(self, objective: str) -> float:
         return {"latency": self.latency_ms, "throughput": self.period_ms, "energy": self.energy_mj}[objective]
@@ -208,8 +211,9 @@ def schedule(problem: Problem, assignment: Assignment) -> Figures:
         for m, members in problem.shared_memories.items():
             if pu in members:
                 traffic[m] = traffic.get(m, 0.0) + problem.traffic[(b, m)]
-    period = max([*load.values(), *link_load.values(), *traffic.values()])
-    return Figures(max(finish), period, busy_mj + transfer_mj + period * problem.idle_w, tuple(starts))
+    loads = (*(load.get(u, 0.0) for u in range(len(problem.units))), *link_load.values(), *traffic.values())
+    period = max(loads)
+    return Figures(max(finish), period, busy_mj + transfer_mj + period * problem.idle_w, tuple(starts), loads)
 
 
 @dataclass(frozen=True)
