@@ -157,8 +157,10 @@ def best_plan(
     search: SearchOptions = SearchOptions(),
     bounds: Constraints = UNBOUNDED,
     problem: Problem | None = None,
+    frames: int = 240,
 ) -> Plan:
-    """The ILP's plan for ``objective`` under the bounds, never worse than the best in-space baseline."""
+    """The ILP's plan for ``objective`` under the bounds, never worse than the best in-space baseline; with
+    its simulation over ``frames`` frames (0: the analytic prediction only)."""
     goal = _Goal(
         blocks, graph, cost, objective, bounds, problem or build_problem(blocks, graph, cost, search.max_stages)
     )
@@ -190,7 +192,7 @@ def best_plan(
     plan = goal.or_ort_all_cores(plan, provenance)
     if objective != "latency":
         plan = goal.replicated(plan, provenance)
-    return evaluate(plan, graph, cost)
+    return evaluate(plan, graph, cost, frames)
 
 
 @dataclass(frozen=True)
@@ -345,11 +347,14 @@ def pareto_set(
     blocks: OpGraph, graph: OpGraph, cost: CostModel, search: SearchOptions = SearchOptions(), steps: int = 4
 ) -> list[Plan]:
     """Epsilon-constraint sweep: the three single-objective optima, then latency-optimal plans under
-    throughput floors between them, and energy-optimal plans under latency ceilings."""
+    throughput floors between them, and energy-optimal plans under latency ceilings. The single-objective
+    solves get ``search.time_limit`` each, the sweep's bounded ones a third of it; only the plans on the
+    front are simulated."""
     problem = build_problem(blocks, graph, cost, search.max_stages)
+    sweep = dataclasses.replace(search, time_limit=search.time_limit / 3)
 
     def solved(objective: str, bounds: Constraints = UNBOUNDED) -> Plan:
-        return best_plan(blocks, graph, cost, objective, search, bounds, problem)
+        return best_plan(blocks, graph, cost, objective, search if bounds == UNBOUNDED else sweep, bounds, problem, 0)
 
     found = [solved(objective) for objective in OBJECTIVES]
     lat_best, thr_best = found[0], found[1]
@@ -369,4 +374,7 @@ def pareto_set(
         except PlanError:
             continue
         found.append(dataclasses.replace(plan, name=f"ilp-energy@{ceiling:.0f}ms"))
-    return [dataclasses.replace(p, name=f"pareto-{i}-{p.name}") for i, p in enumerate(pareto_front(found))]
+    return [
+        dataclasses.replace(evaluate(p, graph, cost), name=f"pareto-{i}-{p.name}")
+        for i, p in enumerate(pareto_front(found))
+    ]

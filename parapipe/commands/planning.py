@@ -109,7 +109,12 @@ class PlanFlags:
     objective: Annotated[str, typer.Option("--objective", help="latency, throughput, energy or pareto.")] = "pareto"
     granularity: Annotated[str, typer.Option("--granularity", help="coarse, fine or auto.")] = "auto"
     max_stages: Annotated[int, typer.Option("--max-stages", min=1, help="Most pipeline stages.")] = 4
-    time_limit: Annotated[float, typer.Option("--time-limit", min=0.1, help="Seconds per ILP solve.")] = 10.0
+    time_limit: Annotated[
+        float,
+        typer.Option(
+            "--time-limit", min=0.1, help="Seconds per ILP solve (pareto: the sweep's bounded solves get a third)."
+        ),
+    ] = 10.0
     solver: Annotated[str, typer.Option("--solver", help="highs (default) or cbc.")] = "highs"
 
 
