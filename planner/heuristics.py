@@ -388,8 +388,9 @@ def segmented(problem: Problem, units: Sequence[int], time_limit: float = 1.0) -
             return None  # a block none of these units can run
         if ordering_rows(sub) > rows_within(per):
             return None  # a segment too wide for its share of the time (HEFT stands in)
-        try:
-            solution = solve(dataclasses.replace(sub, cost=cost, derived={}), "latency", per, gap=1e-4)
+        sub = dataclasses.replace(sub, cost=cost, derived={})
+        try:  # HEFT on the segment is the start: a share of the time too short for a solution keeps it
+            solution = solve(sub, "latency", per, gap=1e-4, warm=heft(sub, sorted({u for _, u in cost})))
         except PlanError:
             return None
         for b, u in enumerate(solution.assignment.block_unit):

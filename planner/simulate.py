@@ -36,7 +36,7 @@ from profiler.measure import AT_RATE_LOAD
 
 @dataclass(frozen=True)
 class SimResult:
-    frames: int
+    frames: int  # frames simulated back to back: at least two windows (see simulate)
     latency_p50_ms: float
     latency_p99_ms: float
     throughput_fps: float
@@ -175,14 +175,20 @@ def simulate(model: PlanModel, frames: int = 200, max_inflight: int | None = Non
     benchmark sends them: the latency a user sees near full rate.
     """
     window = max_inflight or model.max_inflight()
+    # Steady state: frames that left while the window was still refilled (after the last frame entered the
+    # pipeline drains, and frames that queued while it filled leave in a burst, faster than any steady rate),
+    # from the middle of that stretch on. A window as large as the run would leave no such stretch, so the
+    # run is at least two windows long.
+    requested, frames = frames, max(frames, 2 * window) if frames > 1 else frames
     enter, leave, busy, extra_mj = _run(model, frames, window, None)
-    warm = min(frames - 1, max(1, frames // 2))  # steady state: the pipeline fills over many frames
-    span = leave[-1] - leave[warm - 1] if frames > 1 else leave[0] - enter[0]
-    done = frames - warm if frames > 1 else 1
+    last = frames - 1 - window if frames - 1 - window >= 1 else frames - 1  # left before the last frame entered
+    warm = max(1, last // 2)
+    span = leave[last] - leave[warm - 1] if frames > 1 else leave[0] - enter[0]
+    done = last - warm + 1 if frames > 1 else 1
     throughput = 1000.0 * done / span if span > 0 else float("inf")
     makespan = leave[-1] - enter[0]
     if frames > 1 and span > 0:
-        p_enter, p_leave, _, _ = _run(model, frames, window, 1000.0 / (AT_RATE_LOAD * throughput))
+        p_enter, p_leave, _, _ = _run(model, requested, window, 1000.0 / (AT_RATE_LOAD * throughput))
         latencies = sorted(b - a for a, b in zip(p_enter, p_leave, strict=True))
     else:
         latencies = sorted(b - a for a, b in zip(enter, leave, strict=True))

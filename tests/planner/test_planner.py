@@ -46,9 +46,9 @@ def test_analytic_and_simulated_throughput_agree(exported) -> None:
         plan = best_plan(blocks, graph, cost, objective, SearchOptions(time_limit=1.0))
         # the analytic figure is the busiest unit's bound; the simulation's steady state reaches it, but a
         # plan that balances five units exactly fills its 133-frame window slowly: 240 frames see 6% less
-        # (2400 frames: within 0.5%). Frames that entered while the window filled also leave in a burst
-        # inside the measured half: a plan with a 133-frame window measures up to 1.6% above the bound at
-        # 240 frames (0.2% at 2400), so the bound is checked to 2%.
+        # (2400 frames: within 0.5%). The simulation measures only frames that left before the last one
+        # entered (in the drain, frames queued while the window filled leave in a burst, above any steady
+        # rate), so the bound holds; checked to 2%.
         assert plan.predicted.throughput_fps * 0.92 <= plan.simulated.throughput_fps
         assert plan.simulated.throughput_fps <= plan.predicted.throughput_fps * 1.02
         assert plan.simulated.latency_ms >= plan.predicted.latency_ms * 0.99  # at full rate, never faster than alone
@@ -128,8 +128,10 @@ def test_fork_branch_join_splits_a_unit_into_segments(exported) -> None:
         assert not (set(seg.blocks) & on_gpu)
     from planner.simulate import PlanModel, simulate
 
-    result = simulate(PlanModel(plan, graph, cost), 5)  # a cycle between segments would never finish a frame
-    assert result.frames == 5 and result.throughput_fps > 0
+    model = PlanModel(plan, graph, cost)
+    result = simulate(model, 5)  # a cycle between segments would never finish a frame
+    # at least two windows run, so that the steady state is measured before the pipeline drains
+    assert result.frames == max(5, 2 * model.max_inflight()) and result.throughput_fps > 0
 
 
 def test_latency_of_the_solver_and_of_the_lowered_plan_agree_on_googlenet(exported) -> None:
