@@ -55,6 +55,8 @@ class Links(Protocol):
 
     def send_error(self, host: str, frame: int, message: str) -> None: ...
 
+    def send_entered(self, host: str, frame: int) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -246,6 +248,7 @@ class Pipeline:
         self._recent_failures: dict[int, None] = {}  # frames whose failure was handled here (bounded, in order)
         self._next_id = 0
         self.admitted = 0  # frames below this id have entered the pipeline (on this host)
+        self._admit_lock = threading.Lock()  # frames may enter from several peer streams at once
         local = manifest.local_partitions()
         cores_use: dict[int, int] = {}
         for p in local:
@@ -275,7 +278,21 @@ class Pipeline:
                         remote[t].append(manifest.entry)
             self._consumers.append(table)
             self._remote.append({t: hs for t, hs in remote.items() if hs})
-        self.peer_hosts = sorted({h for table in self._remote for hs in table.values() for h in hs})
+        # Hosts with partitions that take no inputs run a frame once it entered (``Pipeline.admitted``); another
+        # host may send them no tensor of a frame, or only tensors that need those partitions' outputs first,
+        # so the entry host announces every frame to them (per phase) as it enters.
+        self._announce: list[tuple[str, ...]] = [
+            tuple(
+                sorted({p.host for p in manifest.active(phase) if not p.inputs and p.host != manifest.host})
+                if self.entry and manifest.host
+                else ()
+            )
+            for phase in range(self.period)
+        ]
+        self.peer_hosts = sorted(
+            {h for table in self._remote for hs in table.values() for h in hs}
+            | {h for hs in self._announce for h in hs}
+        )
         self.accepts = {t for table in self._consumers for t in table} | (self._outputs if self.entry else set())
         self.inputs: dict[str, TensorSpec] = {t.name: t for t in manifest.inputs}
         self._input_names = set(self.inputs)
@@ -389,7 +406,12 @@ class Pipeline:
             frame.future.latch = _latch(frame.future)  # type: ignore[attr-defined]
             self._frames[frame.id] = frame
             self._next_id += 1
-        self._admit(frame.id)
+            self.admitted = self._next_id  # ids grow under this lock, so ``admitted`` never goes back
+        for w in self._sourceless:
+            w.wake()
+        if self.links is not None:
+            for host in self._announce[frame.id % self.period]:
+                self.links.send_entered(host, frame.id)
         for name, value in tensors.items():
             self._fan_out(frame.id, name, value)
         return frame.future
@@ -419,11 +441,15 @@ class Pipeline:
         future = self.submit(tensors, timeout)
         return self.result(future, None if deadline is None else max(0.0, deadline - time.monotonic()))
 
-    def _admit(self, frame: int) -> None:
-        """Frame ``frame`` entered the pipeline here: partitions without inputs may now run it."""
+    def enter(self, frame: int) -> None:
+        """Frame ``frame`` entered the pipeline (told by the entry host, or its first tensor arrived here):
+        partitions without inputs may now run it, and every frame before it."""
         if frame < self.admitted:
             return
-        self.admitted = frame + 1  # set before the wake: a worker that just looked sleeps no further
+        with self._admit_lock:
+            if frame < self.admitted:
+                return
+            self.admitted = frame + 1  # set before the wake: a worker that just looked sleeps no further
         for w in self._sourceless:
             w.wake()
 
@@ -444,7 +470,7 @@ class Pipeline:
         """A tensor from another host's agent: hand it to the partitions here that read it."""
         if name not in self.accepts:
             raise InputError(f"no partition on host {self.manifest.host!r} reads tensor {name!r}")
-        self._admit(frame)  # on a host other than the entry, a frame enters with its first tensor
+        self.enter(frame)  # on a host other than the entry, a frame has entered once a tensor of it arrives
         for w in self._consumers[frame % self.period].get(name, []):
             w.deliver(frame, name, value)
         if name in self._outputs and self.entry:
