@@ -283,16 +283,18 @@ def overhead(agent: LocalAgent, zoo_dir: Path, tmp: Path, frames: int, repeats: 
             f"{pf:14.3f} {of:13.3f} {(of / pf - 1) * 100:+7.2f}%",
             flush=True,
         )
-    added, plain = handoff_cost(tmp, cores)
+    inline, queued, plain = handoff_cost(tmp, cores)
     print(
-        f"executor handoffs per frame (in process, one-node model, fastest of 7 x 3000 frames): {added:.1f} µs "
-        f"on top of session.run's {plain:.1f} µs = {added / 20:.2f}% of a 2 ms frame",
+        f"executor cost per frame (in process, one-node model, fastest of 7 x 3000 frames) on top of session.run's "
+        f"{plain:.1f} µs: {inline:.1f} µs run inline by infer (one partition, idle) = {inline / 20:.2f}% of a 2 ms "
+        f"frame; {queued:.1f} µs handed to the worker and back (submit + result) = {queued / 20:.2f}%",
         flush=True,
     )
 
 
-def handoff_cost(tmp: Path, cores: list[int], frames: int = 3000, repeats: int = 7) -> tuple[float, float]:
-    """(µs per frame the executor adds to session.run, µs of plain session.run) on a one-node model,
+def handoff_cost(tmp: Path, cores: list[int], frames: int = 3000, repeats: int = 7) -> tuple[float, float, float]:
+    """(µs per frame the executor adds to session.run when ``infer`` runs the frame inline, µs it adds when
+    the frame is handed to the partition's worker and back, µs of plain session.run) on a one-node model,
     in process: what every frame pays whatever the model (fastest of ``repeats`` runs: noise only adds)."""
     import onnx
     from onnx import TensorProto, helper
@@ -322,17 +324,19 @@ def handoff_cost(tmp: Path, cores: list[int], frames: int = 3000, repeats: int =
         session = _session(model, 1, cores[:1])
         plain.append(timed(lambda f: session.run(None, f)))
 
-    ours: list[float] = []
+    inline: list[float] = []
+    queued: list[float] = []
     plain: list[float] = []
     try:
         for _ in range(repeats):
             t = threading.Thread(target=plain_run)
             t.start()
             t.join()
-            ours.append(timed(pipeline.infer))  # from an unpinned thread, as the agent's calls come
+            inline.append(timed(pipeline.infer))  # from an unpinned thread, as the agent's calls come
+            queued.append(timed(lambda f: pipeline.result(pipeline.submit(f))))
     finally:
         pipeline.stop()
-    return min(ours) - min(plain), min(plain)
+    return min(inline) - min(plain), min(queued) - min(plain), min(plain)
 
 
 def replicated_bundle_inputs(path: Path):
