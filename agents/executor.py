@@ -481,8 +481,8 @@ class Pipeline:
         self, tensors: Mapping[str, np.ndarray], timeout: float | None = None
     ) -> dict[str, np.ndarray] | None:
         """Run one frame in the calling thread, pinned to the partition's cores for the run, if the
-        pipeline is one partition on this host and that partition is idle; None if it is not (submit
-        the frame then). What a frame pays otherwise, two thread handoffs, is most of the executor's
+        pipeline is one partition on this host and that partition is idle with no frame waiting for
+        it; None if not (submit the frame then). What a frame pays otherwise, two thread handoffs, is most of the executor's
         cost on a small model. The frame counts as in flight while it runs; a run, once started, is
         not cut short by the deadline (it is one session.run of this partition)."""
         w = self._solo
@@ -490,8 +490,8 @@ class Pipeline:
             return None
         try:
             with self._lock:
-                if len(self._frames) + self._inline >= self.max_inflight:
-                    return None
+                if self._frames or self._inline >= self.max_inflight:
+                    return None  # frames wait for the worker: this one queues behind them, not ahead
                 self._refuse_new()
                 self._inline += 1
             try:
