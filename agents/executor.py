@@ -482,9 +482,10 @@ class Pipeline:
     ) -> dict[str, np.ndarray] | None:
         """Run one frame in the calling thread, pinned to the partition's cores for the run, if the
         pipeline is one partition on this host and that partition is idle with no frame waiting for
-        it; None if not (submit the frame then). What a frame pays otherwise, two thread handoffs, is most of the executor's
-        cost on a small model. The frame counts as in flight while it runs; a run, once started, is
-        not cut short by the deadline (it is one session.run of this partition)."""
+        it; None if not (submit the frame then). What a frame pays otherwise, two thread handoffs,
+        is most of the executor's cost on a small model. The frame counts as in flight while it
+        runs; a run, once started, is not cut short by the deadline (it is one session.run of this
+        partition)."""
         w = self._solo
         if w is None or w.session is None or not w.run_lock.acquire(False):
             return None
