@@ -9,7 +9,10 @@ fewer than ``max_inflight`` frames are in flight, replicated stages take frames
 round-robin, and results are handed back per frame (callers wait on them in order).
 Every frame pays these handoffs (``bench/bench_agent.py --overhead`` measures them), so
 they use C-level locks only: a worker sleeps on a lock its producers release, and a
-caller of ``infer`` on a latch its frame's last worker releases.
+caller of ``infer`` on a latch its frame's last worker releases. A pipeline of one partition
+(one host) makes no handoff at all for a frame of ``infer`` (``Infer`` and ``ModelInfer`` calls,
+the benchmark's frames one at a time) that finds the partition idle: the caller's thread runs it,
+pinned to the partition's cores for the run (``infer_inline``).
 
 In a plan over several hosts, each host's agent runs only its own partitions; tensors
 read on another host go there through ``links`` (agent-to-agent gRPC streams, see
@@ -18,6 +21,7 @@ read on another host go there through ``links`` (agent-to-agent gRPC streams, se
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import uuid
@@ -55,6 +59,8 @@ class Links(Protocol):
 
     def send_error(self, host: str, frame: int, message: str) -> None: ...
 
+    def send_entered(self, host: str, frame: int) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -88,6 +94,11 @@ class _Worker:
         self._wake = threading.Lock()
         self._wake.acquire()
         self.ready = threading.Event()
+        # one session.run at a time: this worker's, or a caller's running a frame inline (``Pipeline.infer``)
+        self.run_lock = threading.Lock()
+        self.session = None
+        self.output_names = list(spec.outputs)
+        self.cores = set(spec.core_ids)
         self.error: BaseException | None = None
         self.stats = WorkerStats()
         self._inputs = len(spec.inputs)
@@ -173,13 +184,14 @@ class _Worker:
 
     def _run(self) -> None:
         try:
-            session = self._session()
-            output_names = list(self.spec.outputs)
+            session = self.session = self._session()
+            output_names = self.output_names
         except BaseException as exc:
             self.error = exc
             self.ready.set()
             return
         self.ready.set()
+        run_lock = self.run_lock
         period = self.pipeline.replicas[self.spec.stage]
         frame = self.spec.group
         while True:
@@ -201,17 +213,22 @@ class _Worker:
                 arrived = self.arrived.pop(frame, time.perf_counter())
             finally:
                 self.lock.release()
-            start = time.perf_counter()
-            try:
-                results = session.run(output_names, feeds)
-            except BaseException as exc:
-                self.pipeline.fail(frame, PipelineError(f"partition {self.spec.name} failed on frame {frame}: {exc}"))
+            with run_lock:
+                start = time.perf_counter()
+                try:
+                    results = session.run(output_names, feeds)
+                except BaseException as exc:
+                    error = exc
+                else:
+                    error = None
+                    end = time.perf_counter()
+                    self.stats.busy_s += end - start
+                    self.stats.wait_s += start - arrived
+                    self.stats.frames += 1
+            if error is not None:
+                self.pipeline.fail(frame, PipelineError(f"partition {self.spec.name} failed on frame {frame}: {error}"))
                 frame += period
                 continue
-            end = time.perf_counter()
-            self.stats.busy_s += end - start
-            self.stats.wait_s += start - arrived
-            self.stats.frames += 1
             for name, value in zip(output_names, results, strict=True):
                 self.pipeline.route(self.spec, frame, name, value)
             frame += period
@@ -246,6 +263,7 @@ class Pipeline:
         self._recent_failures: dict[int, None] = {}  # frames whose failure was handled here (bounded, in order)
         self._next_id = 0
         self.admitted = 0  # frames below this id have entered the pipeline (on this host)
+        self._admit_lock = threading.Lock()  # frames may enter from several peer streams at once
         local = manifest.local_partitions()
         cores_use: dict[int, int] = {}
         for p in local:
@@ -275,11 +293,38 @@ class Pipeline:
                         remote[t].append(manifest.entry)
             self._consumers.append(table)
             self._remote.append({t: hs for t, hs in remote.items() if hs})
-        self.peer_hosts = sorted({h for table in self._remote for hs in table.values() for h in hs})
+        # Hosts with partitions that take no inputs run a frame once it entered (``Pipeline.admitted``); another
+        # host may send them no tensor of a frame, or only tensors that need those partitions' outputs first,
+        # so the entry host announces every frame to them (per phase) as it enters.
+        self._announce: list[tuple[str, ...]] = [
+            tuple(
+                sorted({p.host for p in manifest.active(phase) if not p.inputs and p.host != manifest.host})
+                if self.entry and manifest.host
+                else ()
+            )
+            for phase in range(self.period)
+        ]
+        self.peer_hosts = sorted(
+            {h for table in self._remote for hs in table.values() for h in hs}
+            | {h for hs in self._announce for h in hs}
+        )
         self.accepts = {t for table in self._consumers for t in table} | (self._outputs if self.entry else set())
         self.inputs: dict[str, TensorSpec] = {t.name: t for t in manifest.inputs}
         self._input_names = set(self.inputs)
         self._input_checks = [(t.name, np.dtype(t.dtype), tuple(t.shape)) for t in manifest.inputs]
+        # A pipeline of one partition on this host alone runs a caller's frame in the caller's thread when
+        # that partition is idle (``infer``): no handoff to its worker and back, and nothing to overlap.
+        self._solo = self._inline_worker()
+        self._inline = 0  # frames running inline now (in flight, like those in ``_frames``)
+
+    def _inline_worker(self) -> _Worker | None:
+        if self.manifest.hosts or len(self.workers) != 1 or len(self.manifest.partitions) != 1:
+            return None
+        w = next(iter(self.workers.values()))
+        spec = w.spec
+        if spec.throttled_cores or set(spec.inputs) != self._input_names or not self._outputs <= set(spec.outputs):
+            return None  # a throttle is per thread group (a cgroup), not for a caller's thread to join per frame
+        return w
 
     # ------------------------------------------------------------------ life cycle
 
@@ -314,7 +359,7 @@ class Pipeline:
     @property
     def in_flight(self) -> int:
         with self._lock:
-            return len(self._frames)
+            return len(self._frames) + self._inline
 
     # ------------------------------------------------------------------ frames
 
@@ -347,12 +392,12 @@ class Pipeline:
         with self._lock:
             self.draining = True
             self._space.notify_all()
-            while self._frames and not self.stopping:
+            while (self._frames or self._inline) and not self.stopping:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
                 self._space.wait(left)
-            return len(self._frames)
+            return len(self._frames) + self._inline
 
     def _refuse_new(self) -> None:
         if self.stopping:
@@ -378,7 +423,9 @@ class Pipeline:
         timeout = _finite(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
-            while len(self._frames) >= self.max_inflight and not (self.stopping or self.broken or self.draining):
+            while len(self._frames) + self._inline >= self.max_inflight and not (
+                self.stopping or self.broken or self.draining
+            ):
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise DeadlineExceeded(f"no frame slot within the deadline ({self.max_inflight} frames in flight)")
@@ -389,7 +436,12 @@ class Pipeline:
             frame.future.latch = _latch(frame.future)  # type: ignore[attr-defined]
             self._frames[frame.id] = frame
             self._next_id += 1
-        self._admit(frame.id)
+            self.admitted = self._next_id  # ids grow under this lock, so ``admitted`` never goes back
+        for w in self._sourceless:
+            w.wake()
+        if self.links is not None:
+            for host in self._announce[frame.id % self.period]:
+                self.links.send_entered(host, frame.id)
         for name, value in tensors.items():
             self._fan_out(frame.id, name, value)
         return frame.future
@@ -415,15 +467,84 @@ class Pipeline:
             raise DeadlineExceeded(f"frame {frame} did not finish within the deadline") from None
 
     def infer(self, tensors: Mapping[str, np.ndarray], timeout: float | None = None) -> dict[str, np.ndarray]:
+        """One frame's outputs: run in this thread where the pipeline is one idle partition
+        (``infer_inline``), else submitted and waited for."""
+        timeout = _finite(timeout)
+        outputs = self.infer_inline(tensors, timeout)
+        if outputs is not None:
+            return outputs
         deadline = None if timeout is None else time.monotonic() + timeout
         future = self.submit(tensors, timeout)
         return self.result(future, None if deadline is None else max(0.0, deadline - time.monotonic()))
 
-    def _admit(self, frame: int) -> None:
-        """Frame ``frame`` entered the pipeline here: partitions without inputs may now run it."""
+    def infer_inline(
+        self, tensors: Mapping[str, np.ndarray], timeout: float | None = None
+    ) -> dict[str, np.ndarray] | None:
+        """Run one frame in the calling thread, pinned to the partition's cores for the run, if the
+        pipeline is one partition on this host and that partition is idle with no frame waiting for
+        it; None if not (submit the frame then). What a frame pays otherwise, two thread handoffs,
+        is most of the executor's cost on a small model. The frame counts as in flight while it
+        runs; a run, once started, is not cut short by the deadline (it is one session.run of this
+        partition)."""
+        w = self._solo
+        if w is None or w.session is None or not w.run_lock.acquire(False):
+            return None
+        try:
+            with self._lock:
+                if self._frames or self._inline >= self.max_inflight:
+                    return None  # frames wait for the worker: this one queues behind them, not ahead
+                self._refuse_new()
+                self._inline += 1
+            try:
+                self.check_inputs(tensors)
+                if timeout is not None and timeout <= 0:
+                    raise DeadlineExceeded("the frame's deadline passed before it could start")
+                started = time.perf_counter()
+                results = self._run_pinned(w, tensors)
+                end = time.perf_counter()
+            except BaseException as exc:
+                with self._lock:
+                    self._inline -= 1
+                    if not isinstance(exc, InputError):
+                        self.frames_failed += 1
+                    self._space.notify_all()
+                if isinstance(exc, (InputError, DeadlineExceeded, PipelineError)):
+                    raise
+                raise PipelineError(f"partition {w.spec.name} failed on a frame: {exc}") from None
+            w.stats.busy_s += end - started
+            w.stats.frames += 1
+        finally:
+            w.run_lock.release()
+        with self._lock:
+            self._inline -= 1
+            self.frames_done += 1
+            self._space.notify_all()
+        if self.on_done is not None:
+            self.on_done(end - started)
+        return {n: v for n, v in zip(w.output_names, results, strict=True) if n in self._outputs}
+
+    @staticmethod
+    def _run_pinned(w: _Worker, tensors: Mapping[str, np.ndarray]) -> list:
+        """``w``'s session.run in this thread, on ``w``'s cores (affinity is per thread), as its worker runs it."""
+        cores = w.cores
+        before = os.sched_getaffinity(0) if cores else cores
+        if before != cores:
+            os.sched_setaffinity(0, cores)
+        try:
+            return w.session.run(w.output_names, tensors)  # type: ignore[union-attr]
+        finally:
+            if before != cores:
+                os.sched_setaffinity(0, before)
+
+    def enter(self, frame: int) -> None:
+        """Frame ``frame`` entered the pipeline (told by the entry host, or its first tensor arrived here):
+        partitions without inputs may now run it, and every frame before it."""
         if frame < self.admitted:
             return
-        self.admitted = frame + 1  # set before the wake: a worker that just looked sleeps no further
+        with self._admit_lock:
+            if frame < self.admitted:
+                return
+            self.admitted = frame + 1  # set before the wake: a worker that just looked sleeps no further
         for w in self._sourceless:
             w.wake()
 
@@ -444,7 +565,7 @@ class Pipeline:
         """A tensor from another host's agent: hand it to the partitions here that read it."""
         if name not in self.accepts:
             raise InputError(f"no partition on host {self.manifest.host!r} reads tensor {name!r}")
-        self._admit(frame)  # on a host other than the entry, a frame enters with its first tensor
+        self.enter(frame)  # on a host other than the entry, a frame has entered once a tensor of it arrives
         for w in self._consumers[frame % self.period].get(name, []):
             w.deliver(frame, name, value)
         if name in self._outputs and self.entry:

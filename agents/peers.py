@@ -200,6 +200,9 @@ class PeerLinks:
     def send_error(self, host: str, frame: int, message: str) -> None:
         self._links[host].put(pb.Handoff(plan_bundle=self.plan_bundle, frame=frame, error=message))
 
+    def send_entered(self, host: str, frame: int) -> None:
+        self._links[host].put(pb.Handoff(plan_bundle=self.plan_bundle, frame=frame, entered=True))
+
     def close(self, started: bool = True) -> None:
         for link in self._links.values():
             if started and link.thread.is_alive():

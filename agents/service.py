@@ -421,7 +421,7 @@ def recover(state: AgentState, broken: Pipeline) -> None:
 def exchange(
     state: AgentState, handoffs: Iterable[pb.Handoff], metadata: dict[str, str | bytes] | None = None
 ) -> pb.ExchangeReply:
-    """Tensors (or failures) from another host's agent for the running pipeline.
+    """Tensors (or failures, or frames that entered the plan) from another host's agent for the running pipeline.
 
     A stream from a new run of the sending host's part (its epoch changed: it restarted) means this
     host's pipeline numbers frames differently: it breaks (frames in flight fail) and starts again."""
@@ -449,6 +449,8 @@ def exchange(
             )
         if h.error:
             pipeline.receive_error(h.frame, h.error)
+        elif h.entered:
+            pipeline.enter(h.frame)
         else:
             pipeline.receive(h.frame, h.tensor.name, from_message(h.tensor))
         received += 1

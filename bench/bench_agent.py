@@ -17,7 +17,11 @@ agent's Benchmark), on a ~2 ms model (a chain of 3x3 convolutions sized here to 
 2 ms a frame on one core) and on resnet18. Latency: one partition on one core vs one
 single-thread session on that core; throughput: the model replicated on each core (frames
 round-robin) vs one session per core fed by its own thread. Runs alternate (plain, ours)
-and medians are compared; goal <= 1% per frame on both.
+and medians are compared; goal <= 1% per frame on both. On a shared machine those runs drift
+by several % with the load, so the same is also measured in process, frame by frame in turn
+(inline, queued, plain), where the drift cancels: a one-partition pipeline runs a frame of
+``infer`` in the caller's thread (inline) when idle, and hands it to its worker (queued) when
+frames wait; and the executor's own cost per frame, on a one-node model, for both paths.
 
 Run: .venv/bin/python bench/bench_agent.py [--models resnet18 googlenet inception_v3] [--frames 60]
      .venv/bin/python bench/bench_agent.py --overhead [--repeats 7] [--frames 200]
@@ -283,16 +287,73 @@ def overhead(agent: LocalAgent, zoo_dir: Path, tmp: Path, frames: int, repeats: 
             f"{pf:14.3f} {of:13.3f} {(of / pf - 1) * 100:+7.2f}%",
             flush=True,
         )
-    added, plain = handoff_cost(tmp, cores)
     print(
-        f"executor handoffs per frame (in process, one-node model, fastest of 7 x 3000 frames): {added:.1f} µs "
-        f"on top of session.run's {plain:.1f} µs = {added / 20:.2f}% of a 2 ms frame",
+        "paired in process, frame by frame in turn (load drift cancels): one partition's pipeline.infer (inline), "
+        "the same frame submitted to its worker (queued), plain session.run on the same core"
+    )
+    for path in (small, resnet):
+        feeds = generate_inputs(replicated_bundle_inputs(path))
+        got = paired(path, tmp / f"{path.stem}-paired", feeds, cores, max(30, frames // (1 if path is small else 4)))
+        print(
+            f"{path.stem:16} plain {got['plain']:.3f} ms; inline {got['inline']:.3f} ms "
+            f"({(got['inline'] / got['plain'] - 1) * 100:+.2f}%); queued {got['queued']:.3f} ms "
+            f"({(got['queued'] / got['plain'] - 1) * 100:+.2f}%)",
+            flush=True,
+        )
+    inline, queued, plain = handoff_cost(tmp, cores)
+    print(
+        f"executor cost per frame (in process, one-node model, fastest of 7 x 3000 frames) on top of session.run's "
+        f"{plain:.1f} µs: {inline:.1f} µs run inline by infer (one partition, idle) = {inline / 20:.2f}% of a 2 ms "
+        f"frame; {queued:.1f} µs handed to the worker and back (submit + result) = {queued / 20:.2f}%",
         flush=True,
     )
 
 
-def handoff_cost(tmp: Path, cores: list[int], frames: int = 3000, repeats: int = 7) -> tuple[float, float]:
-    """(µs per frame the executor adds to session.run, µs of plain session.run) on a one-node model,
+def paired(model: Path, folder: Path, feeds: dict, cores: list[int], frames: int) -> dict[str, float]:
+    """Median ms per frame of three ways to run one frame, taken in turn frame by frame (in a rotating
+    order: under load, a thread that has run on is preempted sooner than one that slept) from one unpinned
+    thread: ``inline`` (``Pipeline.infer`` on a one-partition pipeline), ``queued`` (submitted to the
+    partition's worker and waited for) and ``plain`` (session.run, this thread pinned to the same core
+    for the run, as inline pins it)."""
+    import os
+
+    from agents.bundle import parse_manifest
+    from agents.executor import Pipeline
+
+    bundle = replicated_bundle(model, folder, cores, False)
+    pipeline = Pipeline(parse_manifest((bundle / "manifest.json").read_text()), bundle)
+    pipeline.start()
+    own = os.sched_getaffinity(0)
+    plain = _session(model, 1, cores[:1])
+    os.sched_setaffinity(0, own)
+
+    def plain_run(f: dict) -> None:
+        os.sched_setaffinity(0, set(cores[:1]))
+        try:
+            plain.run(None, f)
+        finally:
+            os.sched_setaffinity(0, own)
+
+    ways = {"inline": pipeline.infer, "queued": lambda f: pipeline.result(pipeline.submit(f)), "plain": plain_run}
+    times: dict[str, list[float]] = {k: [] for k in ways}
+    try:
+        for run in ways.values():
+            for _ in range(5):
+                run(feeds)
+        order = list(ways)
+        for i in range(frames):
+            for k in order[i % 3 :] + order[: i % 3]:  # each way first, second and third in turn
+                t0 = time.perf_counter()
+                ways[k](feeds)
+                times[k].append((time.perf_counter() - t0) * 1e3)
+    finally:
+        pipeline.stop()
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def handoff_cost(tmp: Path, cores: list[int], frames: int = 3000, repeats: int = 7) -> tuple[float, float, float]:
+    """(µs per frame the executor adds to session.run when ``infer`` runs the frame inline, µs it adds when
+    the frame is handed to the partition's worker and back, µs of plain session.run) on a one-node model,
     in process: what every frame pays whatever the model (fastest of ``repeats`` runs: noise only adds)."""
     import onnx
     from onnx import TensorProto, helper
@@ -322,17 +383,19 @@ def handoff_cost(tmp: Path, cores: list[int], frames: int = 3000, repeats: int =
         session = _session(model, 1, cores[:1])
         plain.append(timed(lambda f: session.run(None, f)))
 
-    ours: list[float] = []
+    inline: list[float] = []
+    queued: list[float] = []
     plain: list[float] = []
     try:
         for _ in range(repeats):
             t = threading.Thread(target=plain_run)
             t.start()
             t.join()
-            ours.append(timed(pipeline.infer))  # from an unpinned thread, as the agent's calls come
+            inline.append(timed(pipeline.infer))  # from an unpinned thread, as the agent's calls come
+            queued.append(timed(lambda f: pipeline.result(pipeline.submit(f))))
     finally:
         pipeline.stop()
-    return min(ours) - min(plain), min(plain)
+    return min(inline) - min(plain), min(queued) - min(plain), min(plain)
 
 
 def replicated_bundle_inputs(path: Path):

@@ -379,14 +379,20 @@ _UNIT_NAME = re.compile(r"parapipe-agent-[0-9a-f]{12}\.service")
 CRON_MARK = "# parapipe agent"  # ends every crontab line deploy adds (the workdir follows it)
 CRONTAB_LOCK = ".parapipe-crontab.lock"  # in the user's home: every crontab edit by deploy/undeploy holds it
 CRONTAB_LOCK_WAIT_S = 60  # a crontab edit takes milliseconds; a lock held this long is reported
+CRONTAB_LOCK_STALE_S = 300  # a link lock whose holder cannot be checked (another host) is taken over this old
 
 # A crontab edit is load-modify-save (`crontab -l`, then `crontab -`): two deploys to one board at once
 # (different workdirs) would each save what they loaded and one's line would be lost. Every edit holds
 # ~/.parapipe-crontab.lock: flock(1) where util-linux is there (released by the kernel whatever ends the
-# edit); otherwise a `mkdir` lock beside it (removed on exit; one left by an edit killed outright is
-# reported after the wait, naming the folder to remove). It prints which lock it took.
+# edit); otherwise a symbolic link ~/.parapipe-crontab.lock.held whose target names its holder (host, pid,
+# the pid's start time), made with `ln -s`, which creates it, holder and all, at once or fails. A link
+# whose holder on this board no longer runs (killed outright: no trap removed it), or whose pid now is
+# another process (another start time), is taken over; one of another host (a home shared over NFS)
+# once it is CRONTAB_LOCK_STALE_S old. Taking over holds ~/.parapipe-crontab.lock.breaking (a folder,
+# for milliseconds) and removes the link only if it still names the holder judged gone, so two edits
+# taking over at once never remove a live edit's lock. It prints which lock it took.
 _CRONTAB_EDIT = r"""
-line=$1 mode=$2 lock="$HOME/$3" wait=$4
+line=$1 mode=$2 lock="$HOME/$3" wait=$4 stale=$5
 edit() {
   if [ "$mode" = add ]; then
     { crontab -l 2>/dev/null | grep -vxF -- "$line"; printf '%s\n' "$line"; } | crontab -
@@ -401,18 +407,49 @@ if command -v flock >/dev/null 2>&1; then
   echo flock
   edit
 else
-  n=0
-  until mkdir "$lock.d" 2>/dev/null; do
+  held="$lock.held" guard="$lock.breaking" host=$(uname -n 2>/dev/null)
+  started() { sed 's/^.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f20; }
+  me="$host $$ $(started $$)"
+  holder() { readlink "$1" 2>/dev/null || { [ -L "$1" ] && ls -l "$1" | sed 's/.* -> //'; }; }
+  age() { echo $(( $(date +%s) - $(stat -c %Y "$1" 2>/dev/null || date +%s) )); }
+  gone() {  # the holder $1 ("host pid start") no longer holds the lock
+    set -f; set -- $1; set +f
+    if [ "$1" = "$host" ] && [ -n "$2" ]; then
+      kill -0 "$2" 2>/dev/null || return 0
+      [ -d /proc/self ] && [ "$(started "$2")" != "$3" ] && return 0
+      return 1
+    fi
+    [ "$(age "$held")" -ge "$stale" ]
+  }
+  take_over() {  # $1: the holder judged gone; remove its link unless it changed since
+    mkdir "$guard" 2>/dev/null || { [ "$(age "$guard")" -ge 10 ] && rm -rf "$guard"; return 1; }
+    if [ "$(holder "$held")" = "$1" ]; then
+      rm -f "$held" && echo "parapipe: took over the crontab lock $held of an edit that is gone ($1)" >&2
+    fi
+    rmdir "$guard" 2>/dev/null
+    return 0
+  }
+  n=0 m=0
+  until ln -s "$me" "$held" 2>/dev/null; do
+    if ! [ -L "$held" ]; then
+      m=$((m + 1))
+      [ "$m" -le 50 ] && continue  # released just now
+      echo "cannot create the crontab lock $held: the user's home must be writable" >&2
+      exit 3
+    fi
+    h=$(holder "$held")
+    if gone "$h"; then take_over "$h" && continue; fi
     n=$((n + 1))
     if [ "$n" -gt "$wait" ]; then
-      echo "the crontab lock $lock.d (no flock on this board) has been held for $wait s; if no deploy or"         "undeploy to this board is running, an edit was killed holding it: remove that folder (rmdir)" >&2
+      echo "the crontab lock $held (no flock on this board) has been held for $wait s by a running edit" \
+        "($h: host, pid, start time); try again once it is done" >&2
       exit 3
     fi
     sleep 1
   done
-  trap 'rmdir "$lock.d" 2>/dev/null' EXIT
+  trap '[ "$(holder "$held")" = "$me" ] && rm -f "$held"' EXIT
   trap 'exit 129' HUP INT TERM
-  echo mkdir
+  echo link
   edit
 fi
 """
@@ -421,9 +458,11 @@ fi
 def edit_crontab(conn: BoardConnection, line: str, add: bool) -> str:
     """Add ``line`` to the user's crontab on the board (once), or remove it (every copy, nothing else),
     holding the board's crontab lock so concurrent deploys and undeploys never lose each other's
-    lines. Returns the lock it held: ``flock``, or ``mkdir`` on a board without util-linux's flock."""
+    lines. Returns the lock it held: ``flock``, or ``link`` on a board without util-linux's flock."""
+    mode = "add" if add else "remove"
+    limits = [str(CRONTAB_LOCK_WAIT_S), str(CRONTAB_LOCK_STALE_S)]
     code, out, err = conn.run(
-        ["sh", "-c", _CRONTAB_EDIT, "sh", line, "add" if add else "remove", CRONTAB_LOCK, str(CRONTAB_LOCK_WAIT_S)],
+        ["sh", "-c", _CRONTAB_EDIT, "sh", line, mode, CRONTAB_LOCK, *limits],
         check=False,
         timeout=CRONTAB_LOCK_WAIT_S + 60,
     )

@@ -14,7 +14,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14parapipe_agent.proto\x12\x11parapipe.agent.v1\"B\n\x06Tensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\"N\n\x05\x46rame\x12\n\n\x02id\x18\x01 \x01(\x04\x12*\n\x07tensors\x18\x02 \x03(\x0b\x32\x19.parapipe.agent.v1.Tensor\x12\r\n\x05\x65rror\x18\x03 \x01(\t\"g\n\x0b\x42undleChunk\x12\x15\n\rbundle_sha256\x18\x01 \x01(\t\x12\x15\n\rmanifest_json\x18\x02 \x01(\t\x12\x0c\n\x04\x66ile\x18\x03 \x01(\t\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c\"Y\n\x0fLoadBundleReply\x12\x15\n\rbundle_sha256\x18\x01 \x01(\t\x12\x17\n\x0f\x61lready_present\x18\x02 \x01(\x08\x12\x16\n\x0e\x62ytes_received\x18\x03 \x01(\x04\"c\n\x0cStartRequest\x12\x15\n\rbundle_sha256\x18\x01 \x01(\t\x12\x14\n\x0cmax_inflight\x18\x02 \x01(\r\x12&\n\x05peers\x18\x03 \x03(\x0b\x32\x17.parapipe.agent.v1.Peer\"D\n\x04Peer\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\r\n\x05token\x18\x03 \x01(\t\x12\x0e\n\x06tls_ca\x18\x04 \x01(\x0c\"g\n\x07Handoff\x12\x13\n\x0bplan_bundle\x18\x01 \x01(\t\x12\r\n\x05\x66rame\x18\x02 \x01(\x04\x12)\n\x06tensor\x18\x03 \x01(\x0b\x32\x19.parapipe.agent.v1.Tensor\x12\r\n\x05\x65rror\x18\x04 \x01(\t\"!\n\rExchangeReply\x12\x10\n\x08received\x18\x01 \x01(\x04\"7\n\nStartReply\x12\x15\n\rbundle_sha256\x18\x01 \x01(\t\x12\x12\n\npartitions\x18\x02 \x03(\t\"\r\n\x0bStopRequest\" \n\tStopReply\x12\x13\n\x0bwas_running\x18\x01 \x01(\x08\"@\n\x10\x42\x65nchmarkRequest\x12\x0e\n\x06\x66rames\x18\x01 \x01(\r\x12\x0e\n\x06warmup\x18\x02 \x01(\r\x12\x0c\n\x04seed\x18\x03 \x01(\x04\"\x8f\x01\n\x0ePartitionStats\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\n\n\x02pu\x18\x02 \x01(\t\x12\x0f\n\x07\x62usy_ms\x18\x03 \x01(\x01\x12\x15\n\rqueue_wait_ms\x18\x04 \x01(\x01\x12\x0e\n\x06\x66rames\x18\x05 \x01(\x04\x12\x15\n\ralone_busy_ms\x18\x06 \x01(\x01\x12\x14\n\x0c\x61lone_frames\x18\x07 \x01(\x04\"\x8a\x02\n\x0e\x42\x65nchmarkReply\x12\x0e\n\x06\x66rames\x18\x01 \x01(\r\x12\x16\n\x0elatency_p50_ms\x18\x02 \x01(\x01\x12\x16\n\x0elatency_p99_ms\x18\x03 \x01(\x01\x12\x18\n\x10latency_alone_ms\x18\x04 \x01(\x01\x12\x16\n\x0ethroughput_fps\x18\x05 \x01(\x01\x12\x11\n\tenergy_mj\x18\x06 \x01(\x01\x12\x15\n\renergy_source\x18\x07 \x01(\t\x12\x15\n\renergy_sensor\x18\x08 \x01(\t\x12\x35\n\npartitions\x18\t \x03(\x0b\x32!.parapipe.agent.v1.PartitionStats\x12\x0e\n\x06wall_s\x18\n \x01(\x01\"\xb5\x01\n\x0eProfileRequest\x12\r\n\x05model\x18\x01 \x01(\x0c\x12\r\n\x05\x63ores\x18\x02 \x03(\x05\x12\x0f\n\x07threads\x18\x03 \x01(\r\x12\x0f\n\x07repeats\x18\x04 \x01(\r\x12\x0e\n\x06warmup\x18\x05 \x01(\r\x12\x0e\n\x06per_op\x18\x06 \x01(\x08\x12\x18\n\x10throttle_percent\x18\x07 \x01(\x01\x12)\n\x06inputs\x18\x08 \x03(\x0b\x32\x19.parapipe.agent.v1.Tensor\"m\n\x08OpTiming\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x11\n\tmedian_ms\x18\x02 \x01(\x01\x12\x0f\n\x07mean_ms\x18\x03 \x01(\x01\x12\x0e\n\x06p10_ms\x18\x04 \x01(\x01\x12\x0e\n\x06p90_ms\x18\x05 \x01(\x01\x12\x0f\n\x07repeats\x18\x06 \x01(\r\"Q\n\x0cProfileReply\x12,\n\x07timings\x18\x01 \x03(\x0b\x32\x1b.parapipe.agent.v1.OpTiming\x12\x13\n\x0bort_version\x18\x02 \x01(\t\"\x0f\n\rStatusRequest\"\xca\x03\n\x0bStatusReply\x12\x15\n\ragent_version\x18\x01 \x01(\t\x12\x13\n\x0bort_version\x18\x02 \x01(\t\x12\x16\n\x0epython_version\x18\x03 \x01(\t\x12\x0f\n\x07\x62undles\x18\x04 \x03(\t\x12\x16\n\x0erunning_bundle\x18\x05 \x01(\t\x12\r\n\x05ready\x18\x06 \x01(\x08\x12\r\n\x05\x63ores\x18\x07 \x03(\x05\x12\x10\n\x08hostname\x18\x08 \x01(\t\x12\x0f\n\x07workdir\x18\t \x01(\t\x12\x11\n\tproviders\x18\n \x03(\t\x12\x0c\n\x04host\x18\x0b \x01(\t\x12\x35\n\npartitions\x18\x0c \x03(\x0b\x32!.parapipe.agent.v1.PartitionStats\x12+\n\x05\x63\x61lls\x18\r \x03(\x0b\x32\x1c.parapipe.agent.v1.CallStats\x12\x18\n\x10\x66rames_in_flight\x18\x0e \x01(\r\x12\x14\n\x0cstream_feeds\x18\x0f \x01(\r\x12\r\n\x05\x62oots\x18\x10 \x01(\r\x12\x0c\n\x04up_s\x18\x11 \x01(\x01\x12\x0f\n\x07resumed\x18\x12 \x01(\x08\x12\x13\n\x0b\x66rames_done\x18\x13 \x01(\x04\x12\x15\n\rframes_failed\x18\x14 \x01(\x04\"I\n\tCallStats\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0e\n\x06\x61\x63tive\x18\x02 \x01(\r\x12\r\n\x05limit\x18\x03 \x01(\r\x12\x0f\n\x07refused\x18\x04 \x01(\x04\x32\xbd\x05\n\x05\x41gent\x12R\n\nLoadBundle\x12\x1e.parapipe.agent.v1.BundleChunk\x1a\".parapipe.agent.v1.LoadBundleReply(\x01\x12O\n\rStartPipeline\x12\x1f.parapipe.agent.v1.StartRequest\x1a\x1d.parapipe.agent.v1.StartReply\x12L\n\x0cStopPipeline\x12\x1e.parapipe.agent.v1.StopRequest\x1a\x1c.parapipe.agent.v1.StopReply\x12;\n\x05Infer\x12\x18.parapipe.agent.v1.Frame\x1a\x18.parapipe.agent.v1.Frame\x12\x45\n\x0bInferStream\x12\x18.parapipe.agent.v1.Frame\x1a\x18.parapipe.agent.v1.Frame(\x01\x30\x01\x12S\n\tBenchmark\x12#.parapipe.agent.v1.BenchmarkRequest\x1a!.parapipe.agent.v1.BenchmarkReply\x12P\n\nProfileOps\x12!.parapipe.agent.v1.ProfileRequest\x1a\x1f.parapipe.agent.v1.ProfileReply\x12J\n\x06Status\x12 .parapipe.agent.v1.StatusRequest\x1a\x1e.parapipe.agent.v1.StatusReply\x12J\n\x08\x45xchange\x12\x1a.parapipe.agent.v1.Handoff\x1a .parapipe.agent.v1.ExchangeReply(\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14parapipe_agent.proto\x12\x11parapipe.agent.v1\"B\n\x06Tensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\"N\n\x05\x46rame\x12\n\n\x02id\x18\x01 \x01(\x04\x12*\n\x07tensors\x18\x02 \x03(\x0b\x32\x19.parapipe.agent.v1.Tensor\x12\r\n\x05\x65rror\x18\x03 \x01(\t\"g\n\x0b\x42undleChunk\x12\x15\n\rbundle_sha256\x18\x01 \x01(\t\x12\x15\n\rmanifest_json\x18\x02 \x01(\t\x12\x0c\n\x04\x66ile\x18\x03 \x01(\t\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c\"Y\n\x0fLoadBundleReply\x12\x15\n\rbundle_sha256\x18\x01 \x01(\t\x12\x17\n\x0f\x61lready_present\x18\x02 \x01(\x08\x12\x16\n\x0e\x62ytes_received\x18\x03 \x01(\x04\"c\n\x0cStartRequest\x12\x15\n\rbundle_sha256\x18\x01 \x01(\t\x12\x14\n\x0cmax_inflight\x18\x02 \x01(\r\x12&\n\x05peers\x18\x03 \x03(\x0b\x32\x17.parapipe.agent.v1.Peer\"D\n\x04Peer\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\r\n\x05token\x18\x03 \x01(\t\x12\x0e\n\x06tls_ca\x18\x04 \x01(\x0c\"x\n\x07Handoff\x12\x13\n\x0bplan_bundle\x18\x01 \x01(\t\x12\r\n\x05\x66rame\x18\x02 \x01(\x04\x12)\n\x06tensor\x18\x03 \x01(\x0b\x32\x19.parapipe.agent.v1.Tensor\x12\r\n\x05\x65rror\x18\x04 \x01(\t\x12\x0f\n\x07\x65ntered\x18\x05 \x01(\x08\"!\n\rExchangeReply\x12\x10\n\x08received\x18\x01 \x01(\x04\"7\n\nStartReply\x12\x15\n\rbundle_sha256\x18\x01 \x01(\t\x12\x12\n\npartitions\x18\x02 \x03(\t\"\r\n\x0bStopRequest\" \n\tStopReply\x12\x13\n\x0bwas_running\x18\x01 \x01(\x08\"@\n\x10\x42\x65nchmarkRequest\x12\x0e\n\x06\x66rames\x18\x01 \x01(\r\x12\x0e\n\x06warmup\x18\x02 \x01(\r\x12\x0c\n\x04seed\x18\x03 \x01(\x04\"\x8f\x01\n\x0ePartitionStats\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\n\n\x02pu\x18\x02 \x01(\t\x12\x0f\n\x07\x62usy_ms\x18\x03 \x01(\x01\x12\x15\n\rqueue_wait_ms\x18\x04 \x01(\x01\x12\x0e\n\x06\x66rames\x18\x05 \x01(\x04\x12\x15\n\ralone_busy_ms\x18\x06 \x01(\x01\x12\x14\n\x0c\x61lone_frames\x18\x07 \x01(\x04\"\x8a\x02\n\x0e\x42\x65nchmarkReply\x12\x0e\n\x06\x66rames\x18\x01 \x01(\r\x12\x16\n\x0elatency_p50_ms\x18\x02 \x01(\x01\x12\x16\n\x0elatency_p99_ms\x18\x03 \x01(\x01\x12\x18\n\x10latency_alone_ms\x18\x04 \x01(\x01\x12\x16\n\x0ethroughput_fps\x18\x05 \x01(\x01\x12\x11\n\tenergy_mj\x18\x06 \x01(\x01\x12\x15\n\renergy_source\x18\x07 \x01(\t\x12\x15\n\renergy_sensor\x18\x08 \x01(\t\x12\x35\n\npartitions\x18\t \x03(\x0b\x32!.parapipe.agent.v1.PartitionStats\x12\x0e\n\x06wall_s\x18\n \x01(\x01\"\xb5\x01\n\x0eProfileRequest\x12\r\n\x05model\x18\x01 \x01(\x0c\x12\r\n\x05\x63ores\x18\x02 \x03(\x05\x12\x0f\n\x07threads\x18\x03 \x01(\r\x12\x0f\n\x07repeats\x18\x04 \x01(\r\x12\x0e\n\x06warmup\x18\x05 \x01(\r\x12\x0e\n\x06per_op\x18\x06 \x01(\x08\x12\x18\n\x10throttle_percent\x18\x07 \x01(\x01\x12)\n\x06inputs\x18\x08 \x03(\x0b\x32\x19.parapipe.agent.v1.Tensor\"m\n\x08OpTiming\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x11\n\tmedian_ms\x18\x02 \x01(\x01\x12\x0f\n\x07mean_ms\x18\x03 \x01(\x01\x12\x0e\n\x06p10_ms\x18\x04 \x01(\x01\x12\x0e\n\x06p90_ms\x18\x05 \x01(\x01\x12\x0f\n\x07repeats\x18\x06 \x01(\r\"Q\n\x0cProfileReply\x12,\n\x07timings\x18\x01 \x03(\x0b\x32\x1b.parapipe.agent.v1.OpTiming\x12\x13\n\x0bort_version\x18\x02 \x01(\t\"\x0f\n\rStatusRequest\"\xca\x03\n\x0bStatusReply\x12\x15\n\ragent_version\x18\x01 \x01(\t\x12\x13\n\x0bort_version\x18\x02 \x01(\t\x12\x16\n\x0epython_version\x18\x03 \x01(\t\x12\x0f\n\x07\x62undles\x18\x04 \x03(\t\x12\x16\n\x0erunning_bundle\x18\x05 \x01(\t\x12\r\n\x05ready\x18\x06 \x01(\x08\x12\r\n\x05\x63ores\x18\x07 \x03(\x05\x12\x10\n\x08hostname\x18\x08 \x01(\t\x12\x0f\n\x07workdir\x18\t \x01(\t\x12\x11\n\tproviders\x18\n \x03(\t\x12\x0c\n\x04host\x18\x0b \x01(\t\x12\x35\n\npartitions\x18\x0c \x03(\x0b\x32!.parapipe.agent.v1.PartitionStats\x12+\n\x05\x63\x61lls\x18\r \x03(\x0b\x32\x1c.parapipe.agent.v1.CallStats\x12\x18\n\x10\x66rames_in_flight\x18\x0e \x01(\r\x12\x14\n\x0cstream_feeds\x18\x0f \x01(\r\x12\r\n\x05\x62oots\x18\x10 \x01(\r\x12\x0c\n\x04up_s\x18\x11 \x01(\x01\x12\x0f\n\x07resumed\x18\x12 \x01(\x08\x12\x13\n\x0b\x66rames_done\x18\x13 \x01(\x04\x12\x15\n\rframes_failed\x18\x14 \x01(\x04\"I\n\tCallStats\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0e\n\x06\x61\x63tive\x18\x02 \x01(\r\x12\r\n\x05limit\x18\x03 \x01(\r\x12\x0f\n\x07refused\x18\x04 \x01(\x04\x32\xbd\x05\n\x05\x41gent\x12R\n\nLoadBundle\x12\x1e.parapipe.agent.v1.BundleChunk\x1a\".parapipe.agent.v1.LoadBundleReply(\x01\x12O\n\rStartPipeline\x12\x1f.parapipe.agent.v1.StartRequest\x1a\x1d.parapipe.agent.v1.StartReply\x12L\n\x0cStopPipeline\x12\x1e.parapipe.agent.v1.StopRequest\x1a\x1c.parapipe.agent.v1.StopReply\x12;\n\x05Infer\x12\x18.parapipe.agent.v1.Frame\x1a\x18.parapipe.agent.v1.Frame\x12\x45\n\x0bInferStream\x12\x18.parapipe.agent.v1.Frame\x1a\x18.parapipe.agent.v1.Frame(\x01\x30\x01\x12S\n\tBenchmark\x12#.parapipe.agent.v1.BenchmarkRequest\x1a!.parapipe.agent.v1.BenchmarkReply\x12P\n\nProfileOps\x12!.parapipe.agent.v1.ProfileRequest\x1a\x1f.parapipe.agent.v1.ProfileReply\x12J\n\x06Status\x12 .parapipe.agent.v1.StatusRequest\x1a\x1e.parapipe.agent.v1.StatusReply\x12J\n\x08\x45xchange\x12\x1a.parapipe.agent.v1.Handoff\x1a .parapipe.agent.v1.ExchangeReply(\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,33 +34,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PEER']._serialized_start=488
   _globals['_PEER']._serialized_end=556
   _globals['_HANDOFF']._serialized_start=558
-  _globals['_HANDOFF']._serialized_end=661
-  _globals['_EXCHANGEREPLY']._serialized_start=663
-  _globals['_EXCHANGEREPLY']._serialized_end=696
-  _globals['_STARTREPLY']._serialized_start=698
-  _globals['_STARTREPLY']._serialized_end=753
-  _globals['_STOPREQUEST']._serialized_start=755
-  _globals['_STOPREQUEST']._serialized_end=768
-  _globals['_STOPREPLY']._serialized_start=770
-  _globals['_STOPREPLY']._serialized_end=802
-  _globals['_BENCHMARKREQUEST']._serialized_start=804
-  _globals['_BENCHMARKREQUEST']._serialized_end=868
-  _globals['_PARTITIONSTATS']._serialized_start=871
-  _globals['_PARTITIONSTATS']._serialized_end=1014
-  _globals['_BENCHMARKREPLY']._serialized_start=1017
-  _globals['_BENCHMARKREPLY']._serialized_end=1283
-  _globals['_PROFILEREQUEST']._serialized_start=1286
-  _globals['_PROFILEREQUEST']._serialized_end=1467
-  _globals['_OPTIMING']._serialized_start=1469
-  _globals['_OPTIMING']._serialized_end=1578
-  _globals['_PROFILEREPLY']._serialized_start=1580
-  _globals['_PROFILEREPLY']._serialized_end=1661
-  _globals['_STATUSREQUEST']._serialized_start=1663
-  _globals['_STATUSREQUEST']._serialized_end=1678
-  _globals['_STATUSREPLY']._serialized_start=1681
-  _globals['_STATUSREPLY']._serialized_end=2139
-  _globals['_CALLSTATS']._serialized_start=2141
-  _globals['_CALLSTATS']._serialized_end=2214
-  _globals['_AGENT']._serialized_start=2217
-  _globals['_AGENT']._serialized_end=2918
+  _globals['_HANDOFF']._serialized_end=678
+  _globals['_EXCHANGEREPLY']._serialized_start=680
+  _globals['_EXCHANGEREPLY']._serialized_end=713
+  _globals['_STARTREPLY']._serialized_start=715
+  _globals['_STARTREPLY']._serialized_end=770
+  _globals['_STOPREQUEST']._serialized_start=772
+  _globals['_STOPREQUEST']._serialized_end=785
+  _globals['_STOPREPLY']._serialized_start=787
+  _globals['_STOPREPLY']._serialized_end=819
+  _globals['_BENCHMARKREQUEST']._serialized_start=821
+  _globals['_BENCHMARKREQUEST']._serialized_end=885
+  _globals['_PARTITIONSTATS']._serialized_start=888
+  _globals['_PARTITIONSTATS']._serialized_end=1031
+  _globals['_BENCHMARKREPLY']._serialized_start=1034
+  _globals['_BENCHMARKREPLY']._serialized_end=1300
+  _globals['_PROFILEREQUEST']._serialized_start=1303
+  _globals['_PROFILEREQUEST']._serialized_end=1484
+  _globals['_OPTIMING']._serialized_start=1486
+  _globals['_OPTIMING']._serialized_end=1595
+  _globals['_PROFILEREPLY']._serialized_start=1597
+  _globals['_PROFILEREPLY']._serialized_end=1678
+  _globals['_STATUSREQUEST']._serialized_start=1680
+  _globals['_STATUSREQUEST']._serialized_end=1695
+  _globals['_STATUSREPLY']._serialized_start=1698
+  _globals['_STATUSREPLY']._serialized_end=2156
+  _globals['_CALLSTATS']._serialized_start=2158
+  _globals['_CALLSTATS']._serialized_end=2231
+  _globals['_AGENT']._serialized_start=2234
+  _globals['_AGENT']._serialized_end=2935
 # @@protoc_insertion_point(module_scope)

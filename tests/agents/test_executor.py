@@ -134,3 +134,52 @@ def test_a_partition_without_inputs_runs_once_per_frame(tmp_path) -> None:
         assert pipeline.workers["add"].queue_depth() == 0
     finally:
         pipeline.stop()
+
+
+def test_a_one_partition_pipeline_runs_idle_frames_in_the_callers_thread(tmp_path) -> None:
+    """``infer`` on a pipeline of one partition runs the frame in the calling thread (no handoff to the
+    worker: its queue wait stays 0), pinned to the partition's core for the run only; frames from
+    several threads at once (inline or queued) all come back right, a failing frame fails naming the
+    partition, and the counts add up."""
+    import os
+    import threading
+
+    from agents.bundle import MANIFEST, parse_manifest
+    from agents.executor import PipelineError
+    from tests.support.tiny import TABLE_ROWS, expected, frame, write_tiny_bundle
+
+    folder = write_tiny_bundle(tmp_path / "b", stages=1, max_inflight=2)
+    pipeline = Pipeline(parse_manifest((folder / MANIFEST).read_text()), folder)
+    pipeline.start()
+    try:
+        before = os.sched_getaffinity(0)
+        for i in range(20):
+            assert np.array_equal(pipeline.infer(frame(i % TABLE_ROWS), timeout=30)["t0"], expected(i % TABLE_ROWS, 1))
+        assert os.sched_getaffinity(0) == before  # the caller's own cores again
+        stats = pipeline.stats()["s0"]
+        assert stats.frames == 20 and stats.wait_s == 0.0  # never queued for the worker
+        with pytest.raises(PipelineError, match="partition s0"):
+            pipeline.infer(frame(TABLE_ROWS), timeout=30)
+        with pytest.raises(InputError):
+            pipeline.infer({"idx": np.zeros(2, dtype=np.int64)}, timeout=30)
+
+        wrong: list[object] = []
+
+        def caller(k: int) -> None:
+            for i in range(40):
+                idx = (i + k) % TABLE_ROWS
+                got = pipeline.infer(frame(idx), timeout=30)["t0"]
+                if not np.array_equal(got, expected(idx, 1)):
+                    wrong.append((k, i))
+
+        threads = [threading.Thread(target=caller, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not wrong
+        assert pipeline.in_flight == 0
+        assert pipeline.frames_done == 20 + 4 * 40 and pipeline.frames_failed == 1
+        assert pipeline.stats()["s0"].frames == 20 + 4 * 40
+    finally:
+        pipeline.stop()

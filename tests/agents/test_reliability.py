@@ -37,6 +37,7 @@ from tests.support.tiny import (
     expected,
     frame,
     start_two_hosts,
+    write_const_bundle,
     write_tiny_bundle,
 )
 
@@ -425,3 +426,35 @@ def test_a_host_that_starts_its_part_again_brings_the_other_parts_along(tmp_path
         status = b.client.status()
         assert status.boots == boots and status.ready  # b's agent did not restart; its part did
         assert "started its part of the plan again" in b.log_path.read_text()
+
+
+def test_a_host_whose_partitions_take_no_inputs_runs_every_frame(tmp_path: Path) -> None:
+    """b's only partition is a constant subgraph: no tensor ever reaches b, so b learns from the entry host
+    that a frame entered; without that it never runs one and every frame on a waits for b's table."""
+    with ExitStack() as stack:
+        a = stack.enter_context(LocalAgent())
+        b = stack.enter_context(LocalAgent())
+        parts = {h: write_const_bundle(tmp_path / h, h, max_inflight=2) for h in ("a", "b")}
+        for agent, h in ((a, "a"), (b, "b")):
+            agent.client.load_bundle(parts[h])
+        b.client.start(bundle_sha(parts["b"]), peers=[Peer("a", f"127.0.0.1:{a.port}")])
+        a.client.start(bundle_sha(parts["a"]), peers=[Peer("b", f"127.0.0.1:{b.port}")])
+        a.client.timeout = GUARD_S
+        entered = 0
+        for i in range(5):  # one by one: each frame needs b's table, which b makes only once told
+            assert np.array_equal(a.client.infer(frame(i % TABLE_ROWS))["t0"], expected(i % TABLE_ROWS, 1))
+        entered += 5
+        with pytest.raises(AgentError, match="partition gather"):  # a failed frame: b skips it or ran it
+            a.client.infer(frame(TABLE_ROWS))
+        entered += 1
+        count = 12  # more frames than max_inflight at once
+        results = list(a.client.infer_stream_results([frame(i % TABLE_ROWS) for i in range(count)], timeout=GUARD_S))
+        entered += count
+        assert [i for i, _ in results] == list(range(count))
+        for i, got in results:
+            assert not isinstance(got, AgentError), got
+            assert np.array_equal(got["t0"], expected(i % TABLE_ROWS, 1))
+        status = b.client.status()
+        assert status.ready and [p.name for p in status.partitions] == ["const"]
+        assert entered - 1 <= status.partitions[0].frames <= entered  # once per frame that entered, never ahead
+        assert "Traceback" not in a.log_path.read_text() + b.log_path.read_text()

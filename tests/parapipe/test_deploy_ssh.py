@@ -489,11 +489,21 @@ class _WithoutFlock(BoardConnection):
         return super().shell(f"env PATH={shlex.quote(str(self.bin))} {command}", *args, **kwargs)
 
 
-def _without_flock(board: Board, folder: Path) -> _WithoutFlock:
+# what a board without util-linux still has (coreutils or busybox), besides crontab
+_BASE_TOOLS = ("sh", "grep", "mkdir", "rmdir", "sleep", "cat", "ln", "readlink", "rm", "ls", "uname", "date", "stat")
+_BASE_TOOLS += ("sed", "cut")
+
+
+def _without_flock(board: Board, folder: Path, crontab: str | None = None) -> _WithoutFlock:
+    """``crontab``: a script to stand for crontab (else the real one)."""
     folder.mkdir(exist_ok=True)
-    for tool in ("sh", "crontab", "grep", "mkdir", "rmdir", "sleep", "cat"):
+    for tool in (*_BASE_TOOLS, "crontab"):
         if not (folder / tool).exists():
-            (folder / tool).symlink_to(shutil.which(tool) or tool)
+            if tool == "crontab" and crontab is not None:
+                (folder / tool).write_text(crontab)
+                (folder / tool).chmod(0o755)
+            else:
+                (folder / tool).symlink_to(shutil.which(tool) or tool)
     conn = _WithoutFlock(board)
     conn.bin = folder
     return conn
@@ -513,10 +523,16 @@ def _editing(lines: set[str]) -> set[str]:
     return seen
 
 
-@pytest.mark.parametrize("lock", ["flock", "mkdir"])
+def _holder(pid: int) -> str:
+    """What a crontab link lock of process ``pid`` on this machine (the board) names: host, pid, start time."""
+    started = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()[19]
+    return f"{os.uname().nodename} {pid} {started}"
+
+
+@pytest.mark.parametrize("lock", ["flock", "link"])
 def test_concurrent_crontab_edits_lose_no_line(board, tmp_path, lock) -> None:
     """Deploys and undeploys of several workdirs of one board at once edit its crontab without losing
-    a line: each edit holds ~/.parapipe-crontab.lock (flock; a mkdir lock where the board has no
+    a line: each edit holds ~/.parapipe-crontab.lock (flock; a link lock where the board has no
     flock). While another edit holds the lock every edit waits, then each runs in turn; and a burst
     of edits with nothing held keeps every line too. The user's own lines are kept throughout."""
     import fcntl
@@ -530,7 +546,7 @@ def test_concurrent_crontab_edits_lose_no_line(board, tmp_path, lock) -> None:
         pytest.skip("no flock here")
 
     def connect() -> BoardConnection:
-        return _without_flock(board, tmp_path / "bin") if lock == "mkdir" else BoardConnection(board)
+        return _without_flock(board, tmp_path / "bin") if lock == "link" else BoardConnection(board)
 
     def line(name: str) -> str:
         return f"@reboot sh {shlex.quote(str(tmp_path / name / 'agent.boot'))} {CRON_MARK} {tmp_path / name}"
@@ -574,8 +590,8 @@ def test_concurrent_crontab_edits_lose_no_line(board, tmp_path, lock) -> None:
         holder = open(held, "a") if lock == "flock" else None  # released below
         if holder is not None:
             fcntl.flock(holder, fcntl.LOCK_EX)
-        else:
-            (home / f"{CRONTAB_LOCK}.d").mkdir()
+        else:  # held by a running edit: this test's process
+            (home / f"{CRONTAB_LOCK}.held").symlink_to(_holder(os.getpid()))
         threads: list[threading.Thread] = []
         try:
             results, threads = at_once(edits)
@@ -591,7 +607,7 @@ def test_concurrent_crontab_edits_lose_no_line(board, tmp_path, lock) -> None:
             if holder is not None:
                 holder.close()
             else:
-                shutil.rmtree(home / f"{CRONTAB_LOCK}.d", ignore_errors=True)
+                (home / f"{CRONTAB_LOCK}.held").unlink(missing_ok=True)
             for t in threads:  # before the user's crontab is put back, whatever happened
                 t.join(120)
         assert results == [lock] * len(edits), results
@@ -604,7 +620,108 @@ def test_concurrent_crontab_edits_lose_no_line(board, tmp_path, lock) -> None:
             t.join(120)
         assert results == [lock] * len(burst), results
         assert crontab()[:2] == theirs.splitlines() and sorted(crontab()[2:]) == sorted(new + burst)
-        assert not (home / f"{CRONTAB_LOCK}.d").exists(), "the mkdir lock was left behind"
+        assert not os.path.lexists(home / f"{CRONTAB_LOCK}.held"), "the link lock was left behind"
+
+
+def test_a_crontab_lock_left_by_a_killed_edit_is_taken_over(board, tmp_path, monkeypatch) -> None:
+    """On a board without flock, an edit killed outright (SIGKILL: no trap runs) leaves its link lock; the
+    next edit finds its holder gone and takes the lock over, as it does a lock whose pid now is another
+    process, or another host's lock once it is old. A running edit's lock, and another host's young one,
+    are waited for, and reported after the wait naming their holder."""
+    import time
+
+    from parapipe import deploy as deploy_module
+    from parapipe.deploy import CRON_MARK, CRONTAB_LOCK, edit_crontab
+
+    if shutil.which("crontab") is None:
+        pytest.skip("no crontab here")
+    monkeypatch.setattr(deploy_module, "CRONTAB_LOCK_WAIT_S", 3)  # a lock not taken over fails in seconds
+
+    def line(name: str) -> str:
+        return f"@reboot sh {shlex.quote(str(tmp_path / name / 'agent.boot'))} {CRON_MARK} {tmp_path / name}"
+
+    def crontab() -> list[str]:
+        return subprocess.run(["crontab", "-l"], capture_output=True, text=True, check=True).stdout.splitlines()
+
+    stuck = tmp_path / "stuck"  # while this file exists, crontab waits: an edit holding the lock
+    entered = tmp_path / "entered"  # crontab ran: the edit holds the lock
+    wrapper = (
+        f"#!/bin/sh\n: > {shlex.quote(str(entered))}\nwhile [ -e {shlex.quote(str(stuck))} ]; do sleep 0.1; done\n"
+    )
+    wrapper += f'exec {shlex.quote(shutil.which("crontab") or "crontab")} "$@"\n'
+    theirs = "# the user's own jobs\n0 3 * * * true\n"
+    with _users_crontab(theirs), _without_flock(board, tmp_path / "stuck-bin", crontab=wrapper) as conn:
+        home = Path(conn.home())
+        held = home / f"{CRONTAB_LOCK}.held"
+        held.unlink(missing_ok=True)
+        # an edit killed outright while it holds the lock
+        stuck.touch()
+        killed = line("killed")
+        outcome: list[object] = []
+        editor = threading.Thread(target=lambda: outcome.append(_result_of(edit_crontab, conn, killed, True)))
+        editor.start()
+        try:
+            deadline = time.monotonic() + 30  # a hang guard
+            while not (entered.exists() and _editors(killed)):
+                assert time.monotonic() < deadline, "the edit never took the lock"
+                time.sleep(0.05)
+            for pid in _editors(killed):
+                os.kill(pid, signal.SIGKILL)
+        finally:
+            stuck.unlink()
+            editor.join(60)
+        assert isinstance(outcome[0], DeployError)
+        left = os.path.lexists(held)
+    first = line("first")
+    with _users_crontab(theirs), _without_flock(board, tmp_path / "bin") as conn:
+        assert edit_crontab(conn, first, add=True) == "link"
+        assert crontab() == [*theirs.splitlines(), first]
+        assert left and not os.path.lexists(held), "the killed edit left no lock, or the next edit left its own"
+
+        # a pid that is now another process (its start time differs): taken over
+        me = _holder(os.getpid())
+        held.symlink_to(me.rsplit(" ", 1)[0] + " 1")
+        assert edit_crontab(conn, first, add=False) == "link"
+        assert crontab() == theirs.splitlines() and not os.path.lexists(held)
+
+        # another host's lock: waited for while young, taken over once old
+        held.symlink_to(f"{os.uname().nodename}-other 4242 77")
+        with pytest.raises(DeployError, match=r"held for 3 s by a running edit .*-other 4242 77"):
+            edit_crontab(conn, first, add=True)
+        old = time.time() - deploy_module.CRONTAB_LOCK_STALE_S - 60
+        os.utime(held, (old, old), follow_symlinks=False)
+        assert edit_crontab(conn, first, add=True) == "link"
+        assert crontab() == [*theirs.splitlines(), first] and not os.path.lexists(held)
+
+        # a running edit's lock (this test's process) is never taken over
+        held.symlink_to(me)
+        try:
+            with pytest.raises(DeployError, match="held for 3 s by a running edit"):
+                edit_crontab(conn, line("second"), add=True)
+            assert crontab() == [*theirs.splitlines(), first] and os.readlink(held) == me
+        finally:
+            held.unlink()
+
+
+def _result_of(fn, *args):
+    try:
+        return fn(*args)
+    except Exception as exc:  # the caller asserts on it
+        return exc
+
+
+def _editors(line: str) -> list[int]:
+    """The pids of the shells running a crontab edit of ``line`` on this machine (the board) now."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if len(argv) > 4 and argv[1] == b"-c" and argv[4].decode(errors="replace") == line:
+                pids.append(int(entry.name))
+    return pids
 
 
 def _alive(pid: int) -> bool:

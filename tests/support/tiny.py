@@ -127,6 +127,69 @@ def write_tiny_bundle(folder: Path, stages: int = 2, max_inflight: int = 2, host
     return folder
 
 
+def _const_models() -> dict[str, bytes]:
+    """``const``: the table as exporters leave weights (a Cast of a float16 initializer, no inputs);
+    ``gather``: row ``idx`` of it, as stage 0 above (an index of ``TABLE_ROWS`` or more fails)."""
+    table = np.arange(TABLE_ROWS * 8, dtype=np.float16).reshape(TABLE_ROWS, 8)
+    const = helper.make_graph(
+        [helper.make_node("Cast", ["table16"], ["table"], to=TensorProto.FLOAT)],
+        "const", [], [helper.make_tensor_value_info("table", TensorProto.FLOAT, [TABLE_ROWS, 8])],
+        [numpy_helper.from_array(table, "table16")],
+    )  # fmt: skip
+    gather = helper.make_graph(
+        [helper.make_node("Gather", ["table", "idx"], ["t0"], axis=0)],
+        "gather",
+        [
+            helper.make_tensor_value_info("table", TensorProto.FLOAT, [TABLE_ROWS, 8]),
+            helper.make_tensor_value_info("idx", TensorProto.INT64, [1]),
+        ],
+        [helper.make_tensor_value_info("t0", TensorProto.FLOAT, [1, 8])],
+    )
+    return {
+        name: helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+        for name, g in (("const", const), ("gather", gather))
+    }
+
+
+def _const_manifest(max_inflight: int, host: str, hosts: tuple[str, ...], plan_bundle: str) -> Manifest:
+    models = _const_models()
+    cores = sorted(os.sched_getaffinity(0))
+    placed = {"gather": "a", "const": "b"} if hosts else {"gather": "", "const": ""}
+    ios = {"const": ((), ("table",)), "gather": (("table", "idx"), ("t0",))}
+    parts = tuple(
+        cpu_partition(
+            name,
+            f"{name}.onnx" if not host or placed[name] == host else "",
+            models[name],
+            cores[unit % len(cores)],
+            inputs=ios[name][0],
+            outputs=ios[name][1],
+            unit=unit,
+            host=placed[name],
+        )
+        for unit, name in enumerate(("const", "gather"))
+    )
+    return Manifest(
+        model_sha256="1" * 64, plan_name="tiny-const", device="test", pipelined=True, max_inflight=max_inflight,
+        replicas=(1,), inputs=(TensorSpec("idx", "int64", (1,), TABLE_ROWS),),
+        outputs=(TensorSpec("t0", "float32", (1, 8)),), partitions=parts, power=(1.0, 0.5, 1),
+        host=host, hosts=hosts, plan_bundle=plan_bundle,
+    )  # fmt: skip
+
+
+def write_const_bundle(folder: Path, host: str, max_inflight: int = 2) -> Path:
+    """Host ``host``'s part of a plan over hosts a (the entry: ``gather``) and b, whose only partition,
+    ``const``, takes no inputs: b never receives a tensor, and a waits for b's table on every frame."""
+    plan_bundle = _const_manifest(max_inflight, "", (), "").sha256()
+    manifest = _const_manifest(max_inflight, host, ("a", "b"), plan_bundle)
+    folder.mkdir(parents=True, exist_ok=True)
+    models = _const_models()
+    for p in manifest.local_partitions():
+        (folder / p.file).write_bytes(models[p.name])
+    (folder / MANIFEST).write_text(manifest.text())
+    return folder
+
+
 def frame(idx: int) -> dict[str, np.ndarray]:
     """A frame; ``idx >= TABLE_ROWS`` fails in stage 0."""
     return {"idx": np.array([idx], dtype=np.int64)}
