@@ -12,12 +12,15 @@ import io
 import zipfile
 from pathlib import Path
 
+from agents.service import MIN_ORT_VERSION
 from parapipe import __version__
 
 ROOT = Path(__file__).resolve().parents[1]
 BOARD_SIDE = ["agents", "profiler/__init__.py", "profiler/pinning.py", "profiler/measure.py", "profiler/energy.py"]
-# the protobuf range is pyproject's (the generated code's gencode; a test keeps them equal)
-REQUIRES = ["onnxruntime", "grpcio>=1.63.2", "numpy", "psutil", "protobuf>=5.26.1,<8"]
+# the protobuf range is pyproject's (the generated code's gencode; a test keeps them equal); onnxruntime from the
+# oldest release the agent runs (older ones may read external data outside a bundle: the agent refuses them)
+ORT_REQUIREMENT = "onnxruntime>=" + ".".join(map(str, MIN_ORT_VERSION))
+REQUIRES = [ORT_REQUIREMENT, "grpcio>=1.63.2", "numpy", "psutil", "protobuf>=5.26.1,<8"]
 
 
 def _files() -> list[tuple[str, bytes]]:

@@ -39,14 +39,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agents.client import AgentClient, AgentError
-from parapipe.agent_wheel import build_wheel
+from agents.service import MIN_ORT_VERSION
+from parapipe.agent_wheel import ORT_REQUIREMENT, build_wheel
 from parapipe.boards import Board
 from parapipe.home import parapipe_home
 from parapipe.local_agent import DeployError
 from parapipe.ssh import BoardConnection
 
 RECORD = ".parapipe-deployed.json"
-DEPS_CHECK = "import onnxruntime, grpc, numpy, psutil"
+# the runtime packages, with an onnxruntime the agent runs (not older than MIN_ORT_VERSION)
+DEPS_CHECK = (
+    "import onnxruntime, grpc, numpy, psutil; "
+    "v = tuple(int(''.join(c for c in x if c.isdigit()) or 0) for x in onnxruntime.__version__.split('.')[:2]); "
+    f"assert v >= {tuple(MIN_ORT_VERSION)!r}, onnxruntime.__version__"
+)
 LOCK_STALE_S = 2 * 3600  # longer than any deploy takes (the slowest step, a pip install, has 30 min)
 
 
@@ -244,7 +250,9 @@ def ensure_agent_installed(conn: BoardConnection, wd: str, progress=None) -> boo
             pth = f"{site.strip()}/parapipe-board-python.pth"
             conn.run(["sh", "-c", f"cat > {shlex.quote(pth)}"], stdin=("\n".join(json.loads(out)) + "\n").encode())
         else:
-            conn.run([vpy, "-m", "pip", "install", "--quiet", "onnxruntime", "grpcio", "numpy", "psutil"], timeout=1800)
+            conn.run(
+                [vpy, "-m", "pip", "install", "--quiet", ORT_REQUIREMENT, "grpcio", "numpy", "psutil"], timeout=1800
+            )
     remote_wheel = f"{wd}/{name}"
     conn.upload(data, remote_wheel, progress)
     # pip reads "path; marker" in a requirement, so install by a relative path from inside the workdir
