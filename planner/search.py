@@ -80,6 +80,8 @@ def warm_candidates(problem: Problem, objective: str) -> list[Candidate]:
             problem.derived["fastest"] = H.fastest(problem)
         if (fast := problem.derived["fastest"]) is not None:
             cands.append(Candidate("segmented", fast, False))
+    if problem.int8_cost:  # with a precision choice: each placement with int8 where it pays, too
+        cands += [Candidate(f"{c.name}+int8", H.with_int8(problem, c.assignment), c.pipelined) for c in cands]
     return cands
 
 

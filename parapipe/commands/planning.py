@@ -64,14 +64,28 @@ def plan_row(plan: Any) -> dict[str, Any]:
         "status": prov.status,
         "gap": prov.gap,
         "seconds": prov.seconds,
+        "precision": plan.precision_mix(),
+        "accuracy": _accuracy(plan),
     }
 
 
+def _accuracy(plan: Any) -> str | None:
+    """The accuracy a plan with int8 blocks promises and was measured at, e.g. ``top1 0.004 <= 0.01 (24 held-back)``."""
+    pr = plan.precision
+    if not plan.int8 or pr is None:
+        return None
+    measured = dict(pr.measured).get(pr.metric)
+    shown = f"{measured:.3g}" if measured is not None else "not measured"
+    return f"{pr.metric} loss {shown} (budget {pr.budget:g}, {pr.held_out_frames} held-back frames)"
+
+
 def _table(rows: list[dict[str, Any]], title: str = "") -> Table:
+    mixed = any(r.get("precision", "fp32") != "fp32" for r in rows)  # a precision column only where one differs
     t = Table(
         "plan",
         "stages",
         "units",
+        *(("precision", "accuracy") if mixed else ()),
         "latency ms",
         "fps",
         "energy mJ (modelled)",
@@ -92,6 +106,7 @@ def _table(rows: list[dict[str, Any]], title: str = "") -> Table:
             r["plan"],
             str(r["stages"]),
             " ".join(r["units"]),
+            *((r.get("precision", "fp32"), r.get("accuracy") or "-") if mixed else ()),
             f"{r['latency_ms']:.2f}",
             f"{r['throughput_fps']:.2f}",
             f"{r['energy_mj']:.1f}",
@@ -359,14 +374,26 @@ def show(
         ),
         highlight=False,
     )
-    t = Table("stage", "replica", "PU", "cores", "core ids", "blocks", "ops")
+    mixed = bool(the_plan.int8)
+    t = Table("stage", "replica", "PU", "cores", "core ids", "blocks", "ops", *(("int8 blocks",) if mixed else ()))
     for s, stage in enumerate(the_plan.stages):
         for g, group in enumerate(stage.groups):
             for a in group:
                 ops = sum(len(the_plan.blocks[b]) for b in a.blocks)
                 shown = ", ".join(a.blocks[:4]) + (f" … (+{len(a.blocks) - 4})" if len(a.blocks) > 4 else "")
-                t.add_row(str(s), str(g), a.pu, str(a.cores), ",".join(map(str, a.core_ids)) or "auto", shown, str(ops))
+                int8 = sum(b in the_plan.int8 for b in a.blocks)
+                t.add_row(
+                    str(s),
+                    str(g),
+                    a.pu,
+                    str(a.cores),
+                    ",".join(map(str, a.core_ids)) or "auto",
+                    shown,
+                    str(ops),
+                    *((f"{int8}/{len(a.blocks)}",) if mixed else ()),
+                )
     out.print(t)
+    out.print(f"precision: {the_plan.precision_mix()}" + _precision_detail(the_plan), highlight=False)
     for label, p in (
         ("predicted (analytic)", the_plan.predicted),
         ("simulated (latency at full rate)", the_plan.simulated),
@@ -379,6 +406,17 @@ def show(
             )
     for note in the_plan.notes:
         out.print(f"note: {note}", highlight=False)
+
+
+def _precision_detail(plan: Any) -> str:
+    pr = plan.precision
+    if not plan.int8 or pr is None:
+        return " (every block as the model has it)"
+    measured = ", ".join(f"{k} {v:.3g}" for k, v in pr.measured) or "not measured"
+    return (
+        f"; accuracy loss vs fp32 by {pr.metric} within {pr.budget:g}; measured on {pr.held_out_frames} held-back "
+        f"frames: {measured}; calibrated on {pr.calibration_frames} frames ({len(pr.ranges)} tensor ranges)"
+    )
 
 
 @dataclass(frozen=True)
