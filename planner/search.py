@@ -346,13 +346,18 @@ def pareto_front(plans: list[Plan]) -> list[Plan]:
 
 
 def pareto_set(
-    blocks: OpGraph, graph: OpGraph, cost: CostModel, search: SearchOptions = SearchOptions(), steps: int = 4
+    blocks: OpGraph,
+    graph: OpGraph,
+    cost: CostModel,
+    search: SearchOptions = SearchOptions(),
+    steps: int = 4,
+    problem: Problem | None = None,
 ) -> list[Plan]:
     """Epsilon-constraint sweep: the three single-objective optima, then latency-optimal plans under
     throughput floors between them, and energy-optimal plans under latency ceilings. The single-objective
     solves get ``search.time_limit`` each, the sweep's bounded ones a third of it; only the plans on the
     front are simulated."""
-    problem = build_problem(blocks, graph, cost, search.max_stages)
+    problem = problem or build_problem(blocks, graph, cost, search.max_stages)
     sweep = dataclasses.replace(search, time_limit=search.time_limit / 3)
 
     def solved(objective: str, bounds: Constraints = UNBOUNDED) -> Plan:

