@@ -186,18 +186,23 @@ def measure(
     request: PrecisionRequest,
     local: bool,
     progress: Progress,
+    frames: tuple[list[Frame], list[Frame]] | None = None,
 ) -> Auto:
-    """Steps 1-4: frames, ranges, sensitivities and int8 times of the candidate blocks."""
+    """Steps 1-4: frames, ranges, sensitivities and int8 times of the candidate blocks. ``frames``: the
+    calibration and held-back frames as given (else read from ``request.calibration`` and split)."""
     if request.metric not in METRICS:
         raise PrecisionPlanError(f"--metric must be one of {', '.join(METRICS)}, not {request.metric!r}")
-    frames = load_frames(request.calibration, loaded)
-    if len(frames) < 2:
-        raise PrecisionPlanError(
-            f"--calibration {request.calibration}: {len(frames)} frame(s); give at least 2 (a quarter is held back "
-            "to check each plan), better 16 or more"
-        )
-    held = max(1, len(frames) // 4)
-    calibration, held_out = frames[:-held], frames[-held:]
+    if frames is None:
+        given = load_frames(request.calibration, loaded)
+        if len(given) < 2:
+            raise PrecisionPlanError(
+                f"--calibration {request.calibration}: {len(given)} frame(s); give at least 2 (a quarter is held "
+                "back to check each plan), better 16 or more"
+            )
+        held = max(1, len(given) // 4)
+        calibration, held_out = given[:-held], given[-held:]
+    else:
+        calibration, held_out = list(frames[0]), list(frames[1])
     progress(f"calibration ranges on {len(calibration)} frames")
     ranges = tensor_ranges(loaded, calibration)
     groups = quantizable_groups(graph, {b.name: b.members for b in blocks.nodes})
