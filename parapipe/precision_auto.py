@@ -73,7 +73,8 @@ def request_from_flags(
         given = [f for f, v in (("--calibration", calibration), ("--max-accuracy-loss", max_accuracy_loss)) if v]
         given += ["--metric"] if metric else []
         if given:
-            raise PrecisionPlanError(f"{', '.join(given)} only apply with --precision auto; add --precision auto")
+            verb = "apply" if len(given) > 1 else "applies"
+            raise PrecisionPlanError(f"{', '.join(given)} only {verb} with --precision auto; add --precision auto")
         return None
     if calibration is None:
         raise PrecisionPlanError(

@@ -133,6 +133,32 @@ class PlanFlags:
     solver: Annotated[str, typer.Option("--solver", help="highs (default) or cbc.")] = "highs"
 
 
+def _auto(request, loaded, graph, blocks, cost, costs: Path | None, max_stages: int, progress):  # type: ignore[no-untyped-def]
+    """``--precision auto``: what it measures, and the problem with the precision choice."""
+    from parapipe.home import default_costs
+    from parapipe.precision_auto import measure
+    from parapipe.reach import LOCAL_BOARDS
+    from planner.problem import build_problem
+    from profiler.costtable import CostTable
+
+    table_path = costs or default_costs()
+    table = CostTable.load(table_path)
+    auto = measure(loaded, graph, blocks, cost, table, table_path, request, cost.profile.name in LOCAL_BOARDS, progress)
+    return auto, build_problem(blocks, graph, cost, max_stages, int8=auto.choice())
+
+
+def _checked(plans: list, auto, cost, graph, progress, reverted: dict) -> list:  # type: ignore[no-untyped-def]
+    """Every plan checked end to end on the held-back frames and repaired before it is offered."""
+    from parapipe.precision_auto import check_and_repair
+
+    out = []
+    for p in plans:
+        fixed, back = check_and_repair(p, auto, cost, graph, progress)
+        out.append(fixed)
+        reverted[p.name] = back
+    return out
+
+
 @dataclass(frozen=True)
 class PrecisionFlags:
     """Each block's precision: fp32, or chosen by the ILP within an accuracy budget measured on the user's data."""
@@ -210,30 +236,13 @@ def plan(
         progress("baselines")
         base = baselines(blocks, graph, cost, max_stages, problem)
         if request is not None:
-            from parapipe.home import default_costs
-            from parapipe.precision_auto import measure
-            from parapipe.reach import LOCAL_BOARDS
-            from profiler.costtable import CostTable
-
-            table_path = costs or default_costs()
-            table = CostTable.load(table_path)
-            auto = measure(
-                loaded, graph, blocks, cost, table, table_path, request, profile.name in LOCAL_BOARDS, progress
-            )
-            problem = build_problem(blocks, graph, cost, max_stages, int8=auto.choice())
+            auto, problem = _auto(request, loaded, graph, blocks, cost, costs, max_stages, progress)
         if objective == "pareto":
             plans = pareto_set(blocks, graph, cost, search, problem=problem)
         else:
             plans = [best_plan(blocks, graph, cost, objective, search, problem=problem)]
         if auto is not None:
-            from parapipe.precision_auto import check_and_repair
-
-            checked = []
-            for p in plans:
-                fixed, back = check_and_repair(p, auto, cost, graph, progress)
-                checked.append(fixed)
-                reverted[p.name] = back
-            plans = checked
+            plans = _checked(plans, auto, cost, graph, progress, reverted)
     import dataclasses
 
     where = {"model_path": str(model.resolve()), "inputs": loaded.inputs}
@@ -515,7 +524,7 @@ class CompareFlags:
 
 @app.command()
 @fails_cleanly
-@option_groups(flags=CompareFlags)
+@option_groups(flags=CompareFlags, precision=PrecisionFlags)
 def compare(
     model: Annotated[Path, typer.Argument(help="The .onnx model.")],
     device: Annotated[str, typer.Option("--device", help="Profile name or TOML path.")],
@@ -523,22 +532,35 @@ def compare(
         Path | None, typer.Option("--costs", help="Cost table (default $PARAPIPE_HOME/costs.json).")
     ] = None,
     flags: CompareFlags = CompareFlags(),
+    precision: PrecisionFlags = PrecisionFlags(),
     input_shape: ShapeOpt = None,
     input_data: DataOpt = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Our best plan per objective against every baseline, with ratios (>1 means ours is better)."""
+    from parapipe.precision_auto import request_from_flags
     from planner.objective import Objective
     from planner.problem import build_problem
     from planner.search import SearchOptions, baselines, best_plan
     from planner.select import ratios
 
-    profile, graph, blocks, cost, _ = _load_inputs(model, device, costs, flags.granularity, input_shape, input_data)
-    with err.status("planning"):
+    request = request_from_flags(
+        precision.precision, precision.calibration, precision.max_accuracy_loss, precision.metric
+    )
+    profile, graph, blocks, cost, loaded = _load_inputs(
+        model, device, costs, flags.granularity, input_shape, input_data
+    )
+    with err.status("planning") as status:
         problem = build_problem(blocks, graph, cost, flags.max_stages)
         base = baselines(blocks, graph, cost, flags.max_stages, problem)
         search = SearchOptions(flags.time_limit, flags.max_stages)
+        auto = None
+        if request is not None:
+            auto, problem = _auto(request, loaded, graph, blocks, cost, costs, flags.max_stages, status.update)
         ours = {o: best_plan(blocks, graph, cost, o, search, problem=problem) for o in Objective}
+        if auto is not None:
+            checked = _checked(list(ours.values()), auto, cost, graph, status.update, {})
+            ours = dict(zip(ours, checked, strict=True))
     rows = []
     for name, b in base.items():
         r = ratios(ours, b)

@@ -46,7 +46,7 @@ def test_flags_that_cannot_work_say_what_to_do(tmp_path: Path) -> None:
     assert request_from_flags("fp32", None, None, None) is None
     with pytest.raises(PrecisionPlanError, match="--precision auto needs --calibration"):
         request_from_flags("auto", None, "1%", "top1")
-    with pytest.raises(PrecisionPlanError, match="only apply with --precision auto"):
+    with pytest.raises(PrecisionPlanError, match="only applies with --precision auto"):
         request_from_flags("fp32", tmp_path, None, None)
     with pytest.raises(PrecisionPlanError, match="--precision must be fp32 or auto"):
         request_from_flags("int4", None, None, None)
