@@ -73,7 +73,7 @@ def compile_cmd(
             for p in m.partitions
         ],
         "files": len(compiled.files),
-        "max_abs_diff": compiled.max_abs_diff,
+        "max_abs_diff": None if compiled.precision else compiled.max_abs_diff,
         "precision": the_plan_mix,
         "accuracy": compiled.precision.describe() if compiled.precision else None,
     }

@@ -99,6 +99,11 @@ def test_an_int8_plan_of_a_trained_detector_compiles_to_qdq_partitions_and_runs_
 
     held = tmp_path / "held.npz"
     np.savez(held, images=frames(HELD_BACK, 1, (320, 320), seed=2)[0])
+    bundle = _cli(tmp_path, "compile", str(plan_file), str(path), "-o", str(tmp_path / "bundle"), "--json")
+    assert bundle.returncode == 0, bundle.stderr
+    info = json.loads(bundle.stdout)
+    assert info["max_abs_diff"] is None and info["precision"].startswith(f"int8 {len(plan.int8)}/")
+    assert info["accuracy"].startswith("relerr loss")
     shown = _cli(tmp_path, "show", str(plan_file))
     assert shown.returncode == 0, shown.stderr
     assert f"int8 {len(plan.int8)}/{len(blocks.nodes)} blocks" in shown.stdout
