@@ -254,9 +254,8 @@ def int8_times(
     ]
     notes: list[str] = []
     if local and configs:
-        count = len(groups) * len(configs)
-        progress(f"timing fp32 and int8 variants of {len(groups)} blocks on {len(configs)} PU configurations ({count})")
-        time_variants(loaded, groups, calibration[:2], profile, configs, VariantOptions(("fp32", "int8")), table)
+        options = VariantOptions(("fp32", "int8"), progress=progress)  # entries already in the table are reused
+        time_variants(loaded, groups, calibration[:2], profile, configs, options, table)
         if costs_path is not None:
             table.save(costs_path)
     by_members = {tuple(m): g for g, m in groups.items()}
