@@ -112,10 +112,18 @@ def priced(plan: Plan, graph: OpGraph, cost: CostModel) -> PlanModel:
     if plan.int8 and plan.precision is not None:
         times = plan.precision.int8_ms
         for seg in model.segments:
+            fp32 = saved = 0.0
             for b in seg.blocks:
-                ms = times.get(b, {}).get(f"{seg.pu}x{seg.cores}") if b in plan.int8 else None
-                if ms is not None:
-                    model.ms[seg.key] += ms - cost.block_ms(plan.blocks[b], seg.pu, seg.cores)
+                ms = cost.block_ms(plan.blocks[b], seg.pu, seg.cores)
+                fp32 += ms
+                int8 = times.get(b, {}).get(f"{seg.pu}x{seg.cores}") if b in plan.int8 else None
+                if int8 is not None:
+                    saved += ms - int8
+            if saved and fp32 > 0:
+                # what int8 saves, as the ILP counts it; a segment the cost model prices below the sum of its
+                # blocks (a measured partition) keeps at least its share of the mix's time
+                whole = model.ms[seg.key]
+                model.ms[seg.key] = max(whole - saved, whole * (fp32 - saved) / fp32)
     return model
 
 
