@@ -123,7 +123,7 @@ def priced(plan: Plan, graph: OpGraph, cost: CostModel) -> PlanModel:
                 # what int8 saves, as the ILP counts it; a segment the cost model prices below the sum of its
                 # blocks (a measured partition) keeps at least its share of the mix's time
                 whole = model.ms[seg.key]
-                model.ms[seg.key] = max(whole - saved, whole * (fp32 - saved) / fp32)
+                model.ms[seg.key] = max(whole - saved, whole * (fp32 - saved) / fp32, 1e-6)
     return model
 
 

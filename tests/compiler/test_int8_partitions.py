@@ -9,6 +9,7 @@ int8 node without a calibration range.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 from pathlib import Path
@@ -16,12 +17,16 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from compiler import compile_plan, run_chained
 from device_profiles.loader import load_profile
 from models.graph import build_graph
 from models.onnx_io import LoadedModel, load_onnx
 from models.precision import INT8_METHOD, assemble, check_precision, qdq_nodes, tensor_ranges, write_ranges
+from planner.build import evaluate
+from planner.costmodel import CostModel
 from planner.plan import Assignment, Plan, PlanError, PlanPrecision, Provenance, Stage, plan_from_json, validate
 from tests.models.test_precision import GROUPS, SHAPE, _tiny_cnn
 
@@ -115,3 +120,26 @@ def _fp32(tiny: LoadedModel, frames: list[dict[str, np.ndarray]]) -> list[dict[s
 
     s = ort.InferenceSession(tiny.ort_proto.SerializeToString(), providers=["CPUExecutionProvider"])
     return [{"logits": s.run(["logits"], f)[0]} for f in frames]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(SUBSETS[1:]), st.lists(st.floats(0.0, 2.0), min_size=3, max_size=3))
+def test_a_mixed_plan_is_priced_at_its_int8_times(tiny, ranges, int8, ratios) -> None:
+    """Whatever the int8 times, the prediction is finite and positive, and int8 blocks faster than fp32 never
+    make the plan slower (nor slower ones faster) than the same placement in fp32."""
+    graph = build_graph(tiny.proto, tiny.sha256)
+    cost = CostModel(load_profile("local"), graph)
+    fp32 = evaluate(_plan(tiny, (), ranges), graph, cost, frames=0)
+    plan = _plan(tiny, int8, ranges)
+    times = {b: {"cpux1": cost.block_ms(GROUPS[b], "cpu", 1) * r} for b, r in zip(GROUPS, ratios, strict=True)}
+    assert plan.precision is not None
+    plan = dataclasses.replace(plan, precision=dataclasses.replace(plan.precision, int8_ms={b: times[b] for b in int8}))
+    mixed = evaluate(plan, graph, cost, frames=20)
+    assert mixed.predicted is not None and fp32.predicted is not None and mixed.simulated is not None
+    assert 0 < mixed.predicted.latency_ms < float("inf") and mixed.predicted.throughput_fps > 0
+    faster = all(ratios[list(GROUPS).index(b)] <= 1.0 for b in int8)
+    slower = all(ratios[list(GROUPS).index(b)] >= 1.0 for b in int8)
+    if faster:
+        assert mixed.predicted.latency_ms <= fp32.predicted.latency_ms * (1 + 1e-9)
+    if slower:
+        assert mixed.predicted.latency_ms >= fp32.predicted.latency_ms * (1 - 1e-9)
