@@ -5,6 +5,15 @@ tensor names at its boundary; replicas share files (same content, same hash). Th
 chained partitions of every replica combination are run against the full model with
 onnxruntime; the bundle is written only if they agree (max abs diff <= 1e-5).
 
+A plan with int8 blocks has the nodes of those blocks quantised inside each partition
+(static QDQ, per-channel weights, from the calibration ranges the plan embeds): the
+QuantizeLinear/DequantizeLinear at a partition's boundary are inside it, so partitions
+still exchange fp32 tensors and chain in any mix. Its chained partitions cannot match
+fp32 to 1e-5: the check compares them with the full fp32 model by the plan's metric and
+records the loss (``Compiled.precision``); only missing outputs, other shapes or
+non-finite values where fp32 is finite are errors here (``run --verify`` holds the loss
+to the plan's budget).
+
 A plan whose units sit on several hosts of the profile (edge + cloud) is checked as one
 bundle and then split into one bundle per host (``host_bundles``): each lists the whole
 plan's partitions with their hosts, holds only its own host's files, and names the
@@ -29,6 +38,7 @@ from models.graph import OpGraph
 from models.inputs import InputSpec
 from models.onnx_io import LoadedModel
 from models.partition import GroupExtractor, OutputCheck, compare_outputs
+from models.precision import PrecisionCheck, check_precision, quantize_nodes
 from planner.plan import Plan, validate
 from planner.segments import lower, max_inflight
 
@@ -38,6 +48,7 @@ class Compiled:
     manifest: Manifest
     files: dict[str, bytes]  # file name -> ONNX bytes
     max_abs_diff: float
+    precision: PrecisionCheck | None = None  # plans with int8 blocks: the mix against fp32 by the plan's metric
 
     @property
     def sha256(self) -> str:
@@ -57,7 +68,11 @@ def compile_plan(
         if seg.members not in cache:
             part = extractor.extract(seg.name, seg.members)
             part.model.graph.name = seg.name
-            data = part.model.SerializeToString()
+            int8 = [m for b in seg.blocks if b in plan.int8 for m in plan.blocks[b]]
+            if int8 and plan.precision is not None:
+                data = quantize_nodes(part.model, int8, plan.precision.ranges)
+            else:
+                data = part.model.SerializeToString()
             sha = hashlib.sha256(data).hexdigest()
             name = f"{sha[:16]}.onnx"
             files[name] = data
@@ -99,6 +114,9 @@ def compile_plan(
         power=board_power(profile),
         hosts=_hosts(parts, {t.name for t in graph.inputs}),
     )
+    if verify and plan.int8 and plan.precision is not None:
+        check = verify_precision(manifest, files, loaded, plan.precision.metric, plan.precision.budget)
+        return Compiled(manifest, files, float("nan"), check)
     diff = verify_compiled(manifest, files, loaded, graph) if verify else float("nan")
     return Compiled(manifest, files, diff)
 
@@ -134,7 +152,7 @@ def host_bundles(compiled: Compiled) -> dict[str, Compiled]:
     for host in full.hosts:
         manifest = replace(full, host=host, plan_bundle=full.sha256())
         files = {p.file: compiled.files[p.file] for p in manifest.local_partitions()}
-        out[host] = Compiled(manifest, files, compiled.max_abs_diff)
+        out[host] = Compiled(manifest, files, compiled.max_abs_diff, compiled.precision)
     return out
 
 
@@ -201,6 +219,38 @@ def verify_compiled(manifest: Manifest, files: dict[str, bytes], loaded: LoadedM
     if not worst.ok:
         raise PartitionError(f"the compiled partitions differ from the full model: {worst.describe()}")
     return worst.max_abs_diff
+
+
+def verify_precision(
+    manifest: Manifest, files: dict[str, bytes], loaded: LoadedModel, metric: str, budget: float, frames: int = 4
+) -> PrecisionCheck:
+    """Chained partitions of a precision mix vs the full fp32 model, by ``metric``, on up to ``frames`` frames
+    made from the model's inputs (the user's data where given), every replica combination; raises on missing
+    outputs, other shapes, or non-finite values where fp32 is finite."""
+    import onnxruntime as ort
+
+    full = ort.InferenceSession(loaded.ort_proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [o.name for o in full.get_outputs()]
+    reference, got = [], []
+    for k, feeds in enumerate(sample_frames(loaded, frames)):
+        expected = dict(zip(names, full.run(None, feeds), strict=True))
+        result = run_chained(manifest, files, feeds, k % manifest.replica_period())
+        compare_outputs(expected, result)  # names and shapes
+        for t, ref in expected.items():
+            a, b = np.asarray(ref), np.asarray(result[t])
+            if a.dtype.kind == "f" and bool(np.any(np.isfinite(a) & ~np.isfinite(b))):
+                raise PartitionError(f"output {t!r}: the int8 partitions give non-finite values where fp32 is finite")
+        reference.append(expected)
+        got.append(result)
+    return check_precision(reference, got, metric, budget)
+
+
+def sample_frames(loaded: LoadedModel, frames: int) -> list[dict[str, np.ndarray]]:
+    """Frames to check a precision mix on: the user's data where every input has some (one frame), else
+    ``frames`` generated ones (seeds 7, 8, ...)."""
+    if all(s.source == "data" for s in loaded.inputs):
+        return [loaded.feeds(seed=7)]
+    return [loaded.feeds(seed=7 + k) for k in range(frames)]
 
 
 def write_bundle(compiled: Compiled, folder: Path) -> Path:

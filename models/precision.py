@@ -717,3 +717,114 @@ def precision_units(graph: OpGraph, blocks: OpGraph) -> dict[str, tuple[str, ...
     first_unit = next(iter(units))
     units[first_unit][:0] = pending
     return {k: tuple(v) for k, v in units.items()}
+
+
+# --------------------------------------------------------------------------------------------- ranges
+
+Ranges = Mapping[str, tuple[float, float]]  # tensor -> (lowest, highest) value over the calibration frames
+
+
+def tensor_ranges(model: LoadedModel, frames: Sequence[Frame]) -> dict[str, tuple[float, float]]:
+    """MinMax activation ranges of every float tensor, over ``frames``: what a plan embeds so that its int8
+    partitions can be quantised anywhere, later, without the frames.
+
+    Two sources, merged: the fp32 model as loaded (every tensor a partition boundary may cut, such as a
+    Conv's output before the BatchNormalization that pre-processing folds into it when both sit in one
+    partition) and onnxruntime's own calibration of the pre-processed model (the tensors fusion names)."""
+    if not frames:
+        raise PrecisionError("int8 needs calibration frames (the user's sample inputs)")
+    names = [s.name for s in model.inputs]
+    lo: dict[str, float] = {}
+    hi: dict[str, float] = {}
+    for frame in frames:
+        for t, v in tensor_values(model.ort_proto, {n: frame[n] for n in names}).items():
+            a = np.asarray(v)
+            if a.dtype.kind != "f" or not a.size:
+                continue
+            lo[t] = min(lo.get(t, np.inf), float(np.min(a)))
+            hi[t] = max(hi.get(t, -np.inf), float(np.max(a)))
+    out = {t: (lo[t], hi[t]) for t in lo}
+    with tempfile.TemporaryDirectory(prefix="parapipe-ranges-") as tmp:
+        cache = calibrate(model, frames, Path(tmp) / "ranges.json")
+        for t, r in read_ranges(cache).items():
+            out.setdefault(t, r)
+    return out
+
+
+def read_ranges(path: Path) -> dict[str, tuple[float, float]]:
+    """The (lowest, highest) of each tensor in an onnxruntime calibration cache (``calibrate``)."""
+    from onnxruntime.quantization.calibrate import load_tensors_data
+
+    data = load_tensors_data(path)
+    return {t: (float(np.min(d.range_value[0])), float(np.max(d.range_value[1]))) for t, d in data.items()}
+
+
+def write_ranges(ranges: Ranges, path: Path) -> Path:
+    """``ranges`` as an onnxruntime calibration cache (MinMax), which ``quantize_qdq`` reads."""
+    from onnxruntime.quantization import CalibrationMethod
+    from onnxruntime.quantization.calibrate import TensorData, TensorsData, save_tensors_data
+
+    data = {
+        t: TensorData(lowest=np.array(lo, np.float32), highest=np.array(hi, np.float32))
+        for t, (lo, hi) in ranges.items()
+    }
+    save_tensors_data(TensorsData(CalibrationMethod.MinMax, data), path)
+    return path
+
+
+def quantize_nodes(model: onnx.ModelProto, nodes: Sequence[str], ranges: Ranges) -> bytes:
+    """``model`` (a partition) with ``nodes`` in static QDQ int8 (per-channel weights), from embedded ranges;
+    the rest stays fp32 and the model reads and returns the same tensors with the same dtypes. No node:
+    the model unchanged."""
+    if not nodes:
+        return model.SerializeToString()
+    with tempfile.TemporaryDirectory(prefix="parapipe-qn-") as tmp:
+        cache = write_ranges(ranges, Path(tmp) / "ranges.json")
+        try:
+            return quantize_qdq(model, None, nodes_to_quantize=nodes, ranges=cache)
+        except PrecisionError as exc:
+            raise PrecisionError(
+                f"{exc}; the plan's calibration ranges do not cover this partition: plan again with --calibration"
+            ) from None
+
+
+def qdq_nodes(model: bytes) -> int:
+    """QuantizeLinear/DequantizeLinear nodes in a model: 0 for an fp32 one."""
+    return sum(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in onnx.load_from_string(model).graph.node)
+
+
+@dataclass(frozen=True)
+class PrecisionCheck:
+    """Outputs of a precision mix against fp32 on ``accuracy.frames`` frames: the plan's metric within its budget."""
+
+    metric: str
+    budget: float
+    accuracy: Accuracy
+
+    @property
+    def loss(self) -> float:
+        return self.accuracy.loss(self.metric)
+
+    @property
+    def ok(self) -> bool:
+        return self.loss <= self.budget
+
+    def describe(self) -> str:
+        verdict = "within" if self.ok else "EXCEEDS"
+        return (
+            f"{self.metric} loss {self.loss:.4g} vs fp32 over {self.accuracy.frames} frame(s), {verdict} the budget "
+            f"{self.budget:g} ({self.accuracy.describe()})"
+        )
+
+
+def check_precision(
+    reference: Sequence[Frame], got: Sequence[Frame], metric_name: str, budget: float
+) -> PrecisionCheck:
+    """The mix's outputs against fp32's with the plan's metric (and the others that apply, for the report)."""
+    names = tuple(dict.fromkeys((metric_name, "relerr", "cosine")))
+    accuracy = measure_accuracy(reference, got, names)
+    if metric_name not in dict(accuracy.losses):
+        raise PrecisionError(
+            f"metric {metric_name!r} does not apply to this model's outputs; {metric(metric_name).description}"
+        )
+    return PrecisionCheck(metric_name, budget, accuracy)

@@ -23,10 +23,12 @@ from typing import Any
 from agents.bundle import verify_bundle
 from agents.client import AgentClient
 from compiler import compile_plan, host_bundles, write_bundle, write_bundles
+from compiler.build import sample_frames
 from device_profiles.loader import load_profile
 from models.graph import build_graph
 from models.onnx_io import LoadedModel
 from models.partition import compare_outputs
+from models.precision import PrecisionCheck, check_precision
 from parapipe.home import parapipe_home
 from parapipe.intake import open_model
 from parapipe.local_agent import DeployError
@@ -51,6 +53,9 @@ class RunResult:
     inputs: list[str] = field(default_factory=list)  # how each input's frames were made (data, graph rule, random)
     output_scale: float | None = None  # --verify: the largest output magnitude of the full model
     verified: bool | None = None  # --verify: within the allowed difference (relative to the output scale)
+    precision: str = "fp32"  # the plan's precision mix
+    # --verify on a plan with int8 blocks: the loss against fp32 by the plan's metric, the budget, the frames
+    accuracy: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         data = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -232,7 +237,10 @@ def _measure(job: Measurement, client: AgentClient, started: Started, progress) 
     """Verify one frame if asked, benchmark on the board, compare with the plan's prediction."""
     plan, loaded = job.plan, job.loaded
     check = None
-    if job.verify:
+    mixed: PrecisionCheck | None = None
+    if job.verify and plan.int8 and plan.precision is not None:
+        mixed = _verify_precision(plan, loaded, client)
+    elif job.verify:
         import onnxruntime as ort
 
         inputs = loaded.feeds(seed=7)
@@ -270,8 +278,38 @@ def _measure(job: Measurement, client: AgentClient, started: Started, progress) 
         uploaded_bytes=started.bytes_received,
         inputs=[s.describe() for s in loaded.inputs],
         output_scale=check.scale if check else None,
-        verified=check.ok if check else None,
+        verified=check.ok if check else mixed.ok if mixed else None,
+        precision=plan.precision_mix(),
+        accuracy=_accuracy_json(mixed) if mixed else None,
     )
+
+
+def _verify_precision(plan: Plan, loaded: LoadedModel, client: AgentClient) -> PrecisionCheck:
+    """The board's outputs for a few frames (the user's data where given) against the full fp32 model, by the
+    plan's metric and budget."""
+    import onnxruntime as ort
+
+    assert plan.precision is not None
+    full = ort.InferenceSession(loaded.ort_proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [o.name for o in full.get_outputs()]
+    reference, got = [], []
+    for feeds in sample_frames(loaded, 4):
+        expected = dict(zip(names, full.run(None, feeds), strict=True))
+        result = client.infer(feeds)
+        compare_outputs(expected, result)  # names and shapes
+        reference.append(expected)
+        got.append({t: result[t] for t in names})
+    return check_precision(reference, got, plan.precision.metric, plan.precision.budget)
+
+
+def _accuracy_json(check: PrecisionCheck) -> dict[str, Any]:
+    return {
+        "metric": check.metric,
+        "loss": check.loss,
+        "budget": check.budget,
+        "frames": check.accuracy.frames,
+        "losses": dict(check.accuracy.losses),
+    }
 
 
 def record(plan: Plan, result: RunResult) -> Path:

@@ -15,7 +15,7 @@ from device_profiles.schema import DeviceProfile
 from models.graph import OpGraph
 from planner.costmodel import CostModel
 from planner.ilp import Assignment as UnitAssignment
-from planner.plan import Assignment, Plan, PlanError, Provenance, Stage
+from planner.plan import Assignment, Plan, PlanError, PlanPrecision, Provenance, Stage
 from planner.problem import Problem
 from planner.simulate import PlanModel, analytic, simulate
 
@@ -30,12 +30,11 @@ def to_plan(
     pipelined: bool = True,
     max_stages: int | None = None,
 ) -> Plan:
-    if solution.int8:
-        # the plan format, the lowering and the compiler do not carry a block's precision yet: refuse rather
-        # than write a plan that would run the block in fp32 (or on a PU that cannot run fp32)
+    if solution.int8 and problem.precision is None:
+        # without calibration ranges the int8 blocks cannot be built: refuse rather than run them in fp32
         raise PlanError(
-            f"the solution runs {len(solution.int8)} block(s) in int8, which plans cannot record yet; "
-            "plan without int8 choices"
+            f"the solution runs {len(solution.int8)} block(s) in int8 but the problem carries no calibration "
+            "ranges (Int8Choice.precision); plan with --precision auto --calibration FILE"
         )
     used = list(dict.fromkeys(solution.block_unit))
     # each assignment lists its blocks in the order its unit runs them (the solver's order)
@@ -75,7 +74,21 @@ def to_plan(
         provenance=provenance,
         name=name,
         pipelined=pipelined,
+        int8=tuple(problem.blocks[b] for b in sorted(solution.int8)),
+        precision=_precision(problem, solution) if solution.int8 else None,
     )
+
+
+def _precision(problem: Problem, solution: UnitAssignment) -> PlanPrecision:
+    """The problem's precision record with the int8 times of the plan's int8 blocks on every unit size that
+    runs them in fp32 too (what ``evaluate`` prices them at)."""
+    assert problem.precision is not None
+    times: dict[str, dict[str, float]] = {}
+    for (b, u), ms in sorted(problem.int8_cost.items()):
+        if b in solution.int8 and (b, u) in problem.cost:
+            unit = problem.units[u]
+            times.setdefault(problem.blocks[b], {})[f"{unit.pu}x{unit.cores}"] = ms
+    return dataclasses.replace(problem.precision, int8_ms=times)
 
 
 def _levels(units: list[int], succ: dict[int, set[int]]) -> dict[int, int]:
@@ -92,9 +105,31 @@ def _levels(units: list[int], succ: dict[int, set[int]]) -> dict[int, int]:
     return {u: depth[dag.graph["mapping"][u]] for u in units}
 
 
+def priced(plan: Plan, graph: OpGraph, cost: CostModel) -> PlanModel:
+    """The plan lowered and priced; a segment's int8 blocks at the int8 times the plan records (the cost model
+    prices every block in fp32 on PUs that compute fp32)."""
+    model = PlanModel(plan, graph, cost)
+    if plan.int8 and plan.precision is not None:
+        times = plan.precision.int8_ms
+        for seg in model.segments:
+            fp32 = saved = 0.0
+            for b in seg.blocks:
+                ms = cost.block_ms(plan.blocks[b], seg.pu, seg.cores)
+                fp32 += ms
+                int8 = times.get(b, {}).get(f"{seg.pu}x{seg.cores}") if b in plan.int8 else None
+                if int8 is not None:
+                    saved += ms - int8
+            if saved and fp32 > 0:
+                # what int8 saves, as the ILP counts it; a segment the cost model prices below the sum of its
+                # blocks (a measured partition) keeps at least its share of the mix's time
+                whole = model.ms[seg.key]
+                model.ms[seg.key] = max(whole - saved, whole * (fp32 - saved) / fp32, 1e-6)
+    return model
+
+
 def evaluate(plan: Plan, graph: OpGraph, cost: CostModel, frames: int = 240) -> Plan:
     """The plan with its analytic prediction and its simulation attached (``frames=0``: analytic only)."""
-    model = PlanModel(plan, graph, cost)
+    model = priced(plan, graph, cost)
     simulated = simulate(model, frames).predicted() if frames else None
     return dataclasses.replace(plan, predicted=analytic(model), simulated=simulated)
 
@@ -111,7 +146,7 @@ def replicate(plan: Plan, graph: OpGraph, cost: CostModel, profile: DeviceProfil
         free = {
             p.name: [c for c in p.cores if c not in used.get(p.name, set())] for p in profile.pus if p.kind == "cpu"
         }
-        model = PlanModel(best, graph, cost)
+        model = priced(best, graph, cost)
         loads: dict[int, float] = {}
         for seg in model.segments:
             loads[seg.stage] = max(loads.get(seg.stage, 0.0), model.ms[seg.key] / best.stages[seg.stage].replicas)

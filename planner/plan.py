@@ -3,6 +3,11 @@
 Serialised as versioned JSON. A plan names its blocks (block -> ONNX node names), so
 it can be cut out of the model without re-coarsening; each stage holds one or more
 replica groups (frame f goes to group f mod R), each group a set of PU assignments.
+A plan runs every block in fp32 unless it names blocks in ``int8``; such a plan carries
+what quantising them takes (``PlanPrecision``: the calibration ranges, the accuracy metric
+and budget, the accuracy measured when it was planned), so it stays one self-contained
+file. All-fp32 plans are written as version 1 (as before precisions existed); plans with
+int8 blocks as version 2, which an older parapipe refuses rather than run in fp32.
 ``validate`` checks a plan against the model graph and the device profile and names
 the field that is wrong.
 """
@@ -26,7 +31,8 @@ from models.inputs import InputSpec
 from models.schema import first_problem, load_record, record_schema
 from planner.unitname import UnitName
 
-PLAN_VERSION = 1
+PLAN_VERSION = 2  # the newest version this parapipe writes (for plans with int8 blocks)
+FP32_PLAN_VERSION = 1  # all-fp32 plans keep version 1, so older parapipes still read them
 # Frames whose outputs a unit holds at once: the one it is producing and the one waiting in the bounded
 # queue in front of its consumer (the executor's queues hold one frame). A bound, not a measurement.
 ACTIVATION_FRAMES = 2
@@ -95,6 +101,35 @@ class Provenance:
 
 
 @dataclass(frozen=True)
+class PlanPrecision:
+    """What the int8 blocks of a plan need to be built and checked, embedded in the plan.
+
+    ``ranges``: each tensor's (lowest, highest) value over the calibration frames (MinMax), from which
+    the compiler quantises the int8 nodes of each partition (static QDQ, per-channel weights);
+    ``metric`` and ``budget``: the accuracy loss against fp32 the plan promises to stay within
+    (``models.precision.METRICS``; 0.01 = 1%); ``measured``: the losses measured end to end on
+    held-back frames when it was planned (metric -> loss, over ``held_out_frames`` frames)."""
+
+    ranges: Mapping[str, tuple[float, float]]
+    metric: str = "relerr"
+    budget: float = 0.01
+    calibration_frames: int = 0
+    measured: tuple[tuple[str, float], ...] = ()
+    held_out_frames: int = 0
+    method: str = ""
+    # block -> "PUxCORES" -> its int8 time there (ms), where the PU computes fp32 too: what predictions price
+    # the block at (the cost model prices blocks in fp32)
+    int8_ms: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["ranges"] = {t: [lo, hi] for t, (lo, hi) in self.ranges.items()}
+        data["measured"] = dict(self.measured)
+        data["int8_ms"] = {b: dict(t) for b, t in self.int8_ms.items()}
+        return data
+
+
+@dataclass(frozen=True)
 class Plan:
     model_sha256: str
     model_name: str
@@ -109,9 +144,22 @@ class Plan:
     name: str = ""
     pipelined: bool = True  # False: one frame at a time (the para-only and list-scheduling baselines)
     model_path: str = ""  # where the model was when planned (a hint; the hash is what binds)
-    version: int = PLAN_VERSION
+    version: int = field(default=FP32_PLAN_VERSION, compare=False)  # as read; written from the content (to_json)
     notes: tuple[str, ...] = field(default=())
     inputs: tuple[InputSpec, ...] = ()  # the input shapes/dtypes (and how frames are made) it was planned for
+    int8: tuple[str, ...] = ()  # blocks that run in int8 (static QDQ); every other block runs in fp32
+    precision: PlanPrecision | None = None  # what the int8 blocks need; None for an all-fp32 plan
+
+    def precision_of(self, block: str) -> str:
+        return "int8" if block in self.int8 else "fp32"
+
+    def precision_mix(self) -> str:
+        """``fp32``, or e.g. ``int8 12/40 blocks (310 of 860 nodes)``."""
+        if not self.int8:
+            return "fp32"
+        nodes = sum(len(self.blocks[b]) for b in self.int8 if b in self.blocks)
+        total = sum(len(m) for m in self.blocks.values())
+        return f"int8 {len(self.int8)}/{len(self.blocks)} blocks ({nodes} of {total} nodes)"
 
     def replica_period(self) -> int:
         """Frames after which replica groups repeat: frame f runs on group f mod R of each stage."""
@@ -125,6 +173,11 @@ class Plan:
         data = asdict(self)
         data["blocks"] = {k: list(v) for k, v in self.blocks.items()}
         data["inputs"] = [s.to_json() for s in self.inputs]
+        data["int8"] = list(self.int8)
+        data["precision"] = self.precision.to_json() if self.precision else None
+        data["version"] = PLAN_VERSION if self.int8 else FP32_PLAN_VERSION
+        if not self.int8 and self.precision is None:  # an fp32 plan's file as it always was
+            del data["int8"], data["precision"]
         return data
 
     def save(self, path: Path) -> Path:
@@ -149,6 +202,34 @@ class _AssignmentFile(_File):
         if not isinstance(value, str):
             raise ValueError(f"expected a PU name, got {value!r}")
         return UnitName(value)
+
+
+class _PrecisionFile(_File):
+    ranges: dict[str, Annotated[list[float], Field(min_length=2, max_length=2)]]
+    metric: str = "relerr"
+    budget: float = Field(default=0.01, ge=0.0, allow_inf_nan=False)
+    calibration_frames: int = Field(default=0, ge=0)
+    measured: dict[str, float] = {}
+    held_out_frames: int = Field(default=0, ge=0)
+    method: str = ""
+    int8_ms: dict[str, dict[str, Annotated[float, Field(ge=0.0, allow_inf_nan=False)]]] = {}
+
+    @field_validator("ranges", mode="after")
+    @classmethod
+    def _ranges(cls, value: dict[str, list[float]]) -> dict[str, list[float]]:
+        for t, (lo, hi) in value.items():
+            if not (math.isfinite(lo) and math.isfinite(hi)) or lo > hi:
+                raise ValueError(f"tensor {t!r}: [{lo}, {hi}] is not a range (finite lowest <= highest)")
+        return value
+
+    @field_validator("metric", mode="after")
+    @classmethod
+    def _metric(cls, value: str) -> str:
+        from models.precision import METRICS
+
+        if value not in METRICS:
+            raise ValueError(f"unknown metric {value!r}; one of {', '.join(METRICS)}")
+        return value
 
 
 class _StageFile(_File):
@@ -176,6 +257,8 @@ class _PlanFile(_File):
     model_path: str = ""
     notes: list[str] = []
     inputs: list[dict[str, Any]] = []
+    int8: list[str] = []
+    precision: _PrecisionFile | None = None
 
 
 def plan_from_json(data: Any, origin: str = "plan") -> Plan:
@@ -183,8 +266,11 @@ def plan_from_json(data: Any, origin: str = "plan") -> Plan:
     if not isinstance(data, Mapping):
         raise PlanError(f"{origin}: a plan is a JSON object")
     version = data.get("version")
-    if version is not None and version != PLAN_VERSION:
-        raise PlanError(f"version: {version!r} is not supported; this parapipe reads plan version {PLAN_VERSION}")
+    if version is not None and version not in (FP32_PLAN_VERSION, PLAN_VERSION):
+        raise PlanError(
+            f"version: {version!r} is not supported; this parapipe reads plan versions {FP32_PLAN_VERSION} and "
+            f"{PLAN_VERSION}"
+        )
     try:
         checked = _PlanFile.model_validate(data)
     except ValidationError as exc:
@@ -207,6 +293,37 @@ def plan_from_json(data: Any, origin: str = "plan") -> Plan:
         version=checked.version,
         notes=tuple(checked.notes),
         inputs=_inputs(checked.inputs),
+        int8=_int8(checked.int8, checked.blocks),
+        precision=_precision(checked.precision, checked.int8),
+    )
+
+
+def _int8(names: list[str], blocks: Mapping[str, list[str]]) -> tuple[str, ...]:
+    for i, b in enumerate(names):
+        if b not in blocks:
+            raise PlanError(f"int8[{i}]: unknown block {b!r} (not in the plan's blocks)")
+    return tuple(dict.fromkeys(names))
+
+
+def _precision(raw: _PrecisionFile | None, int8: list[str]) -> PlanPrecision | None:
+    if raw is None:
+        if int8:
+            raise PlanError(
+                f"precision: the plan runs {len(int8)} block(s) in int8 but carries no calibration ranges; "
+                "plan again with --precision auto --calibration FILE"
+            )
+        return None
+    if int8 and not raw.ranges:
+        raise PlanError("precision.ranges: empty, but the plan runs blocks in int8; plan again with --calibration")
+    return PlanPrecision(
+        ranges={t: (float(lo), float(hi)) for t, (lo, hi) in raw.ranges.items()},
+        metric=raw.metric,
+        budget=raw.budget,
+        calibration_frames=raw.calibration_frames,
+        measured=tuple(raw.measured.items()),
+        held_out_frames=raw.held_out_frames,
+        method=raw.method,
+        int8_ms={b: dict(t) for b, t in raw.int8_ms.items()},
     )
 
 
@@ -263,6 +380,8 @@ def validate(plan: Plan, graph: OpGraph, profile: DeviceProfile) -> None:
         raise PlanError(f"stages: block(s) {sorted(unplaced)[:3]} are placed on no PU")
     _check_memory(plan, graph, profile)
     _check_stage_order(plan, graph, stage_of_block)
+    _check_precisions(plan, profile)
+    _check_ranges(plan, graph)
 
 
 def _check_blocks(plan: Plan, graph: OpGraph) -> None:
@@ -350,6 +469,42 @@ def _check_supported(a: Assignment, where: str, plan: Plan, graph: OpGraph, pu: 
             for t in graph.index[m].op_types:
                 if not pu.supports(t):
                     raise PlanError(f"{where}: PU {a.pu!r} does not support {t} (node {m!r}, block {b!r})")
+
+
+def _check_precisions(plan: Plan, profile: DeviceProfile) -> None:
+    """Every block runs on a PU that computes its precision (an NPU: int8 blocks only)."""
+    for s, g, a in plan.assignments():
+        for part in a.pu.parts:
+            pu = profile.pu(part)
+            for b in a.blocks:
+                precision = plan.precision_of(b)
+                if not pu.computes(precision):
+                    where = f"stages[{s}].groups[{g}][{plan.stages[s].groups[g].index(a)}]"
+                    raise PlanError(
+                        f"{where}: block {b!r} runs in {precision}, which PU {part!r} does not compute (it computes "
+                        f"{', '.join(pu.precision_set.values)}); plan again"
+                    )
+
+
+def _check_ranges(plan: Plan, graph: OpGraph) -> None:
+    """Every tensor an int8 Conv/MatMul/Gemm reads from another node or the caller has a calibration range."""
+    if not plan.int8 or plan.precision is None:
+        return
+    from models.precision import QUANTIZABLE
+
+    ranges = plan.precision.ranges
+    for b in plan.int8:
+        for m in plan.blocks[b]:
+            node = graph.index[m]
+            if node.op_type not in QUANTIZABLE:
+                continue
+            for t in node.inputs:
+                info = graph.tensors.get(t)
+                if info is not None and info.dtype.startswith(("float", "bfloat")) and t not in ranges:
+                    raise PlanError(
+                        f"precision.ranges: no calibration range for tensor {t!r} (read by int8 node {m!r} of block "
+                        f"{b!r}); plan again with --calibration"
+                    )
 
 
 def _check_memory(plan: Plan, graph: OpGraph, profile: DeviceProfile) -> None:

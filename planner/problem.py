@@ -15,7 +15,7 @@ from typing import Any
 
 from models.graph import OpGraph
 from planner.costmodel import CostModel
-from planner.plan import ACTIVATION_FRAMES, PlanError, activation_bytes
+from planner.plan import ACTIVATION_FRAMES, PlanError, PlanPrecision, activation_bytes
 
 INF = float("inf")
 
@@ -68,6 +68,8 @@ class Problem:
     int8_cost: dict[tuple[int, int], float] = field(default_factory=dict)
     sensitivity: dict[int, float] = field(default_factory=dict)
     accuracy_budget: float | None = None
+    # what a plan with int8 blocks carries (calibration ranges, metric, budget); None: plans cannot have int8 blocks
+    precision: PlanPrecision | None = None
     # what is derived from the problem alone (baselines, warm starts), computed once per problem
     derived: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -148,10 +150,17 @@ def candidate_units(cost: CostModel, max_stages: int) -> list[Unit]:
 @dataclass(frozen=True)
 class Int8Choice:
     """The blocks whose int8 variant was validated (measured against fp32 on the user's frames), each with its
-    accuracy loss alone in int8 (the sensitivity proxy the ILP sums), and the budget of that sum (None: none)."""
+    accuracy loss alone in int8 (the sensitivity proxy the ILP sums), and the budget of that sum (None: none).
+
+    ``ms``: (block, PU, cores) -> the block's int8 time there, for PUs that compute fp32 too (a CPU): only
+    where it is given is the block offered in int8 on such a PU (on an int8-only PU the cost model's figure
+    is the int8 one). ``precision``: what a plan with int8 blocks embeds (calibration ranges, metric,
+    budget); without it the solver may choose int8 but no plan can be written from such a solution."""
 
     sensitivity: Mapping[str, float]
     budget: float | None = None
+    ms: Mapping[tuple[str, str, int], float] = field(default_factory=dict)
+    precision: PlanPrecision | None = None
 
 
 FP32_ONLY = Int8Choice({})
@@ -184,6 +193,7 @@ def build_problem(
         int8_cost=table8,
         sensitivity={index[name]: loss for name, loss in int8.sensitivity.items() if name in index},
         accuracy_budget=int8.budget,
+        precision=int8.precision,
         edges=edges,
         transfer=links.transfer,
         transfer_mj=links.transfer_mj,
@@ -226,6 +236,9 @@ def _block_costs(
             key = (u.pu, u.cores, b.name)
             if pu.computes("fp32"):
                 target = table
+                mine = int8.ms.get((b.name, u.pu, u.cores))
+                if mine is not None and pu.computes("int8") and b.name in int8.sensitivity:
+                    table8[(bi, ui)] = mine
             elif pu.computes("int8") and b.name in int8.sensitivity:
                 target = table8  # the cost model's figure for such a PU is its int8 figure
             else:

@@ -80,6 +80,8 @@ def warm_candidates(problem: Problem, objective: str) -> list[Candidate]:
             problem.derived["fastest"] = H.fastest(problem)
         if (fast := problem.derived["fastest"]) is not None:
             cands.append(Candidate("segmented", fast, False))
+    if problem.int8_cost:  # with a precision choice: each placement with int8 where it pays, too
+        cands += [Candidate(f"{c.name}+int8", H.with_int8(problem, c.assignment), c.pipelined) for c in cands]
     return cands
 
 
@@ -344,13 +346,18 @@ def pareto_front(plans: list[Plan]) -> list[Plan]:
 
 
 def pareto_set(
-    blocks: OpGraph, graph: OpGraph, cost: CostModel, search: SearchOptions = SearchOptions(), steps: int = 4
+    blocks: OpGraph,
+    graph: OpGraph,
+    cost: CostModel,
+    search: SearchOptions = SearchOptions(),
+    steps: int = 4,
+    problem: Problem | None = None,
 ) -> list[Plan]:
     """Epsilon-constraint sweep: the three single-objective optima, then latency-optimal plans under
     throughput floors between them, and energy-optimal plans under latency ceilings. The single-objective
     solves get ``search.time_limit`` each, the sweep's bounded ones a third of it; only the plans on the
     front are simulated."""
-    problem = build_problem(blocks, graph, cost, search.max_stages)
+    problem = problem or build_problem(blocks, graph, cost, search.max_stages)
     sweep = dataclasses.replace(search, time_limit=search.time_limit / 3)
 
     def solved(objective: str, bounds: Constraints = UNBOUNDED) -> Plan:

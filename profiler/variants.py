@@ -14,7 +14,7 @@ variant's boundary is inside the variant, hence inside its time.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from device_profiles.schema import DeviceProfile
@@ -53,6 +53,7 @@ class VariantOptions:
     repeats: int = 10  # timed runs per measurement
     timer: Timer | None = None  # default: a LocalTimer here
     ort_version: str | None = None  # recorded in the entries' conditions; default: the timer's
+    progress: Callable[[str], None] | None = None  # told of each group as it is made and timed
 
 
 def time_variants(
@@ -76,7 +77,9 @@ def time_variants(
     entering = {t for members in groups.values() for t in maker.extractor.boundary(list(members))[0]}
     maker.boundary_values(calibration, entering, "calibration")
     out: list[VariantTime] = []
-    for name, members in groups.items():
+    for i, (name, members) in enumerate(groups.items()):
+        if options.progress:
+            options.progress(f"timing {', '.join(precisions)} variants of block {i + 1}/{len(groups)} ({name})")
         members = tuple(members)
         made = maker.variants(members, calibration, precisions, name=name, tag="calibration")
         feeds = maker.boundary_values(calibration[:1], made[precisions[0]].inputs, "calibration")[0]

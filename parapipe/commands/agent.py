@@ -51,6 +51,7 @@ def compile_cmd(
     compiled = compile_plan(the_plan, loaded, build_graph(loaded.proto, loaded.sha256), load_profile(the_plan.device))
     folders = write_bundles(compiled, output)
     m = compiled.manifest
+    the_plan_mix = the_plan.precision_mix()
     info = {
         "bundle": str(output),
         "bundle_sha256": compiled.sha256,
@@ -72,7 +73,9 @@ def compile_cmd(
             for p in m.partitions
         ],
         "files": len(compiled.files),
-        "max_abs_diff": compiled.max_abs_diff,
+        "max_abs_diff": None if compiled.precision else compiled.max_abs_diff,
+        "precision": the_plan_mix,
+        "accuracy": compiled.precision.describe() if compiled.precision else None,
     }
     if as_json:
         print_json(info)
@@ -86,9 +89,14 @@ def compile_cmd(
     for host, folder in folders.items():
         if host:
             out.print(f"host {host}: its bundle is {folder} (entry host: {m.entry})", highlight=False)
+    check = (
+        f"precision {the_plan_mix}: {compiled.precision.describe()}"
+        if compiled.precision
+        else f"max abs diff {compiled.max_abs_diff:.2e}"
+    )
     out.print(
         f"bundle {compiled.sha256[:12]}… in {output}: {len(compiled.files)} files; chained partitions vs full model: "
-        f"max abs diff {compiled.max_abs_diff:.2e}",
+        f"{check}",
         highlight=False,
     )
 
@@ -288,6 +296,22 @@ def run(
             f"outputs vs the full model: max abs diff {result.max_abs_diff:.2e}, output scale "
             f"{result.output_scale or 0:.3g}: {verdict}",
             highlight=False,
+        )
+        if not result.verified:
+            raise typer.Exit(1)
+    if result.accuracy is not None:
+        a = result.accuracy
+        verdict = "ok" if result.verified else "FAILED"
+        out.print(
+            f"outputs vs the full fp32 model ({result.precision}): {a['metric']} loss {a['loss']:.4g} over "
+            f"{a['frames']} frame(s), budget {a['budget']:g}: {verdict}"
+            + (
+                ""
+                if result.verified or all(i.endswith("(data)") for i in result.inputs)
+                else " (on generated inputs; accuracy means something on real ones: --input-data FILE.npz)"
+            ),
+            highlight=False,
+            markup=False,
         )
         if not result.verified:
             raise typer.Exit(1)

@@ -64,14 +64,28 @@ def plan_row(plan: Any) -> dict[str, Any]:
         "status": prov.status,
         "gap": prov.gap,
         "seconds": prov.seconds,
+        "precision": plan.precision_mix(),
+        "accuracy": _accuracy(plan),
     }
 
 
+def _accuracy(plan: Any) -> str | None:
+    """The accuracy a plan with int8 blocks promises and was measured at, e.g. ``top1 0.004 <= 0.01 (24 held-back)``."""
+    pr = plan.precision
+    if not plan.int8 or pr is None:
+        return None
+    measured = dict(pr.measured).get(pr.metric)
+    shown = f"{measured:.3g}" if measured is not None else "not measured"
+    return f"{pr.metric} loss {shown} (budget {pr.budget:g}, {pr.held_out_frames} held-back frames)"
+
+
 def _table(rows: list[dict[str, Any]], title: str = "") -> Table:
+    mixed = any(r.get("precision", "fp32") != "fp32" for r in rows)  # a precision column only where one differs
     t = Table(
         "plan",
         "stages",
         "units",
+        *(("precision", "accuracy") if mixed else ()),
         "latency ms",
         "fps",
         "energy mJ (modelled)",
@@ -92,6 +106,7 @@ def _table(rows: list[dict[str, Any]], title: str = "") -> Table:
             r["plan"],
             str(r["stages"]),
             " ".join(r["units"]),
+            *((r.get("precision", "fp32"), r.get("accuracy") or "-") if mixed else ()),
             f"{r['latency_ms']:.2f}",
             f"{r['throughput_fps']:.2f}",
             f"{r['energy_mj']:.1f}",
@@ -118,9 +133,65 @@ class PlanFlags:
     solver: Annotated[str, typer.Option("--solver", help="highs (default) or cbc.")] = "highs"
 
 
+def _auto(request, loaded, graph, blocks, cost, costs: Path | None, max_stages: int, progress):  # type: ignore[no-untyped-def]
+    """``--precision auto``: what it measures, and the problem with the precision choice."""
+    from parapipe.home import default_costs
+    from parapipe.precision_auto import measure
+    from parapipe.reach import LOCAL_BOARDS
+    from planner.problem import build_problem
+    from profiler.costtable import CostTable
+
+    table_path = costs or default_costs()
+    table = CostTable.load(table_path)
+    auto = measure(loaded, graph, blocks, cost, table, table_path, request, cost.profile.name in LOCAL_BOARDS, progress)
+    return auto, build_problem(blocks, graph, cost, max_stages, int8=auto.choice())
+
+
+def _checked(plans: list, auto, cost, graph, progress, reverted: dict) -> list:  # type: ignore[no-untyped-def]
+    """Every plan checked end to end on the held-back frames and repaired before it is offered."""
+    from parapipe.precision_auto import check_and_repair
+
+    out = []
+    for p in plans:
+        fixed, back = check_and_repair(p, auto, cost, graph, progress)
+        out.append(fixed)
+        reverted[p.name] = back
+    return out
+
+
+@dataclass(frozen=True)
+class PrecisionFlags:
+    """Each block's precision: fp32, or chosen by the ILP within an accuracy budget measured on the user's data."""
+
+    precision: Annotated[
+        str,
+        typer.Option(
+            "--precision",
+            help="fp32 (every block as the model has it), or auto: blocks in int8 where it pays, within "
+            "--max-accuracy-loss by --metric, checked end to end on held-back frames of --calibration.",
+        ),
+    ] = "fp32"
+    calibration: Annotated[
+        Path | None,
+        typer.Option(
+            "--calibration",
+            help="Sample inputs for --precision auto: an .npz with one array per model input (frames stacked on "
+            "the first axis), or a folder of them. A quarter is held back to check each plan.",
+        ),
+    ] = None
+    max_accuracy_loss: Annotated[
+        str | None,
+        typer.Option("--max-accuracy-loss", help="Accuracy loss allowed against fp32, e.g. 1% or 0.01 (default 1%)."),
+    ] = None
+    metric: Annotated[
+        str | None,
+        typer.Option("--metric", help="top1, cosine or relerr (default relerr): how the loss is measured."),
+    ] = None
+
+
 @app.command()
 @fails_cleanly
-@option_groups(flags=PlanFlags)
+@option_groups(flags=PlanFlags, precision=PrecisionFlags)
 def plan(
     model: Annotated[Path, typer.Argument(help="The .onnx model.")],
     device: Annotated[str, typer.Option("--device", help="Profile name or TOML path.")],
@@ -128,6 +199,7 @@ def plan(
         Path | None, typer.Option("--costs", help="Cost table (default $PARAPIPE_HOME/costs.json).")
     ] = None,
     flags: PlanFlags = PlanFlags(),
+    precision: PrecisionFlags = PrecisionFlags(),
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Folder for the plan files.")] = None,
     input_shape: ShapeOpt = None,
     input_data: DataOpt = None,
@@ -138,16 +210,22 @@ def plan(
     Each plan records the input shapes and dtypes it was made for; compile, run, deploy and tune use them.
     """
     from parapipe.intake import generated_note
+    from parapipe.precision_auto import request_from_flags
     from planner.objective import parse_objective
     from planner.problem import build_problem
     from planner.search import SearchOptions, baselines, best_plan, pareto_set
 
     objective, max_stages = flags.objective, flags.max_stages
     parse_objective(objective, allow_pareto=True)
+    request = request_from_flags(
+        precision.precision, precision.calibration, precision.max_accuracy_loss, precision.metric
+    )
     profile, graph, blocks, cost, loaded = _load_inputs(
         model, device, costs, flags.granularity, input_shape, input_data
     )
     folder = output or Path("plans") / safe_name(f"{model.stem}-{profile.name}")
+    auto = None
+    reverted: dict[str, tuple[str, ...]] = {}
     with err.status(f"planning {model.name} on {profile.name} ({blocks.granularity} blocks)") as status:
 
         def progress(msg: str) -> None:
@@ -157,10 +235,14 @@ def plan(
         problem = build_problem(blocks, graph, cost, max_stages)
         progress("baselines")
         base = baselines(blocks, graph, cost, max_stages, problem)
+        if request is not None:
+            auto, problem = _auto(request, loaded, graph, blocks, cost, costs, max_stages, progress)
         if objective == "pareto":
-            plans = pareto_set(blocks, graph, cost, search)
+            plans = pareto_set(blocks, graph, cost, search, problem=problem)
         else:
             plans = [best_plan(blocks, graph, cost, objective, search, problem=problem)]
+        if auto is not None:
+            plans = _checked(plans, auto, cost, graph, progress, reverted)
     import dataclasses
 
     where = {"model_path": str(model.resolve()), "inputs": loaded.inputs}
@@ -179,6 +261,17 @@ def plan(
                 "baselines": base_rows,
                 "files": written,
                 "inputs": [{**s.to_json(), "made": s.describe()} for s in loaded.inputs],
+                "precision": None
+                if auto is None
+                else {
+                    "metric": auto.request.metric,
+                    "budget": auto.request.budget,
+                    "calibration_frames": len(auto.calibration),
+                    "held_out_frames": len(auto.held_out),
+                    "sensitivity": auto.sensitivity,
+                    "reverted": {k: list(v) for k, v in reverted.items()},
+                    "notes": auto.notes,
+                },
             }
         )
         return
@@ -189,6 +282,22 @@ def plan(
     out.print(f"planned for inputs {shapes} (recorded in each plan; run, compile and deploy use them)", highlight=False)
     if generated_note(loaded):
         out.print(generated_note(loaded), highlight=False, markup=False)
+    if auto is not None:
+        r = auto.request
+        worst = sorted(auto.sensitivity, key=lambda b: (-auto.sensitivity[b], -auto.tie_break[b]))[:3]
+        out.print(
+            f"precision auto: {len(auto.sensitivity)} blocks could run in int8; {r.metric} loss allowed {r.budget:g}; "
+            f"calibrated on {len(auto.calibration)} frames, each plan checked on {len(auto.held_out)} held-back "
+            f"frames; most sensitive: " + ", ".join(f"{b} {auto.sensitivity[b]:.3g}" for b in worst),
+            highlight=False,
+            markup=False,
+        )
+        for name, back in reverted.items():
+            if back:
+                out.print(f"{name}: {len(back)} int8 block(s) put back to fp32 to hold the budget: {', '.join(back)}",
+                          highlight=False, markup=False)  # fmt: skip
+        for note in auto.notes:
+            out.print(f"note: {note}", highlight=False, markup=False)
 
 
 @app.command()
@@ -359,14 +468,26 @@ def show(
         ),
         highlight=False,
     )
-    t = Table("stage", "replica", "PU", "cores", "core ids", "blocks", "ops")
+    mixed = bool(the_plan.int8)
+    t = Table("stage", "replica", "PU", "cores", "core ids", "blocks", "ops", *(("int8 blocks",) if mixed else ()))
     for s, stage in enumerate(the_plan.stages):
         for g, group in enumerate(stage.groups):
             for a in group:
                 ops = sum(len(the_plan.blocks[b]) for b in a.blocks)
                 shown = ", ".join(a.blocks[:4]) + (f" … (+{len(a.blocks) - 4})" if len(a.blocks) > 4 else "")
-                t.add_row(str(s), str(g), a.pu, str(a.cores), ",".join(map(str, a.core_ids)) or "auto", shown, str(ops))
+                int8 = sum(b in the_plan.int8 for b in a.blocks)
+                t.add_row(
+                    str(s),
+                    str(g),
+                    a.pu,
+                    str(a.cores),
+                    ",".join(map(str, a.core_ids)) or "auto",
+                    shown,
+                    str(ops),
+                    *((f"{int8}/{len(a.blocks)}",) if mixed else ()),
+                )
     out.print(t)
+    out.print(f"precision: {the_plan.precision_mix()}" + _precision_detail(the_plan), highlight=False)
     for label, p in (
         ("predicted (analytic)", the_plan.predicted),
         ("simulated (latency at full rate)", the_plan.simulated),
@@ -381,6 +502,17 @@ def show(
         out.print(f"note: {note}", highlight=False)
 
 
+def _precision_detail(plan: Any) -> str:
+    pr = plan.precision
+    if not plan.int8 or pr is None:
+        return " (every block as the model has it)"
+    measured = ", ".join(f"{k} {v:.3g}" for k, v in pr.measured) or "not measured"
+    return (
+        f"; accuracy loss vs fp32 by {pr.metric} within {pr.budget:g}; measured on {pr.held_out_frames} held-back "
+        f"frames: {measured}; calibrated on {pr.calibration_frames} frames ({len(pr.ranges)} tensor ranges)"
+    )
+
+
 @dataclass(frozen=True)
 class CompareFlags:
     """The blocks and the search's bounds ``compare`` plans with."""
@@ -392,7 +524,7 @@ class CompareFlags:
 
 @app.command()
 @fails_cleanly
-@option_groups(flags=CompareFlags)
+@option_groups(flags=CompareFlags, precision=PrecisionFlags)
 def compare(
     model: Annotated[Path, typer.Argument(help="The .onnx model.")],
     device: Annotated[str, typer.Option("--device", help="Profile name or TOML path.")],
@@ -400,22 +532,35 @@ def compare(
         Path | None, typer.Option("--costs", help="Cost table (default $PARAPIPE_HOME/costs.json).")
     ] = None,
     flags: CompareFlags = CompareFlags(),
+    precision: PrecisionFlags = PrecisionFlags(),
     input_shape: ShapeOpt = None,
     input_data: DataOpt = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Our best plan per objective against every baseline, with ratios (>1 means ours is better)."""
+    from parapipe.precision_auto import request_from_flags
     from planner.objective import Objective
     from planner.problem import build_problem
     from planner.search import SearchOptions, baselines, best_plan
     from planner.select import ratios
 
-    profile, graph, blocks, cost, _ = _load_inputs(model, device, costs, flags.granularity, input_shape, input_data)
-    with err.status("planning"):
+    request = request_from_flags(
+        precision.precision, precision.calibration, precision.max_accuracy_loss, precision.metric
+    )
+    profile, graph, blocks, cost, loaded = _load_inputs(
+        model, device, costs, flags.granularity, input_shape, input_data
+    )
+    with err.status("planning") as status:
         problem = build_problem(blocks, graph, cost, flags.max_stages)
         base = baselines(blocks, graph, cost, flags.max_stages, problem)
         search = SearchOptions(flags.time_limit, flags.max_stages)
+        auto = None
+        if request is not None:
+            auto, problem = _auto(request, loaded, graph, blocks, cost, costs, flags.max_stages, status.update)
         ours = {o: best_plan(blocks, graph, cost, o, search, problem=problem) for o in Objective}
+        if auto is not None:
+            checked = _checked(list(ours.values()), auto, cost, graph, status.update, {})
+            ours = dict(zip(ours, checked, strict=True))
     rows = []
     for name, b in base.items():
         r = ratios(ours, b)

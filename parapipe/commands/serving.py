@@ -128,6 +128,12 @@ def run_group(plan, group: str, model: Path | None, frames: int, verify: bool, i
 
         def one(board):
             result = run_plan(plan, board.name, model, frames, verify, input_data=input_data)
+            if result.verified is False and result.accuracy is not None:
+                a = result.accuracy
+                raise DeployError(
+                    f"outputs vs the full fp32 model: {a['metric']} loss {a['loss']:.4g} exceeds the plan's budget "
+                    f"{a['budget']:g}"
+                )
             if result.verified is False:
                 raise DeployError(
                     f"outputs differ from the full model's: max abs diff {result.max_abs_diff:.2e} "

@@ -22,6 +22,21 @@ PLAN: dict[str, Any] = {
     "provenance": {"method": "hand", "seconds": 0.5},
     "predicted": {"latency_ms": 1.0, "throughput_fps": 2, "energy_mj": 3.0},
 }
+# a plan with a block in int8: version 2, with the calibration ranges and the accuracy it promises
+INT8_PLAN: dict[str, Any] = {
+    **PLAN,
+    "version": 2,
+    "int8": ["b1"],
+    "precision": {
+        "ranges": {"t0": [-1.5, 2], "t1": [0.0, 6.0]},
+        "metric": "top1",
+        "budget": 0.01,
+        "calibration_frames": 16,
+        "measured": {"top1": 0.004, "relerr": 0.05},
+        "held_out_frames": 24,
+        "int8_ms": {"b1": {"cpux1": 0.4}},
+    },
+}
 
 
 def _paths(value: Any, at: tuple = ()) -> list[tuple]:
@@ -53,10 +68,11 @@ JSON = st.recursive(
 )
 
 
-@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
-@given(st.sampled_from(_paths(PLAN)), JSON)
-def test_any_change_loads_or_is_one_line_naming_the_field(path: tuple, new: Any) -> None:
-    data = _replace(PLAN, path, new)
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from([(PLAN, p) for p in _paths(PLAN)] + [(INT8_PLAN, p) for p in _paths(INT8_PLAN)]), JSON)
+def test_any_change_loads_or_is_one_line_naming_the_field(where: tuple, new: Any) -> None:
+    base, path = where
+    data = _replace(base, path, new)
     try:
         plan = plan_from_json(data)
     except PlanError as exc:
@@ -65,7 +81,9 @@ def test_any_change_loads_or_is_one_line_naming_the_field(path: tuple, new: Any)
         assert message.split(":")[0] and ": " in message  # "<field>: <what is wrong>[; what to do]"
     else:
         assert all(isinstance(a.pu, UnitName) for _, _, a in plan.assignments())
-        assert json.loads(json.dumps(plan.to_json()))["version"] == 1
+        written = json.loads(json.dumps(plan.to_json()))
+        assert written["version"] == (2 if plan.int8 else 1)  # all-fp32 plans stay readable by older parapipes
+        assert plan_from_json(written) == plan
 
 
 @pytest.mark.parametrize(
@@ -93,11 +111,44 @@ def test_a_malformed_plan_names_the_field(path: tuple, value: Any, field: str) -
 def test_a_missing_field_and_a_later_version_say_so() -> None:
     with pytest.raises(PlanError, match=r"^stages: missing field"):
         plan_from_json({k: v for k, v in PLAN.items() if k != "stages"})
-    with pytest.raises(PlanError, match=r"^version: 2 is not supported"):
-        plan_from_json({**PLAN, "version": 2})
+    with pytest.raises(PlanError, match=r"^version: 3 is not supported"):
+        plan_from_json({**PLAN, "version": 3})
 
 
 def test_fields_a_newer_parapipe_wrote_are_ignored() -> None:
     plan = plan_from_json({**PLAN, "comment": "from a later version"})
     assert plan.blocks == {"b0": ("n0",), "b1": ("n1",)}
     assert plan.predicted is not None and plan.predicted.throughput_fps == 2.0
+
+
+def test_an_int8_plan_round_trips_and_an_old_plan_loads_as_all_fp32() -> None:
+    plan = plan_from_json(INT8_PLAN)
+    assert plan.int8 == ("b1",) and plan.precision_of("b0") == "fp32" and plan.precision_of("b1") == "int8"
+    assert plan.precision is not None and plan.precision.ranges == {"t0": (-1.5, 2.0), "t1": (0.0, 6.0)}
+    assert plan.precision.metric == "top1" and dict(plan.precision.measured)["top1"] == 0.004
+    assert plan.precision_mix() == "int8 1/2 blocks (1 of 2 nodes)"
+    again = json.loads(json.dumps(plan.to_json()))
+    assert again["version"] == 2 and again["int8"] == ["b1"] and plan_from_json(again) == plan
+    old = plan_from_json(PLAN)  # written before precisions existed
+    assert old.int8 == () and old.precision is None and old.precision_mix() == "fp32"
+    assert "int8" not in old.to_json() and old.to_json()["version"] == 1
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "message"),
+    [
+        (("int8", 0), "b9", "int8[0]: unknown block 'b9'"),
+        (("precision",), None, "precision: the plan runs 1 block(s) in int8 but carries no calibration ranges"),
+        (("precision", "ranges"), {}, "precision.ranges: empty"),
+        (("precision", "ranges", "t0"), [3.0, 1.0], "precision.ranges: tensor 't0': [3.0, 1.0] is not a range"),
+        (("precision", "ranges", "t0"), [1.0], "precision.ranges.t0"),
+        (("precision", "metric"), "mAP", "precision.metric: unknown metric 'mAP'"),
+        (("precision", "budget"), -0.1, "precision.budget"),
+        (("precision", "int8_ms", "b1", "cpux1"), -1.0, "precision.int8_ms.b1.cpux1"),
+    ],
+)
+def test_a_malformed_precision_names_the_field(path: tuple, value: Any, message: str) -> None:
+    with pytest.raises(PlanError) as info:
+        plan_from_json(_replace(INT8_PLAN, path, value))
+    assert str(info.value).startswith(message), str(info.value)
+    assert "\n" not in str(info.value)

@@ -1,0 +1,337 @@
+"""``plan --precision auto``: choose each block's precision within an accuracy budget, and prove it on held-back frames.
+
+1. The user's frames (``--calibration FILE.npz|DIR``) are split: the last quarter (at least one frame)
+   is held back, the rest calibrates.
+2. Every tensor's range is measured on the calibration frames (MinMax); the plan embeds them.
+3. Each candidate block (one holding a Conv, MatMul or Gemm) gets its sensitivity: the end-to-end loss
+   by ``--metric`` of the model with that block alone in int8, on the calibration frames.
+4. Its int8 time on each unit: the cost model's fp32 figure times the measured int8/fp32 ratio of the
+   block's variants in the cost table (``profiler.variants``), timed here first where missing when the
+   device is this machine; a PU that computes int8 only is priced by the cost model as before.
+5. The ILP chooses placement and precision with the summed sensitivities within the budget
+   (``Int8Choice``).
+6. Every plan offered is compiled and run end to end (its chained partitions, as the agents run them) on
+   the held-back frames; while its loss exceeds the budget, its most sensitive int8 block goes back to
+   fp32 (``models.precision.repair``). The loss measured is recorded in the plan.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from device_profiles.schema import DeviceProfile
+from models.errors import ParapipeError
+from models.graph import OpGraph
+from models.onnx_io import LoadedModel
+from models.precision import (
+    INT8_METHOD,
+    METRICS,
+    Frame,
+    MixEvaluator,
+    check_precision,
+    quantizable_groups,
+    repair,
+    sensitivity,
+    tensor_ranges,
+    write_ranges,
+)
+from planner.costmodel import CostModel
+from planner.plan import Plan, PlanPrecision
+from planner.problem import Int8Choice
+from profiler.costtable import CostTable, entry_key
+
+PRECISION_CHOICES = ("fp32", "auto")
+Progress = Callable[[str], None]
+
+
+class PrecisionPlanError(ParapipeError):
+    """The precision options or the calibration data are not usable as given."""
+
+
+@dataclass(frozen=True)
+class PrecisionRequest:
+    """``--precision auto`` with its calibration data, metric and budget (0.01 = 1%)."""
+
+    calibration: Path
+    budget: float
+    metric: str
+
+
+def request_from_flags(
+    precision: str, calibration: Path | None, max_accuracy_loss: str | None, metric: str | None
+) -> PrecisionRequest | None:
+    """The CLI's flags checked: None for fp32 plans; clear errors for every combination that cannot work."""
+    if precision not in PRECISION_CHOICES:
+        raise PrecisionPlanError(f"--precision must be fp32 or auto, not {precision!r}")
+    if precision == "fp32":
+        given = [f for f, v in (("--calibration", calibration), ("--max-accuracy-loss", max_accuracy_loss)) if v]
+        given += ["--metric"] if metric else []
+        if given:
+            verb = "apply" if len(given) > 1 else "applies"
+            raise PrecisionPlanError(f"{', '.join(given)} only {verb} with --precision auto; add --precision auto")
+        return None
+    if calibration is None:
+        raise PrecisionPlanError(
+            "--precision auto needs --calibration FILE.npz|DIR: sample inputs of the model (an .npz with one array "
+            "per input, frames stacked on the first axis, or a folder of such files)"
+        )
+    if not calibration.exists():
+        raise PrecisionPlanError(f"--calibration {calibration}: no such file or folder")
+    return PrecisionRequest(calibration, parse_budget(max_accuracy_loss or "1%"), metric or "relerr")
+
+
+def parse_budget(text: str) -> float:
+    """``1%`` or ``0.01`` -> 0.01."""
+    raw = text.strip()
+    try:
+        value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
+    except ValueError:
+        raise PrecisionPlanError(f"--max-accuracy-loss {text!r}: give a loss such as 1% or 0.01") from None
+    if not (0.0 <= value < 1.0) or value != value:
+        raise PrecisionPlanError(f"--max-accuracy-loss {text!r}: give a loss from 0 up to below 100%, e.g. 1%")
+    return value
+
+
+def load_frames(path: Path, loaded: LoadedModel) -> list[dict[str, np.ndarray]]:
+    """Frames for the model's inputs from an .npz (one array per input: one frame, or frames stacked on a
+    new first axis, or along a batch axis of 1) or from every .npz of a folder, in name order."""
+    files = sorted(path.glob("*.npz")) if path.is_dir() else [path]
+    if not files:
+        raise PrecisionPlanError(f"--calibration {path}: the folder holds no .npz file")
+    frames: list[dict[str, np.ndarray]] = []
+    for f in files:
+        try:
+            with np.load(f, allow_pickle=False) as npz:
+                arrays = {k: np.asarray(npz[k]) for k in npz.files}
+        except (OSError, ValueError) as exc:
+            raise PrecisionPlanError(
+                f"--calibration {f}: not a readable .npz ({exc}); write it with numpy.savez(path, NAME=frames, ...)"
+            ) from None
+        frames += _split(arrays, loaded, f)
+    return frames
+
+
+def _split(arrays: Mapping[str, np.ndarray], loaded: LoadedModel, origin: Path) -> list[dict[str, np.ndarray]]:
+    per_input: dict[str, list[np.ndarray]] = {}
+    for spec in loaded.inputs:
+        if spec.name not in arrays:
+            raise PrecisionPlanError(
+                f"--calibration {origin}: no array named {spec.name!r} (it has {', '.join(arrays) or 'none'}); "
+                f"give one array per model input: {', '.join(s.name for s in loaded.inputs)}"
+            )
+        a, shape = arrays[spec.name], tuple(spec.shape)
+        if np.dtype(spec.dtype).kind != a.dtype.kind:
+            raise PrecisionPlanError(
+                f"--calibration {origin}: {spec.name!r} is {a.dtype}, the model reads {spec.dtype}"
+            )
+        a = a.astype(spec.dtype, copy=False)
+        if a.shape == shape:
+            per_input[spec.name] = [a]
+        elif a.shape[1:] == shape:
+            per_input[spec.name] = list(a)
+        elif shape and shape[0] == 1 and a.ndim == len(shape) and a.shape[1:] == shape[1:]:
+            per_input[spec.name] = [a[i : i + 1] for i in range(a.shape[0])]
+        else:
+            raise PrecisionPlanError(
+                f"--calibration {origin}: {spec.name!r} has shape {list(a.shape)}; give {list(shape)} for one frame "
+                f"or [N, {', '.join(map(str, shape))}] for N frames"
+            )
+    counts = {len(v) for v in per_input.values()}
+    if len(counts) > 1:
+        raise PrecisionPlanError(
+            f"--calibration {origin}: the inputs hold different numbers of frames {sorted(counts)}"
+        )
+    n = counts.pop() if counts else 0
+    return [{k: np.ascontiguousarray(v[i]) for k, v in per_input.items()} for i in range(n)]
+
+
+@dataclass
+class Auto:
+    """What ``--precision auto`` measured for one model on one device: frames, ranges, sensitivities, times."""
+
+    loaded: LoadedModel
+    graph: OpGraph
+    request: PrecisionRequest
+    calibration: list[Frame]
+    held_out: list[Frame]
+    ranges: dict[str, tuple[float, float]]
+    sensitivity: dict[str, float]
+    tie_break: dict[str, float]  # relerr sensitivities: rank blocks a discrete metric ties
+    ms: dict[tuple[str, str, int], float]
+    notes: list[str]
+
+    def choice(self) -> Int8Choice:
+        precision = PlanPrecision(
+            self.ranges,
+            self.request.metric,
+            self.request.budget,
+            len(self.calibration),
+            method=f"{INT8_METHOD}, MinMax over {len(self.calibration)} frames",
+        )
+        return Int8Choice(self.sensitivity, self.request.budget, self.ms, precision)
+
+
+def measure(
+    loaded: LoadedModel,
+    graph: OpGraph,
+    blocks: OpGraph,
+    cost: CostModel,
+    table: CostTable,
+    costs_path: Path | None,
+    request: PrecisionRequest,
+    local: bool,
+    progress: Progress,
+    frames: tuple[list[Frame], list[Frame]] | None = None,
+) -> Auto:
+    """Steps 1-4: frames, ranges, sensitivities and int8 times of the candidate blocks. ``frames``: the
+    calibration and held-back frames as given (else read from ``request.calibration`` and split)."""
+    if request.metric not in METRICS:
+        raise PrecisionPlanError(f"--metric must be one of {', '.join(METRICS)}, not {request.metric!r}")
+    if frames is None:
+        given = load_frames(request.calibration, loaded)
+        if len(given) < 2:
+            raise PrecisionPlanError(
+                f"--calibration {request.calibration}: {len(given)} frame(s); give at least 2 (a quarter is held "
+                "back to check each plan), better 16 or more"
+            )
+        held = max(1, len(given) // 4)
+        calibration, held_out = given[:-held], given[-held:]
+    else:
+        calibration, held_out = list(frames[0]), list(frames[1])
+    progress(f"calibration ranges on {len(calibration)} frames")
+    ranges = tensor_ranges(loaded, calibration)
+    groups = quantizable_groups(graph, {b.name: b.members for b in blocks.nodes})
+    if not groups:
+        raise PrecisionPlanError(
+            "the model has no Conv, MatMul or Gemm for int8 to speed up; plan with --precision fp32"
+        )
+    with tempfile.TemporaryDirectory(prefix="parapipe-auto-") as tmp:
+        cache = write_ranges(ranges, Path(tmp) / "ranges.json")
+        evaluator = MixEvaluator(loaded, groups, calibration, request.metric, cache)
+        try:
+            evaluator.loss([], request.metric)
+        except KeyError:
+            raise PrecisionPlanError(
+                f"--metric {request.metric}: does not apply to this model's outputs ({METRICS[request.metric].description})"
+            ) from None
+        done = [0]
+
+        def each(int8):  # type: ignore[no-untyped-def]
+            done[0] += 1
+            progress(f"sensitivity of each block alone in int8: {done[0] - 1}/{len(groups)}")
+            return evaluator.loss(int8)
+
+        sens = sensitivity(each, groups)
+        rel = sensitivity(lambda s: evaluator.loss(s, "relerr"), groups)  # the same runs, kept
+    ms, notes = int8_times(loaded, groups, calibration, cost, table, costs_path, local, progress)
+    return Auto(loaded, graph, request, calibration, held_out, ranges, sens, rel, ms, notes)
+
+
+def int8_times(
+    loaded: LoadedModel,
+    groups: Mapping[str, Sequence[str]],
+    calibration: Sequence[Frame],
+    cost: CostModel,
+    table: CostTable,
+    costs_path: Path | None,
+    local: bool,
+    progress: Progress,
+) -> tuple[dict[tuple[str, str, int], float], list[str]]:
+    """(block, PU, cores) -> int8 ms on PUs that compute fp32 too: the calibrated fp32 figure times the measured
+    int8/fp32 ratio of the block's variants, timed here where the table has none and the device is this one."""
+    from profiler.session import pu_configs
+    from profiler.variants import VariantOptions, time_variants
+
+    profile: DeviceProfile = cost.profile
+    configs = [
+        c for c in pu_configs(profile) if profile.pu(c.pu).computes("fp32") and profile.pu(c.pu).computes("int8")
+    ]
+    notes: list[str] = []
+    if local and configs:
+        options = VariantOptions(("fp32", "int8"), progress=progress)  # entries already in the table are reused
+        time_variants(loaded, groups, calibration[:2], profile, configs, options, table)
+        if costs_path is not None:
+            table.save(costs_path)
+    by_members = {tuple(m): g for g, m in groups.items()}
+    ms: dict[tuple[str, str, int], float] = {}
+    for e in table.select(model_sha256=loaded.sha256, kind="block", board=profile.name, precision="int8"):
+        block = by_members.get(tuple(e.members))
+        if block is None:
+            continue
+        twin = table.entries.get(
+            entry_key(loaded.sha256, "block", e.members, dataclasses.replace(e.conditions, precision="fp32"))
+        )
+        pu = profile.pu(e.conditions.pu) if e.conditions.pu in {p.name for p in profile.pus} else None
+        if twin is None or pu is None or not pu.computes("fp32") or twin.median_ms <= 0:
+            continue
+        ratio = e.median_ms / twin.median_ms
+        ms[(block, pu.name, e.conditions.cores)] = cost.block_ms(groups[block], pu.name, e.conditions.cores) * ratio
+    if configs and not ms:
+        notes.append(
+            f"no int8 times of this model's blocks on {profile.name}'s CPUs in the cost table: int8 is offered on "
+            "PUs that compute int8 only"
+        )
+    return ms, notes
+
+
+def check_and_repair(
+    plan: Plan, auto: Auto, cost: CostModel, graph: OpGraph, progress: Progress
+) -> tuple[Plan, tuple[str, ...]]:
+    """Step 6: the plan's chained partitions on the held-back frames against fp32; while over budget, its most
+    sensitive int8 block back to fp32. Returns the plan (re-priced, with the loss it measured) and the blocks
+    put back."""
+    if not plan.int8 or plan.precision is None:
+        return plan, ()
+    import onnxruntime as ort
+
+    from compiler import compile_plan, run_chained
+    from planner.build import evaluate
+
+    full = ort.InferenceSession(auto.loaded.ort_proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [o.name for o in full.get_outputs()]
+    reference = [dict(zip(names, full.run(None, dict(f)), strict=True)) for f in auto.held_out]
+    measured: dict[frozenset[str], tuple[tuple[str, float], ...]] = {}
+
+    def with_int8(int8: Sequence[str]) -> Plan:
+        kept = tuple(b for b in plan.int8 if b in set(int8))
+        assert plan.precision is not None
+        times = {b: t for b, t in plan.precision.int8_ms.items() if b in kept}
+        precision = dataclasses.replace(plan.precision, int8_ms=times) if kept else None
+        return dataclasses.replace(plan, int8=kept, precision=precision)
+
+    def loss(int8) -> float:  # type: ignore[no-untyped-def]
+        key = frozenset(int8)
+        if key not in measured:
+            progress(
+                f"checking {plan.name} end to end on {len(auto.held_out)} held-back frames ({len(key)} int8 blocks)"
+            )
+            trial = with_int8(tuple(key))
+            compiled = compile_plan(trial, auto.loaded, graph, cost.profile, verify=False)
+            period = compiled.manifest.replica_period()
+            got = [
+                {t: v for t, v in run_chained(compiled.manifest, compiled.files, dict(f), k % period).items()}
+                for k, f in enumerate(auto.held_out)
+            ]
+            measured[key] = check_precision(reference, got, auto.request.metric, auto.request.budget).accuracy.losses
+        return dict(measured[key])[auto.request.metric]
+
+    fixed = repair(plan.int8, auto.sensitivity, loss, auto.request.budget, tie_break=auto.tie_break, refill=False)
+    repaired = with_int8(fixed.int8)
+    if repaired.precision is not None:
+        repaired = dataclasses.replace(
+            repaired,
+            precision=dataclasses.replace(
+                repaired.precision, measured=measured[frozenset(fixed.int8)], held_out_frames=len(auto.held_out)
+            ),
+        )
+    if fixed.reverted:
+        repaired = evaluate(repaired, graph, cost)
+        note = f"{len(fixed.reverted)} int8 block(s) put back to fp32 to hold the budget on held-back frames"
+        repaired = dataclasses.replace(repaired, notes=(*repaired.notes, note))
+    return repaired, fixed.reverted

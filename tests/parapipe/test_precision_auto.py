@@ -1,0 +1,150 @@
+"""``plan --precision auto``: its flags and calibration data fail clearly, and a plan over its budget on
+held-back frames is repaired (its most sensitive int8 blocks back to fp32) before it is offered.
+
+A tiny CNN keeps this fast: a precision choice that claims every block costs nothing in accuracy puts them
+all in int8; the end-to-end check on held-back frames then measures the real loss and puts blocks back
+until the budget holds, and the plan records that loss.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from compiler import compile_plan, run_chained
+from device_profiles.loader import load_profile
+from models.coarsen import coarsen
+from models.graph import build_graph
+from models.onnx_io import LoadedModel, load_onnx
+from models.precision import check_precision, tensor_ranges
+from parapipe.precision_auto import (
+    Auto,
+    PrecisionPlanError,
+    PrecisionRequest,
+    check_and_repair,
+    load_frames,
+    parse_budget,
+    request_from_flags,
+)
+from planner.costmodel import CostModel
+from planner.problem import build_problem
+from planner.search import SearchOptions, best_plan
+from tests.models.test_precision import SHAPE, _tiny_cnn
+from tests.support.cli import run_cli
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
+    return load_onnx(_tiny_cnn(tmp_path_factory.mktemp("auto") / "tiny.onnx"))
+
+
+def test_flags_that_cannot_work_say_what_to_do(tmp_path: Path) -> None:
+    assert request_from_flags("fp32", None, None, None) is None
+    with pytest.raises(PrecisionPlanError, match="--precision auto needs --calibration"):
+        request_from_flags("auto", None, "1%", "top1")
+    with pytest.raises(PrecisionPlanError, match="only applies with --precision auto"):
+        request_from_flags("fp32", tmp_path, None, None)
+    with pytest.raises(PrecisionPlanError, match="--precision must be fp32 or auto"):
+        request_from_flags("int4", None, None, None)
+    with pytest.raises(PrecisionPlanError, match="no such file"):
+        request_from_flags("auto", tmp_path / "none.npz", None, None)
+    got = request_from_flags("auto", tmp_path, None, None)
+    assert got == PrecisionRequest(tmp_path, 0.01, "relerr")
+    assert parse_budget("2.5%") == pytest.approx(0.025) and parse_budget("0.01") == 0.01
+    for bad in ("abc", "-1%", "100%", "nan"):
+        with pytest.raises(PrecisionPlanError, match="--max-accuracy-loss"):
+            parse_budget(bad)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 5), st.sampled_from(["stacked", "batch", "single"]))
+def test_calibration_frames_are_read_in_every_layout(tiny: LoadedModel, n: int, layout: str) -> None:
+    import tempfile
+
+    rng = np.random.default_rng(n)
+    frames = [rng.random(SHAPE, dtype=np.float32) for _ in range(n)]
+    with tempfile.TemporaryDirectory() as tmp:
+        if layout == "stacked":  # [N, 1, 3, 16, 16]
+            np.savez(Path(tmp) / "f.npz", x=np.stack(frames))
+        elif layout == "batch":  # [N, 3, 16, 16] along the batch axis of 1
+            np.savez(Path(tmp) / "f.npz", x=np.concatenate(frames))
+        else:  # one frame per file, a folder
+            for i, f in enumerate(frames):
+                np.savez(Path(tmp) / f"{i:03d}.npz", x=f)
+        got = load_frames(Path(tmp) if layout == "single" else Path(tmp) / "f.npz", tiny)
+    assert len(got) == n
+    for a, b in zip(got, frames, strict=True):
+        assert a["x"].shape == SHAPE and np.array_equal(a["x"], b)
+
+
+def test_bad_calibration_data_is_one_clear_error(tiny: LoadedModel, tmp_path: Path) -> None:
+    np.savez(tmp_path / "named.npz", images=np.zeros(SHAPE, np.float32))
+    with pytest.raises(PrecisionPlanError, match=r"no array named 'x' \(it has images\)"):
+        load_frames(tmp_path / "named.npz", tiny)
+    np.savez(tmp_path / "shape.npz", x=np.zeros((2, 3, 8, 8), np.float32))
+    with pytest.raises(PrecisionPlanError, match=r"'x' has shape \[2, 3, 8, 8\]; give \[1, 3, 16, 16\]"):
+        load_frames(tmp_path / "shape.npz", tiny)
+    np.savez(tmp_path / "ints.npz", x=np.zeros(SHAPE, np.int64))
+    with pytest.raises(PrecisionPlanError, match="'x' is int64, the model reads float32"):
+        load_frames(tmp_path / "ints.npz", tiny)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(PrecisionPlanError, match=r"holds no \.npz"):
+        load_frames(tmp_path / "empty", tiny)
+    (tmp_path / "junk.npz").write_text("not a zip")
+    with pytest.raises(PrecisionPlanError, match=r"not a readable \.npz"):
+        load_frames(tmp_path / "junk.npz", tiny)
+
+
+def test_the_cli_refuses_auto_without_calibration_with_exit_2(tiny: LoadedModel, tmp_path: Path) -> None:
+    done = run_cli("plan", str(tiny.path), "--device", "local", "--precision", "auto", home=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert "--precision auto needs --calibration" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_plan_over_budget_on_held_back_frames_is_repaired_before_it_is_offered(tiny: LoadedModel) -> None:
+    graph = build_graph(tiny.proto, tiny.sha256, "tiny")
+    blocks = coarsen(graph, "fine")
+    cost = CostModel(load_profile("local"), graph)
+    rng = np.random.default_rng(3)
+    frames = [{"x": rng.random(SHAPE, dtype=np.float32)} for _ in range(8)]
+    calibration, held = frames[:6], frames[6:]
+    budget = 0.002  # relerr: below what all blocks in int8 lose
+    # a precision choice that claims every block loses nothing: the ILP puts them all in int8
+    names = [b.name for b in blocks.nodes]
+    ms = {(b.name, "cpu", k): cost.block_ms(b.members, "cpu", k) / 3 for b in blocks.nodes for k in (1, 2)}
+    auto = Auto(
+        tiny,
+        graph,
+        PrecisionRequest(Path("unused"), budget, "relerr"),
+        calibration,
+        held,
+        tensor_ranges(tiny, calibration),
+        dict.fromkeys(names, 0.0),
+        {n: float(i) for i, n in enumerate(names)},  # ties broken: the later block goes back first
+        ms,
+        [],
+    )
+    problem = build_problem(blocks, graph, cost, 2, int8=auto.choice())
+    plan = best_plan(blocks, graph, cost, "latency", SearchOptions(5, 2), problem=problem)
+    assert set(plan.int8) == set(names), "nothing stops the solver from putting every block in int8"
+
+    fixed, reverted = check_and_repair(plan, auto, cost, graph, lambda _msg: None)
+    assert reverted and set(fixed.int8) == set(plan.int8) - set(reverted)
+    assert fixed.precision is not None or not fixed.int8
+    # what it recorded is what its partitions do on the held-back frames, within the budget
+    compiled = compile_plan(fixed, tiny, graph, cost.profile, verify=False)
+    import onnxruntime as ort
+
+    full = ort.InferenceSession(tiny.ort_proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    reference = [{"logits": full.run(["logits"], f)[0]} for f in held]
+    got = [run_chained(compiled.manifest, compiled.files, f) for f in held]
+    check = check_precision(reference, got, "relerr", budget)
+    assert check.ok, check.describe()
+    if fixed.precision is not None:
+        assert dict(fixed.precision.measured)["relerr"] == pytest.approx(check.loss, rel=1e-6)
+        assert fixed.precision.held_out_frames == len(held)
+        assert set(fixed.precision.int8_ms) == set(fixed.int8)
