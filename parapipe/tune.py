@@ -77,6 +77,7 @@ class Recalibration:
     rmspe_before: float  # the previous table's RMSPE (latency, throughput and measured energy together)
     rmspe_after: float  # the recalibrated table's
     measured_plans: int
+    memory_gbps: tuple[tuple[str, float], ...] = ()  # shared memories' bandwidths learnt (kept) from the throughputs
 
     def to_json(self) -> dict[str, object]:
         return dataclasses.asdict(self)
@@ -226,6 +227,66 @@ def fit_handoff(
         CalibrationRecord.learnt(graph.model_sha256, "handoff", best[0], _board_wide(profile, ort_version), len(runs))
     )
     return best[0]
+
+
+# Factors tried on a shared memory's bandwidth (what running the model's units at once lets through): from
+# four times the contention measured to none at all.
+MEMORY_GRID = (0.25, 0.35, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0)
+
+
+def fit_memory(
+    table: CostTable,
+    runs: list[tuple[Plan, RunResult]],
+    graph: OpGraph,
+    profile: DeviceProfile,
+    ort_version: str,
+) -> dict[str, float] | None:
+    """Learn each shared memory's bandwidth from the measured throughputs of ``runs``.
+
+    Units that run at once slow each other; the cost model's term for it is the memory they share
+    (the period is at least a frame's bytes over its bandwidth). The bandwidth (the calibrated one
+    times a factor on ``MEMORY_GRID``) that predicts the measured throughputs best becomes the cost
+    table's ``memory-bandwidth`` value for that memory. None when no candidate changes a prediction
+    (the term binds no plan measured).
+    """
+    from planner.build import evaluate
+    from profiler.session import memory_conditions
+
+    if not profile.memories or not runs:
+        return None
+    learnt: dict[str, float] = {}
+    for memory in profile.memories:
+        calibrated = CostModel.from_table(profile, graph, table)
+        base = calibrated.memory_gbps(memory.name)
+        best: tuple[float, float] | None = None
+        varies = False
+        for factor in MEMORY_GRID:
+            cost = calibrated.recalibrated(calibrated.calibration.with_memory(memory.name, base * factor))
+            err = rmspe(
+                [
+                    (evaluate(plan, graph, cost, frames=0).predicted.throughput_fps, res.measured.throughput_fps)  # type: ignore[union-attr]
+                    for plan, res in runs
+                ]
+            )
+            if best is not None and abs(err - best[1]) > 1e-9:
+                varies = True
+            if best is None or err < best[1] - 1e-9 or (abs(err - best[1]) <= 1e-9 and factor == 1.0):
+                best = (factor, err)
+        if best is None or not varies:
+            continue
+        gbps = base * best[0]
+        table.learn(
+            CalibrationRecord.learnt(
+                graph.model_sha256,
+                "memory-bandwidth",
+                gbps,
+                memory_conditions(profile, ort_version),
+                len(runs),
+                memory.name,
+            )
+        )
+        learnt[memory.name] = gbps
+    return learnt or None
 
 
 def fit_power(
@@ -389,13 +450,15 @@ def recalibrate(
     for plan, res in runs:
         feed_back(table, plan, res, graph, profile, ort_version)
     handoff = fit_handoff(table, runs, graph, profile, ort_version)
+    memory = fit_memory(table, measured, graph, profile, ort_version)
     power = fit_power(table, runs, graph, profile, ort_version)
     after = table_errors(table, measured, graph, profile)[2]
     kept = after < before
     if not kept:
         previous.restore(table, graph.model_sha256, profile.name)
-        handoff = power = None
-    return Recalibration(kept, before, after, len(measured)), handoff, power
+        handoff = power = memory = None
+    learnt = tuple(sorted((memory or {}).items()))
+    return Recalibration(kept, before, after, len(measured), learnt), handoff, power
 
 
 def stop_reason(round_rmspe: float, target: float, effective_target: float, last: bool) -> str | None:

@@ -185,13 +185,20 @@ class CostModel:
                 return m.name
         return None
 
+    def memory_gbps(self, name: str) -> float:
+        """A shared memory's bandwidth: calibrated for this model (measured with its PUs running it at once,
+        or fitted by ``tune``) where the calibration has it, else the profile's."""
+        calibrated = self.calibration.memory_gbps.get(name)
+        if calibrated is not None:
+            return calibrated
+        return next(m for m in self.profile.memories if m.name == name).bandwidth_gbps.value
+
     def traffic_ms(self, members: Iterable[str], pu: str) -> float:
         """Time these nodes' bytes occupy the shared memory of ``pu`` per frame (0 if it shares none)."""
         name = self.shared_memory_of(pu)
         if name is None:
             return 0.0
-        memory = next(m for m in self.profile.memories if m.name == name)
-        return self.moved_bytes(members) / (memory.bandwidth_gbps.value * 1e9) * 1e3
+        return self.moved_bytes(members) / (self.memory_gbps(name) * 1e9) * 1e3
 
     def _spanning_ms(self, members: frozenset[str], pu: UnitName, cores: int) -> Prediction:
         """One session whose threads span several clusters (``a+b``): measured as such when the table has
