@@ -249,7 +249,6 @@ def fit_memory(
     table's ``memory-bandwidth`` value for that memory. None when no candidate changes a prediction
     (the term binds no plan measured).
     """
-    from planner.build import evaluate
     from profiler.session import memory_conditions
 
     if not profile.memories or not runs:
@@ -260,18 +259,22 @@ def fit_memory(
         base = calibrated.memory_gbps(memory.name)
         best: tuple[float, float] | None = None
         varies = False
+
+        def error(factor: float) -> float:
+            return _throughput_rmspe(calibrated, memory.name, base * factor, runs, graph)  # noqa: B023
+
         for factor in MEMORY_GRID:
-            cost = calibrated.recalibrated(calibrated.calibration.with_memory(memory.name, base * factor))
-            err = rmspe(
-                [
-                    (evaluate(plan, graph, cost, frames=0).predicted.throughput_fps, res.measured.throughput_fps)  # type: ignore[union-attr]
-                    for plan, res in runs
-                ]
-            )
+            err = error(factor)
             if best is not None and abs(err - best[1]) > 1e-9:
                 varies = True
             if best is None or err < best[1] - 1e-9 or (abs(err - best[1]) <= 1e-9 and factor == 1.0):
                 best = (factor, err)
+        if best is not None and varies and best[0] != 1.0:  # then finer, between the grid's neighbours
+            for step in (-4, -3, -2, -1, 1, 2, 3, 4):
+                factor = best[0] * (1 + step * 0.025)
+                err = error(factor)
+                if err < best[1] - 1e-9:
+                    best = (factor, err)
         if best is None or not varies:
             continue
         gbps = base * best[0]
@@ -287,6 +290,21 @@ def fit_memory(
         )
         learnt[memory.name] = gbps
     return learnt or None
+
+
+def _throughput_rmspe(
+    calibrated: CostModel, memory: str, gbps: float, runs: list[tuple[Plan, RunResult]], graph: OpGraph
+) -> float:
+    """RMSPE of the throughputs ``runs`` measured as predicted with ``memory`` at ``gbps``."""
+    from planner.build import evaluate
+
+    cost = calibrated.recalibrated(calibrated.calibration.with_memory(memory, gbps))
+    return rmspe(
+        [
+            (evaluate(plan, graph, cost, frames=0).predicted.throughput_fps, res.measured.throughput_fps)  # type: ignore[union-attr]
+            for plan, res in runs
+        ]
+    )
 
 
 def fit_power(

@@ -248,3 +248,35 @@ def test_measured_energy_rescales_the_power_model(exported, tmp_path, monkeypatc
     plan, result = last[0]
     predicted = evaluate(plan, graph, cost, frames=0).predicted.energy_mj
     assert predicted == pytest.approx(result.measured.energy_mj, rel=0.01)
+
+
+def test_tune_learns_the_shared_memory_from_throughputs_slower_than_predicted(tuned, exported, tmp_path) -> None:
+    """A plan whose partitions take what the board measured but whose throughput is 1.6x below what they allow
+    (units running at once slowing each other): the recalibration learns the shared memory's bandwidth that
+    predicts that throughput, and keeps it because it predicts the measured plan better."""
+    import onnxruntime as ort
+
+    from planner.build import evaluate
+    from planner.costmodel import CostModel
+
+    graph, profile = _context(exported)
+    costs = _fresh(tuned, tmp_path)
+    plan, real = tuned["last"][0]
+    scratch = CostTable.load(costs)
+    feed_back(scratch, plan, real, graph, profile, ort.__version__)
+    agreed = evaluate(plan, graph, CostModel.from_table(profile, graph, scratch), frames=0).predicted
+    slowed = dataclasses.replace(
+        real,
+        measured=dataclasses.replace(
+            real.measured, latency_ms=agreed.latency_ms, throughput_fps=agreed.throughput_fps / 1.6
+        ),
+    )
+    table = CostTable.load(costs)
+    verdict, _, _ = recalibrate(table, [(plan, slowed)], [(plan, slowed)], graph, profile, ort.__version__)
+    assert verdict.kept and verdict.rmspe_after < verdict.rmspe_before
+    ((memory, gbps),) = verdict.memory_gbps
+    assert memory == "dram"
+    cost = CostModel.from_table(profile, graph, table)
+    assert cost.memory_gbps("dram") == pytest.approx(gbps)
+    predicted = evaluate(plan, graph, cost, frames=0).predicted.throughput_fps
+    assert predicted == pytest.approx(slowed.measured.throughput_fps, rel=0.03)
