@@ -45,6 +45,7 @@ def main() -> None:
     parser.add_argument("--max-frames", type=int, default=None, help="cap for the grown frames (default 8x)")
     parser.add_argument("--target", type=float, default=5.0)
     parser.add_argument("--zoo-dir", type=Path, default=Path("build/bench/zoo"))
+    parser.add_argument("--detail", action="store_true", help="every plan's predicted and measured figures too")
     args = parser.parse_args()
     from models.export import export_model
 
@@ -74,6 +75,14 @@ def main() -> None:
                     f"{h.frames:6d}  {cal:55} {h.stop or ''}",
                     flush=True,
                 )
+                for row in h.rows if args.detail else ():
+                    p, m = row["predicted"], row["measured"]
+                    print(
+                        f"{'':16} {'':14} {'':5} {row['plan'][:28]:28} latency {p.get('latency_ms', 0):7.2f} / "
+                        f"{m['latency_ms']:7.2f} ms, {p.get('throughput_fps', 0):7.1f} / {m['throughput_fps']:7.1f} fps "
+                        "(predicted / measured)",
+                        flush=True,
+                    )
             summary.append((board, name, history))
     print()
     print(
