@@ -11,7 +11,8 @@ and board's entries go back to what they were. So the table's error on what was 
 never grows from round to round, and a noisy run cannot make the model worse.
 
 The first plan of round 1 is measured more than once: the spread of those runs is the
-measurement noise, reported with every round. While it is above a third of the target,
+measurement noise, reported with every round, and pooled with every plan a later round measures
+again (so it takes in what drifts between rounds). While it is above a third of the target,
 the frames per measurement double (up to a cap). Where the target is still below what the
 noise resolves (1.5x the noise), tune says so and stops once the error is within that
 instead of chasing the target. Rounds stop when predicted and measured latency and
@@ -51,7 +52,11 @@ MAX_FRAMES_FACTOR = 8  # --frames grows up to 8x when the noise is large
 
 @dataclass(frozen=True)
 class Noise:
-    """The spread of repeated measurements of one plan: the relative std (%) of one measurement."""
+    """The spread of repeated measurements of a plan: the relative std (%) of one measurement.
+
+    First the first plan measured ``noise_runs`` times; then, pooled with it, every plan a later
+    round measures again (a round after a reverted recalibration plans the same plans), so the
+    noise includes what drifts between rounds on a shared machine."""
 
     plan: str
     runs: int
@@ -60,6 +65,7 @@ class Noise:
     throughput_pct: float
     grown: bool = False  # --frames was raised because the noise was large
     capped: bool = False  # frames reached the cap with the noise still above a third of the target
+    plans: int = 1  # plans measured more than once that the figures pool
 
     @property
     def pct(self) -> float:
@@ -360,6 +366,40 @@ def spread_pct(values: list[float]) -> float:
     return math.sqrt(var) / mean * 100 if mean else float("nan")
 
 
+def pooled_spread_pct(groups: list[list[float]]) -> float:
+    """Relative standard deviation (%) of one measurement, pooled over groups of repeated measurements of one
+    thing each (groups of one say nothing); NaN without any repeat."""
+    squares, freedom = 0.0, 0
+    for values in groups:
+        if len(values) < 2:
+            continue
+        mean = sum(values) / len(values)
+        if not mean:
+            continue
+        squares += sum(((v - mean) / mean) ** 2 for v in values)
+        freedom += len(values) - 1
+    return math.sqrt(squares / freedom) * 100 if freedom else float("nan")
+
+
+def plan_key(plan: Plan) -> str:
+    """What makes two plans the same plan when run: their stages (units, cores, blocks)."""
+    return repr(plan.stages)
+
+
+def pooled_noise(noise: Noise, repeats: dict[str, list[tuple[float, float]]]) -> Noise:
+    """``noise`` with its figures pooled over every plan measured more than once at its frames."""
+    groups = [v for v in repeats.values() if len(v) >= 2]
+    if not groups:
+        return noise
+    return dataclasses.replace(
+        noise,
+        runs=sum(len(v) for v in groups),
+        latency_pct=pooled_spread_pct([[lat for lat, _ in v] for v in groups]),
+        throughput_pct=pooled_spread_pct([[thr for _, thr in v] for v in groups]),
+        plans=len(groups),
+    )
+
+
 def merge_runs(runs: list[RunResult]) -> RunResult:
     """Repeated runs of one plan as one measurement: figures averaged, partition counters summed."""
     if len(runs) == 1:
@@ -492,6 +532,7 @@ def noise_verdict(noise: Noise, target: float) -> tuple[float, bool, str]:
     """(the target the loop stops at, whether the noise limits it, what to tell the user)."""
     floor = NOISE_MARGIN * noise.pct
     grown = f"; --frames raised to {noise.frames}" if noise.grown else ""
+    grown += f"; pooled over {noise.plans} plans measured {noise.runs} times" if noise.plans > 1 else ""
     if target >= floor:
         capped = ", the cap: above a third of the target" if noise.capped else ""
         return target, False, f"measurement noise {noise.pct:.1f}% at {noise.frames} frames{capped}{grown}"
@@ -545,6 +586,7 @@ def tune(
     last: list[tuple[Plan, RunResult]] = []
     measured: list[tuple[Plan, RunResult]] = []  # every plan measured so far, for the kept-calibration rule
     noise: Noise | None = None
+    repeats: dict[str, list[tuple[float, float]]] = {}  # plan -> (latency, throughput) of each measurement
     for r in range(rounds):
         cost = CostModel.from_table(profile, graph, table)
         say(f"round {r + 1}: planning")
@@ -556,16 +598,21 @@ def tune(
         for i, plan in enumerate(plans):
             plan = dataclasses.replace(plan, model_path=str(model.resolve()), inputs=loaded.inputs)
             if noise is None:
-                noise, result = measure_noise(
+                noise, result, runs = measure_noise(
                     plan, board, frames, cap, target_error, options.noise_runs, input_data, say
                 )
                 frames = noise.frames
+                repeats[plan_key(plan)] = [(m.latency_ms, m.throughput_fps) for m in runs]
             else:
                 say(f"round {r + 1}: running plan {i + 1}/{len(plans)} on {board} ({frames} frames)")
                 result = run_plan(plan, board, None, frames, input_data=input_data)
+                repeats.setdefault(plan_key(plan), []).append(
+                    (result.measured.latency_ms, result.measured.throughput_fps)
+                )
             last.append((plan, result))
         measured += last
         assert noise is not None
+        noise = pooled_noise(noise, repeats)
         effective, limited, note = noise_verdict(noise, target_error)
         known = [(res.predicted, res.measured) for _, res in last if res.predicted is not None]
         lat = [(p.latency_ms, m.latency_ms) for p, m in known]
@@ -619,9 +666,10 @@ def measure_noise(
     runs: int,
     input_data: Path | None,
     say: Callable[[str], None],
-) -> tuple[Noise, RunResult]:
+) -> tuple[Noise, RunResult, list[Figures]]:
     """Measure ``plan`` ``runs`` times; while the spread is above a third of the target, double the frames
-    (up to ``cap``) and measure again. Returns the noise and the plan's measurement (the runs merged)."""
+    (up to ``cap``) and measure again. Returns the noise, the plan's measurement (the runs merged) and each
+    run's figures at the final frames."""
     grown = False
     while True:
         results = []
@@ -636,9 +684,10 @@ def measure_noise(
             spread_pct([r.measured.throughput_fps for r in results]),
             grown,
         )
+        figures = [r.measured for r in results]
         if noise.pct <= target * NOISE_FRACTION:
-            return noise, merge_runs(results)
+            return noise, merge_runs(results), figures
         if frames >= cap:
-            return dataclasses.replace(noise, capped=True), merge_runs(results)
+            return dataclasses.replace(noise, capped=True), merge_runs(results), figures
         frames = min(cap, frames * 2)
         grown = True

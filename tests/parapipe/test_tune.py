@@ -22,6 +22,8 @@ from parapipe.tune import (
     feed_back,
     merge_runs,
     noise_verdict,
+    pooled_noise,
+    pooled_spread_pct,
     recalibrate,
     rmspe,
     spread_pct,
@@ -44,6 +46,20 @@ def test_spread_is_the_relative_std_of_one_measurement() -> None:
     assert spread_pct([99.0, 101.0]) == pytest.approx(math.sqrt(2) / 100 * 100)
     assert spread_pct([5.0, 5.0, 5.0]) == 0.0
     assert math.isnan(spread_pct([5.0]))
+
+
+def test_noise_pools_every_plan_measured_again() -> None:
+    """One group is the plain relative std; plans measured once add nothing; a plan measured again in a later
+    round (after a reverted recalibration, say) widens the noise when it drifted."""
+    assert pooled_spread_pct([[99.0, 101.0]]) == pytest.approx(spread_pct([99.0, 101.0]))
+    assert pooled_spread_pct([[99.0, 101.0], [50.0]]) == pytest.approx(spread_pct([99.0, 101.0]))
+    assert math.isnan(pooled_spread_pct([[1.0], [2.0]]))
+    first = Noise("p", 2, 30, latency_pct=spread_pct([10.0, 10.2]), throughput_pct=spread_pct([100.0, 101.0]))
+    same = pooled_noise(first, {"a": [(10.0, 100.0), (10.2, 101.0)], "b": [(5.0, 50.0)]})
+    assert same.latency_pct == pytest.approx(first.latency_pct) and same.plans == 1 and same.runs == 2
+    drifted = pooled_noise(first, {"a": [(10.0, 100.0), (10.2, 101.0)], "b": [(5.0, 50.0), (6.0, 40.0)]})
+    assert drifted.plans == 2 and drifted.runs == 4 and drifted.frames == 30
+    assert drifted.latency_pct > 3 * first.latency_pct and drifted.throughput_pct > 3 * first.throughput_pct
 
 
 def test_stop_rule_and_noise_verdict() -> None:
