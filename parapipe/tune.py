@@ -1,9 +1,12 @@
 """The closed loop: profile -> plan -> run each plan -> feed the measurements back -> re-plan.
 
-Each run on the board reports every partition's busy time per frame (frames back to
-back; for units split into several segments, which overlap on their cores, frames run one
-at a time); those become measured ``partition`` entries in the cost table (keyed like the profiler's), so the
-next round's cost model predicts those partitions from what the board did.
+Each run on the board reports every partition's busy time per frame, with frames run one at
+a time and back to back; those become measured ``partition`` entries in the cost table (keyed
+like the profiler's), so the next round's cost model predicts those partitions from what the
+board did. The time fed back is the one-at-a-time figure, and what units running at once cost
+each other goes into the shared memory's bandwidth, fitted to the measured throughputs; where
+the profile names no shared memory, or the PU is CFS-throttled, a unit's only partition keeps
+its back-to-back time.
 
 A recalibration is kept only if the new table predicts every plan measured so far (each
 re-evaluated under both tables) better than the table before it; otherwise this model's
@@ -144,17 +147,21 @@ def feed_back(
         seg = segments.get(p.name)
         if seg is None or seg.pu.spans:
             continue
-        # Back to back, a partition's time includes what running beside the others costs it
-        # (memory, caches, the executor's own threads): what the pipeline's throughput depends
-        # on. But segments of one unit share its cores and overlap, and then each one's wall
-        # time counts the others; for those the frames run one at a time are the honest measure.
-        if per_unit[seg.unit_key] == 1 and p.busy_per_frame_ms is not None:
+        # A partition's time is its time with frames run one at a time: what a frame's latency adds
+        # up, and (segments of one unit share its cores and overlap back to back) the only honest
+        # measure where a unit runs several. What running beside the others costs it back to back
+        # (memory, caches, on a VM the host's cores) is the shared memory's term, which tune fits
+        # from the measured throughputs. Where the profile names no shared memory, and on a
+        # CFS-throttled PU (a frame alone may fit in one quota period, back to back it waits for
+        # the quota), the back-to-back time of a unit's only partition is what throughput needs.
+        pu = profile.pu(seg.pu)
+        sustained = pu.throttle is not None or profile.shared_memory(seg.pu) is None
+        if sustained and per_unit[seg.unit_key] == 1 and p.busy_per_frame_ms is not None:
             per_frame = p.busy_per_frame_ms
         else:
             per_frame = p.alone_per_frame_ms or p.busy_per_frame_ms
         if per_frame is None:
             continue
-        pu = profile.pu(seg.pu)
         cond = Conditions(
             profile.name,
             seg.pu,

@@ -296,3 +296,46 @@ def test_tune_learns_the_shared_memory_from_throughputs_slower_than_predicted(tu
     assert cost.memory_gbps("dram") == pytest.approx(gbps)
     predicted = evaluate(plan, graph, cost, frames=0).predicted.throughput_fps
     assert predicted == pytest.approx(slowed.measured.throughput_fps, rel=0.03)
+
+
+def test_partitions_feed_back_their_one_at_a_time_time_where_a_shared_memory_holds_the_contention(
+    tuned, exported
+) -> None:
+    """On ``local`` (its cores share a memory) a partition's fed-back time is its time with frames one at a time;
+    the back-to-back excess is left to the memory's bandwidth. Without a shared memory, a unit's only partition
+    keeps its back-to-back time (what throughput needs); a unit of several partitions (they overlap on its cores
+    back to back) always feeds back the one-at-a-time time."""
+    import onnxruntime as ort
+
+    from models.coarsen import coarsen
+    from planner.baselines import flop_pipeline
+    from planner.segments import lower
+
+    graph, profile = _context(exported)
+    _, real = tuned["last"][0]
+    blocks = coarsen(graph, "coarse")
+    plans = [
+        flop_pipeline(blocks, profile, [("cpu", 1), ("cpu", 1)], "pipe"),  # a unit of one partition
+        tuned["last"][0][0],  # the tuned plan: units of several partitions
+    ]
+    for plan in plans:
+        segments = lower(plan, graph, profile)
+        several = {s.unit_key for s in segments if sum(1 for t in segments if t.unit_key == s.unit_key) > 1}
+        measured = dataclasses.replace(
+            real,
+            partitions=tuple(
+                PartitionMeasurement(
+                    s.name, s.pu, busy_ms=40.0, queue_wait_ms=0.0, frames=20, alone_busy_ms=5.0, alone_frames=5
+                )
+                for s in segments
+            ),
+        )  # 2 ms a frame back to back, 1 ms one at a time
+        for board, shared in ((profile, True), (dataclasses.replace(profile, memories=()), False)):
+            table = CostTable()
+            assert feed_back(table, plan, measured, graph, board, ort.__version__) == len(segments)
+            fed = {frozenset(e.members): e.mean_ms for e in table}  # replicas of one unit share an entry
+            for s in segments:
+                expect = 1.0 if shared or s.unit_key in several else 2.0
+                assert fed[frozenset(s.members)] == pytest.approx(expect), (plan.name, s.name, shared)
+    pipe = [s.unit_key for s in lower(plans[0], graph, profile)]
+    assert any(pipe.count(k) == 1 for k in pipe), "the pipeline has a unit of one partition: the rules differ there"
