@@ -258,8 +258,9 @@ def fit_memory(
 
     Units that run at once slow each other; the cost model's term for it is the memory they share
     (the period is at least a frame's bytes over its bandwidth). The bandwidth (the calibrated one
-    times a factor on ``MEMORY_GRID``) that predicts the measured throughputs best becomes the cost
-    table's ``memory-bandwidth`` value for that memory. None when no candidate changes a prediction
+    times a factor on ``MEMORY_GRID``, never so low that it would slow the whole model on one of the
+    memory's cores alone) that predicts the measured throughputs best becomes the cost table's
+    ``memory-bandwidth`` value for that memory. None when no candidate changes a prediction
     (the term binds no plan measured).
     """
     from profiler.session import memory_conditions
@@ -267,14 +268,20 @@ def fit_memory(
     if not profile.memories or not runs:
         return None
     learnt: dict[str, float] = {}
+    every = [n.name for n in graph.nodes]
     for memory in profile.memories:
         calibrated = CostModel.from_table(profile, graph, table)
         base = calibrated.memory_gbps(memory.name)
+        # A frame's bytes cross the memory whatever the plan, so a bandwidth that would slow the whole model
+        # on one core of the memory alone contradicts what was measured there: no lower than that.
+        alone_ms = [calibrated.group_ms(every, p, 1).ms for p in memory.pus if profile.pu(p).kind == "cpu"]
+        lowest = calibrated.moved_bytes(every) / (min(alone_ms) * 1e6) if alone_ms else 0.0
         best: tuple[float, float] | None = None
         varies = False
 
         def error(factor: float) -> float:
-            return _throughput_rmspe(calibrated, memory.name, base * factor, runs, graph)  # noqa: B023
+            gbps = max(lowest, base * factor)  # noqa: B023
+            return _throughput_rmspe(calibrated, memory.name, gbps, runs, graph)  # noqa: B023
 
         for factor in MEMORY_GRID:
             err = error(factor)
@@ -290,7 +297,7 @@ def fit_memory(
                     best = (factor, err)
         if best is None or not varies:
             continue
-        gbps = base * best[0]
+        gbps = max(lowest, base * best[0])
         table.learn(
             CalibrationRecord.learnt(
                 graph.model_sha256,

@@ -266,28 +266,45 @@ def test_measured_energy_rescales_the_power_model(exported, tmp_path, monkeypatc
     assert predicted == pytest.approx(result.measured.energy_mj, rel=0.01)
 
 
+def _pipe_measured(tuned, exported, slowdown: float | None):
+    """The two-core pipeline of the model, its partitions measured as the profiled table predicts them, its
+    latency as predicted and its throughput ``slowdown`` times below the prediction (None: half way down to
+    what the whole model does on one core)."""
+    from models.coarsen import coarsen
+    from planner.baselines import flop_pipeline
+    from planner.build import evaluate
+    from planner.costmodel import CostModel
+    from planner.segments import lower
+
+    graph, profile = _context(exported)
+    cost = CostModel.from_table(profile, graph, CostTable.load(tuned["costs"]))
+    plan = flop_pipeline(coarsen(graph, "coarse"), profile, [("cpu", 1), ("cpu", 1)], "pipe")
+    parts = []
+    for s in lower(plan, graph, profile):
+        ms = cost.group_ms(s.members, s.pu, s.cores).ms
+        parts.append(PartitionMeasurement(s.name, s.pu, ms * 20, 0.0, 20, ms * 5, 5))
+    predicted = evaluate(plan, graph, cost, frames=0).predicted
+    if slowdown is None:
+        headroom = predicted.throughput_fps * cost.group_ms([n.name for n in graph.nodes], "cpu", 1).ms / 1000
+        assert headroom > 1.2, "the pipeline is faster than one core"
+        slowdown = 1 + (headroom - 1) / 2
+    _, real = tuned["last"][0]
+    measured = Figures(predicted.latency_ms, predicted.throughput_fps / slowdown, 1.0)
+    return graph, profile, plan, dataclasses.replace(real, measured=measured, partitions=tuple(parts))
+
+
 def test_tune_learns_the_shared_memory_from_throughputs_slower_than_predicted(tuned, exported, tmp_path) -> None:
-    """A plan whose partitions take what the board measured but whose throughput is 1.6x below what they allow
-    (units running at once slowing each other): the recalibration learns the shared memory's bandwidth that
-    predicts that throughput, and keeps it because it predicts the measured plan better."""
+    """A pipeline over both cores whose partitions take what the table says but whose throughput is below what
+    they allow, half way to one core's (units running at once slowing each other): the recalibration learns the
+    shared memory's bandwidth that predicts that throughput, and keeps it because it predicts the measured plan
+    better."""
     import onnxruntime as ort
 
     from planner.build import evaluate
     from planner.costmodel import CostModel
 
-    graph, profile = _context(exported)
-    costs = _fresh(tuned, tmp_path)
-    plan, real = tuned["last"][0]
-    scratch = CostTable.load(costs)
-    feed_back(scratch, plan, real, graph, profile, ort.__version__)
-    agreed = evaluate(plan, graph, CostModel.from_table(profile, graph, scratch), frames=0).predicted
-    slowed = dataclasses.replace(
-        real,
-        measured=dataclasses.replace(
-            real.measured, latency_ms=agreed.latency_ms, throughput_fps=agreed.throughput_fps / 1.6
-        ),
-    )
-    table = CostTable.load(costs)
+    graph, profile, plan, slowed = _pipe_measured(tuned, exported, None)
+    table = CostTable.load(_fresh(tuned, tmp_path))
     verdict, _, _ = recalibrate(table, [(plan, slowed)], [(plan, slowed)], graph, profile, ort.__version__)
     assert verdict.kept and verdict.rmspe_after < verdict.rmspe_before
     ((memory, gbps),) = verdict.memory_gbps
@@ -296,6 +313,30 @@ def test_tune_learns_the_shared_memory_from_throughputs_slower_than_predicted(tu
     assert cost.memory_gbps("dram") == pytest.approx(gbps)
     predicted = evaluate(plan, graph, cost, frames=0).predicted.throughput_fps
     assert predicted == pytest.approx(slowed.measured.throughput_fps, rel=0.03)
+
+
+def test_the_memory_never_slows_the_whole_model_on_one_core_alone(tuned, exported, tmp_path) -> None:
+    """A pipeline measured 10x slower than its partitions allow (say, another process took the cores) is not
+    blamed on the memory beyond what the model's own time on one core alone allows: the learnt bandwidth stops
+    there, and a plan of one core is predicted as fast as its own time."""
+    import onnxruntime as ort
+
+    from models.coarsen import coarsen
+    from planner.baselines import single_pu
+    from planner.build import evaluate
+    from planner.costmodel import CostModel
+
+    graph, profile, plan, slowed = _pipe_measured(tuned, exported, 10.0)
+    table = CostTable.load(_fresh(tuned, tmp_path))
+    verdict, _, _ = recalibrate(table, [(plan, slowed)], [(plan, slowed)], graph, profile, ort.__version__)
+    cost = CostModel.from_table(profile, graph, table)
+    every = [n.name for n in graph.nodes]
+    one_core_ms = cost.group_ms(every, "cpu", 1).ms
+    if verdict.kept and verdict.memory_gbps:
+        assert cost.traffic_ms(every, "cpu") == pytest.approx(one_core_ms, rel=1e-6)
+    assert cost.traffic_ms(every, "cpu") <= one_core_ms * (1 + 1e-6)
+    alone = evaluate(single_pu(coarsen(graph, "coarse"), profile, "cpu", 1, "one"), graph, cost, frames=0)
+    assert alone.predicted.throughput_fps == pytest.approx(1000 / one_core_ms, rel=0.02)
 
 
 def test_partitions_feed_back_their_one_at_a_time_time_where_a_shared_memory_holds_the_contention(
