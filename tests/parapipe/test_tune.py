@@ -20,6 +20,7 @@ from parapipe.tune import (
     Noise,
     TuneOptions,
     feed_back,
+    is_outlier,
     merge_runs,
     noise_verdict,
     pooled_noise,
@@ -81,6 +82,18 @@ def _result(template, fps: float, lat: float, busy: float):
         "p0", "cpu", busy_ms=busy * 10, queue_wait_ms=0.0, frames=10, alone_busy_ms=busy * 5, alone_frames=5
     )
     return dataclasses.replace(template, measured=Figures(lat, fps, 1.0), partitions=(part,))
+
+
+def test_a_measurement_far_off_its_prediction_is_an_outlier(tuned) -> None:
+    """More than 3x the tolerance (the target or the noise, the larger) off in latency or throughput: measured
+    again; within it, or without a prediction, not."""
+    (_, first), *_ = tuned["last"]
+    predicted = Figures(10.0, 100.0, 1.0)
+    near = dataclasses.replace(first, predicted=predicted, measured=Figures(11.0, 90.0, 1.0))
+    assert not is_outlier(near, 5.0) and is_outlier(near, 3.0)
+    slow = dataclasses.replace(first, predicted=predicted, measured=Figures(10.0, 40.0, 1.0))  # a burst took the cores
+    assert is_outlier(slow, 5.0) and not is_outlier(slow, 60.0)
+    assert not is_outlier(dataclasses.replace(slow, predicted=None), 5.0)
 
 
 def test_merge_runs_averages_figures_and_sums_counters(tuned) -> None:
@@ -266,6 +279,15 @@ def test_measured_energy_rescales_the_power_model(exported, tmp_path, monkeypatc
     assert predicted == pytest.approx(result.measured.energy_mj, rel=0.01)
 
 
+def _without_memory(costs: Path) -> CostTable:
+    """The table without the memory bandwidth profiling measured (on a loaded machine it may bind every plan):
+    the profile's no-contention estimate holds."""
+    table = CostTable.load(costs)
+    for key in [k for k, r in table.calibration.items() if r.kind == "memory-bandwidth"]:
+        del table.calibration[key]
+    return table
+
+
 def _pipe_measured(tuned, exported, slowdown: float | None):
     """The two-core pipeline of the model, its partitions measured as the profiled table predicts them, its
     latency as predicted and its throughput ``slowdown`` times below the prediction (None: half way down to
@@ -277,7 +299,7 @@ def _pipe_measured(tuned, exported, slowdown: float | None):
     from planner.segments import lower
 
     graph, profile = _context(exported)
-    cost = CostModel.from_table(profile, graph, CostTable.load(tuned["costs"]))
+    cost = CostModel.from_table(profile, graph, _without_memory(tuned["costs"]))
     plan = flop_pipeline(coarsen(graph, "coarse"), profile, [("cpu", 1), ("cpu", 1)], "pipe")
     parts = []
     for s in lower(plan, graph, profile):
@@ -286,7 +308,7 @@ def _pipe_measured(tuned, exported, slowdown: float | None):
     predicted = evaluate(plan, graph, cost, frames=0).predicted
     if slowdown is None:
         headroom = predicted.throughput_fps * cost.group_ms([n.name for n in graph.nodes], "cpu", 1).ms / 1000
-        assert headroom > 1.2, "the pipeline is faster than one core"
+        assert headroom > 1.05, "the pipeline is faster than one core"
         slowdown = 1 + (headroom - 1) / 2
     _, real = tuned["last"][0]
     measured = Figures(predicted.latency_ms, predicted.throughput_fps / slowdown, 1.0)
@@ -304,7 +326,7 @@ def test_tune_learns_the_shared_memory_from_throughputs_slower_than_predicted(tu
     from planner.costmodel import CostModel
 
     graph, profile, plan, slowed = _pipe_measured(tuned, exported, None)
-    table = CostTable.load(_fresh(tuned, tmp_path))
+    table = _without_memory(_fresh(tuned, tmp_path))
     verdict, _, _ = recalibrate(table, [(plan, slowed)], [(plan, slowed)], graph, profile, ort.__version__)
     assert verdict.kept and verdict.rmspe_after < verdict.rmspe_before
     ((memory, gbps),) = verdict.memory_gbps
@@ -317,7 +339,7 @@ def test_tune_learns_the_shared_memory_from_throughputs_slower_than_predicted(tu
 
 def test_the_memory_never_slows_the_whole_model_on_one_core_alone(tuned, exported, tmp_path) -> None:
     """A pipeline measured 10x slower than its partitions allow (say, another process took the cores) is not
-    blamed on the memory beyond what the model's own time on one core alone allows: the learnt bandwidth stops
+    blamed on the memory beyond what the model's own time on one core alone allows: the bandwidth stops
     there, and a plan of one core is predicted as fast as its own time."""
     import onnxruntime as ort
 
@@ -327,14 +349,16 @@ def test_the_memory_never_slows_the_whole_model_on_one_core_alone(tuned, exporte
     from planner.costmodel import CostModel
 
     graph, profile, plan, slowed = _pipe_measured(tuned, exported, 10.0)
-    table = CostTable.load(_fresh(tuned, tmp_path))
+    table = _without_memory(_fresh(tuned, tmp_path))
     verdict, _, _ = recalibrate(table, [(plan, slowed)], [(plan, slowed)], graph, profile, ort.__version__)
     cost = CostModel.from_table(profile, graph, table)
     every = [n.name for n in graph.nodes]
     one_core_ms = cost.group_ms(every, "cpu", 1).ms
-    if verdict.kept and verdict.memory_gbps:
-        assert cost.traffic_ms(every, "cpu") == pytest.approx(one_core_ms, rel=1e-6)
-    assert cost.traffic_ms(every, "cpu") <= one_core_ms * (1 + 1e-6)
+    assert verdict.kept and verdict.memory_gbps, "the memory explains part of it"
+    assert cost.traffic_ms(every, "cpu") == pytest.approx(one_core_ms, rel=1e-6), "and no more"
+    # however low a bandwidth the table holds, the cost model stops there
+    floor = cost.recalibrated(cost.calibration.with_memory("dram", 1e-3))
+    assert floor.traffic_ms(every, "cpu") == pytest.approx(one_core_ms, rel=1e-6)
     alone = evaluate(single_pu(coarsen(graph, "coarse"), profile, "cpu", 1, "one"), graph, cost, frames=0)
     assert alone.predicted.throughput_fps == pytest.approx(1000 / one_core_ms, rel=0.02)
 

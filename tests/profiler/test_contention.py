@@ -92,11 +92,14 @@ def test_profile_measures_the_memory_once_and_the_cost_model_uses_it(exported, t
     graph = build_graph(loaded.proto, loaded.sha256)
     profile = load_profile("local")
     cost = CostModel.from_table(profile, graph, table)
-    assert cost.memory_gbps("dram") == record.value != profile.memories[0].bandwidth_gbps.value
     every = [n.name for n in graph.nodes]
-    assert cost.traffic_ms(every, "cpu") == pytest.approx(
-        Roofline(profile, graph).moved_bytes(every) / (record.value * 1e9) * 1e3
-    )
+    frame_bytes = Roofline(profile, graph).moved_bytes(every)
+    # the measured bandwidth, unless the cost model's own one-core time (profiled at another moment) is shorter
+    # than the memory's time for a frame at it: a core alone never waits for the memory
+    one_core = frame_bytes / (cost.group_ms(every, "cpu", 1).ms * 1e6)
+    assert cost.memory_gbps("dram") == pytest.approx(max(record.value, one_core))
+    assert cost.memory_gbps("dram") != profile.memories[0].bandwidth_gbps.value
+    assert cost.traffic_ms(every, "cpu") == pytest.approx(frame_bytes / (cost.memory_gbps("dram") * 1e9) * 1e3)
     again = CliRunner().invoke(app, args)
     assert again.exit_code == 0, again.output
     assert "shared memory dram" in again.stdout and "reused from the cost table" in again.stdout
