@@ -8,7 +8,8 @@ Per round: the round's plans as predicted by the table they were planned with (o
 sample for plans not measured before), the frames per measurement, and whether the
 recalibration after the round was kept (the new table's RMSPE on every plan measured so
 far, latency and throughput pooled, against the previous table's). Per model: the noise
-(relative std of one measurement of the first plan, repeated), whether the final RMSPE
+(relative std of one measurement: the first plan repeated, pooled with every plan a later round
+measured again; ``runs`` measurements in all), whether the final RMSPE
 is <= 5% or within 1.5x the noise, and whether no round was worse than the previous
 (strictly, and allowing the measured noise).
 
@@ -45,6 +46,7 @@ def main() -> None:
     parser.add_argument("--max-frames", type=int, default=None, help="cap for the grown frames (default 8x)")
     parser.add_argument("--target", type=float, default=5.0)
     parser.add_argument("--zoo-dir", type=Path, default=Path("build/bench/zoo"))
+    parser.add_argument("--detail", action="store_true", help="every plan's predicted and measured figures too")
     args = parser.parse_args()
     from models.export import export_model
 
@@ -74,10 +76,18 @@ def main() -> None:
                     f"{h.frames:6d}  {cal:55} {h.stop or ''}",
                     flush=True,
                 )
+                for row in h.rows if args.detail else ():
+                    p, m = row["predicted"], row["measured"]
+                    print(
+                        f"{'':16} {'':14} {'':5} {row['plan'][:28]:28} latency {p.get('latency_ms', 0):7.2f} / "
+                        f"{m['latency_ms']:7.2f} ms, {p.get('throughput_fps', 0):7.1f} / {m['throughput_fps']:7.1f} fps "
+                        "(predicted / measured)",
+                        flush=True,
+                    )
             summary.append((board, name, history))
     print()
     print(
-        f"{'per model':16} {'':14} {'rounds':>6} {'noise lat %':>11} {'noise thr %':>11} {'at frames':>9} "
+        f"{'per model':16} {'':14} {'rounds':>6} {'noise lat %':>11} {'noise thr %':>11} {'runs':>4} {'at frames':>9} "
         f"{'final RMSPE %':>13}  {'<=5% or <=1.5x noise':20} {'no round worse':14} {'(within noise)':14}"
     )
     for board, name, history in summary:
@@ -87,7 +97,7 @@ def main() -> None:
         ok = final.rmspe <= args.target or final.rmspe <= NOISE_MARGIN * noise.pct
         why = "yes" if final.rmspe <= args.target else ("yes (noise)" if ok else "NO")
         print(
-            f"{board:16} {name:14} {len(history):6d} {noise.latency_pct:11.1f} {noise.throughput_pct:11.1f} "
+            f"{board:16} {name:14} {len(history):6d} {noise.latency_pct:11.1f} {noise.throughput_pct:11.1f} {noise.runs:4d} "
             f"{noise.frames:9d}{'*' if noise.capped else ' '} {final.rmspe:12.1f}  {why:20} "
             f"{'yes' if no_worse(history, 0.0) else 'NO':14} {'yes' if no_worse(history, noise.pct) else 'NO':14}",
             flush=True,

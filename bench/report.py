@@ -6,7 +6,7 @@ the page then shows every results file, the machine and versions, and plots draw
 the results: the ILP's solve time against model size (from the planner bench), the
 prediction error per tune round (from the tune bench) and a Pareto front.
 
-Run: .venv/bin/python bench/report.py [--run graph costmodel planner agent tune precision paper] [--time-limit 30]
+Run: .venv/bin/python bench/report.py [--run graph costmodel contention planner agent tune precision paper] [--time-limit 30]
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 BENCH = ROOT / "bench"
 DOCS = ROOT / "docs"
 IMG = DOCS / "img"
-ORDER = ("graph", "costmodel", "planner", "paper", "agent", "tune", "precision", "soak")
+ORDER = ("graph", "costmodel", "contention", "planner", "paper", "agent", "tune", "precision", "soak")
 
 
 def _script(name: str) -> Path:

@@ -24,6 +24,7 @@ from device_profiles.schema import (
     ProcessingUnit,
     ProfileError,
     Quantity,
+    SharedMemory,
     Throttle,
 )
 
@@ -169,6 +170,23 @@ def build_local_profile(biglittle: bool = False, edge_cloud: bool = False) -> De
         latency_us=Quantity(2.0, "estimate", "queue handoff between worker threads"),
         conversion_us_per_mb=Quantity(0.0, "estimate", "same memory layout on every CPU core"),
     )
+    memories: tuple[SharedMemory, ...] = ()
+    if not edge_cloud:
+        # Units running at once slow each other (DRAM, caches and, on a virtual machine, the host's cores):
+        # one memory for the CPU cores, its bandwidth measured per model by `parapipe profile`.
+        memories = (
+            SharedMemory(
+                "dram",
+                tuple(p.name for p in pus),
+                Quantity(
+                    100.0,
+                    "estimate",
+                    "a server socket's DRAM, order of magnitude (no contention assumed); `parapipe profile` measures "
+                    "it per model (the whole model on every core at once vs alone, profiler.contention), which "
+                    "replaces this",
+                ),
+            ),
+        )
     return DeviceProfile(
         name=name,
         description=desc,
@@ -179,4 +197,5 @@ def build_local_profile(biglittle: bool = False, edge_cloud: bool = False) -> De
         default_link=shared_memory,
         origin="built at run time",
         notes=tuple(notes),
+        memories=memories,
     )

@@ -1,9 +1,12 @@
 """The closed loop: profile -> plan -> run each plan -> feed the measurements back -> re-plan.
 
-Each run on the board reports every partition's busy time per frame (frames back to
-back; for units split into several segments, which overlap on their cores, frames run one
-at a time); those become measured ``partition`` entries in the cost table (keyed like the profiler's), so the
-next round's cost model predicts those partitions from what the board did.
+Each run on the board reports every partition's busy time per frame, with frames run one at
+a time and back to back; those become measured ``partition`` entries in the cost table (keyed
+like the profiler's), so the next round's cost model predicts those partitions from what the
+board did. The time fed back is the one-at-a-time figure, and what units running at once cost
+each other goes into the shared memory's bandwidth, fitted to the measured throughputs; where
+the profile names no shared memory, or the PU is CFS-throttled, a unit's only partition keeps
+its back-to-back time.
 
 A recalibration is kept only if the new table predicts every plan measured so far (each
 re-evaluated under both tables) better than the table before it; otherwise this model's
@@ -11,7 +14,10 @@ and board's entries go back to what they were. So the table's error on what was 
 never grows from round to round, and a noisy run cannot make the model worse.
 
 The first plan of round 1 is measured more than once: the spread of those runs is the
-measurement noise, reported with every round. While it is above a third of the target,
+measurement noise, reported with every round, and pooled with every plan measured again: in a
+later round, or at once when its measurement is more than 3x the target (or the noise) off its
+prediction (then the two runs are averaged), so it takes in what drifts between rounds and the
+bursts of other work on a shared machine. While it is above a third of the target,
 the frames per measurement double (up to a cap). Where the target is still below what the
 noise resolves (1.5x the noise), tune says so and stops once the error is within that
 instead of chasing the target. Rounds stop when predicted and measured latency and
@@ -51,7 +57,11 @@ MAX_FRAMES_FACTOR = 8  # --frames grows up to 8x when the noise is large
 
 @dataclass(frozen=True)
 class Noise:
-    """The spread of repeated measurements of one plan: the relative std (%) of one measurement."""
+    """The spread of repeated measurements of a plan: the relative std (%) of one measurement.
+
+    First the first plan measured ``noise_runs`` times; then, pooled with it, every plan a later
+    round measures again (a round after a reverted recalibration plans the same plans), so the
+    noise includes what drifts between rounds on a shared machine."""
 
     plan: str
     runs: int
@@ -60,6 +70,7 @@ class Noise:
     throughput_pct: float
     grown: bool = False  # --frames was raised because the noise was large
     capped: bool = False  # frames reached the cap with the noise still above a third of the target
+    plans: int = 1  # plans measured more than once that the figures pool
 
     @property
     def pct(self) -> float:
@@ -77,6 +88,7 @@ class Recalibration:
     rmspe_before: float  # the previous table's RMSPE (latency, throughput and measured energy together)
     rmspe_after: float  # the recalibrated table's
     measured_plans: int
+    memory_gbps: tuple[tuple[str, float], ...] = ()  # shared memories' bandwidths learnt (kept) from the throughputs
 
     def to_json(self) -> dict[str, object]:
         return dataclasses.asdict(self)
@@ -137,17 +149,21 @@ def feed_back(
         seg = segments.get(p.name)
         if seg is None or seg.pu.spans:
             continue
-        # Back to back, a partition's time includes what running beside the others costs it
-        # (memory, caches, the executor's own threads): what the pipeline's throughput depends
-        # on. But segments of one unit share its cores and overlap, and then each one's wall
-        # time counts the others; for those the frames run one at a time are the honest measure.
-        if per_unit[seg.unit_key] == 1 and p.busy_per_frame_ms is not None:
+        # A partition's time is its time with frames run one at a time: what a frame's latency adds
+        # up, and (segments of one unit share its cores and overlap back to back) the only honest
+        # measure where a unit runs several. What running beside the others costs it back to back
+        # (memory, caches, on a VM the host's cores) is the shared memory's term, which tune fits
+        # from the measured throughputs. Where the profile names no shared memory, and on a
+        # CFS-throttled PU (a frame alone may fit in one quota period, back to back it waits for
+        # the quota), the back-to-back time of a unit's only partition is what throughput needs.
+        pu = profile.pu(seg.pu)
+        sustained = pu.throttle is not None or profile.shared_memory(seg.pu) is None
+        if sustained and per_unit[seg.unit_key] == 1 and p.busy_per_frame_ms is not None:
             per_frame = p.busy_per_frame_ms
         else:
             per_frame = p.alone_per_frame_ms or p.busy_per_frame_ms
         if per_frame is None:
             continue
-        pu = profile.pu(seg.pu)
         cond = Conditions(
             profile.name,
             seg.pu,
@@ -228,6 +244,94 @@ def fit_handoff(
     return best[0]
 
 
+# Factors tried on a shared memory's bandwidth (what running the model's units at once lets through): from
+# four times the contention measured to none at all.
+MEMORY_GRID = (0.25, 0.35, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0)
+
+
+def fit_memory(
+    table: CostTable,
+    runs: list[tuple[Plan, RunResult]],
+    graph: OpGraph,
+    profile: DeviceProfile,
+    ort_version: str,
+) -> dict[str, float] | None:
+    """Learn each shared memory's bandwidth from the measured throughputs of ``runs``.
+
+    Units that run at once slow each other; the cost model's term for it is the memory they share
+    (the period is at least a frame's bytes over its bandwidth). The bandwidth (the calibrated one
+    times a factor on ``MEMORY_GRID``, or one at which a frame's bytes take a run's measured period,
+    refined around the best; the cost model never takes it so low that it would slow the
+    whole model on one core of the memory alone) that predicts the measured throughputs best becomes the cost table's
+    ``memory-bandwidth`` value for that memory. None when no candidate changes a prediction
+    (the term binds no plan measured).
+    """
+    from profiler.session import memory_conditions
+
+    if not profile.memories or not runs:
+        return None
+    learnt: dict[str, float] = {}
+    for memory in profile.memories:
+        calibrated = CostModel.from_table(profile, graph, table)
+        base = calibrated.memory_gbps(memory.name)
+        best: tuple[float, float] | None = None
+        varies = False
+
+        def error(gbps: float) -> float:
+            return _throughput_rmspe(calibrated, memory.name, gbps, runs, graph)  # noqa: B023
+
+        # the grid around the bandwidth calibrated so far, and each run's own: the bandwidth at which a frame's
+        # bytes take that run's measured period
+        frame_bytes = calibrated.moved_bytes([n.name for n in graph.nodes])
+        candidates = sorted(
+            {base * f for f in MEMORY_GRID} | {frame_bytes * r.measured.throughput_fps / 1e9 for _, r in runs}
+        )
+        for gbps in candidates:
+            err = error(gbps)
+            if best is not None and abs(err - best[1]) > 1e-9:
+                varies = True
+            if best is None or err < best[1] - 1e-9 or (abs(err - best[1]) <= 1e-9 and gbps == base):
+                best = (gbps, err)
+        if best is not None and varies and best[0] != base:  # then finer, around the best
+            for step in (-4, -3, -2, -1, 1, 2, 3, 4):
+                gbps = best[0] * (1 + step * 0.025)
+                err = error(gbps)
+                if err < best[1] - 1e-9:
+                    best = (gbps, err)
+        if best is None or not varies:
+            continue
+        gbps = calibrated.recalibrated(calibrated.calibration.with_memory(memory.name, best[0])).memory_gbps(
+            memory.name
+        )  # what the cost model makes of it: never below the whole model on one core alone
+        table.learn(
+            CalibrationRecord.learnt(
+                graph.model_sha256,
+                "memory-bandwidth",
+                gbps,
+                memory_conditions(profile, ort_version),
+                len(runs),
+                memory.name,
+            )
+        )
+        learnt[memory.name] = gbps
+    return learnt or None
+
+
+def _throughput_rmspe(
+    calibrated: CostModel, memory: str, gbps: float, runs: list[tuple[Plan, RunResult]], graph: OpGraph
+) -> float:
+    """RMSPE of the throughputs ``runs`` measured as predicted with ``memory`` at ``gbps``."""
+    from planner.build import evaluate
+
+    cost = calibrated.recalibrated(calibrated.calibration.with_memory(memory, gbps))
+    return rmspe(
+        [
+            (evaluate(plan, graph, cost, frames=0).predicted.throughput_fps, res.measured.throughput_fps)  # type: ignore[union-attr]
+            for plan, res in runs
+        ]
+    )
+
+
 def fit_power(
     table: CostTable,
     runs: list[tuple[Plan, RunResult]],
@@ -279,6 +383,58 @@ def spread_pct(values: list[float]) -> float:
     mean = sum(values) / len(values)
     var = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
     return math.sqrt(var) / mean * 100 if mean else float("nan")
+
+
+def pooled_spread_pct(groups: list[list[float]]) -> float:
+    """Relative standard deviation (%) of one measurement, pooled over groups of repeated measurements of one
+    thing each (groups of one say nothing); NaN without any repeat."""
+    squares, freedom = 0.0, 0
+    for values in groups:
+        if len(values) < 2:
+            continue
+        mean = sum(values) / len(values)
+        if not mean:
+            continue
+        squares += sum(((v - mean) / mean) ** 2 for v in values)
+        freedom += len(values) - 1
+    return math.sqrt(squares / freedom) * 100 if freedom else float("nan")
+
+
+OUTLIER_FACTOR = 3.0  # a plan measured this many times the target (or the noise) off its prediction is measured again
+
+
+def is_outlier(result: RunResult, tolerance_pct: float) -> bool:
+    """Whether a measurement is so far from its prediction (latency or throughput, beyond ``OUTLIER_FACTOR``
+    times ``tolerance_pct``) that it is worth measuring again: on a shared machine a neighbour's burst can
+    take a run's cores, and the repeat says whether that, or the prediction, was off (the two runs join the
+    pooled noise and are averaged)."""
+    if result.predicted is None:
+        return False
+    p, m = result.predicted, result.measured
+    errors = [
+        abs(p.latency_ms - m.latency_ms) / m.latency_ms,
+        abs(p.throughput_fps - m.throughput_fps) / m.throughput_fps,
+    ]
+    return max(errors) * 100 > OUTLIER_FACTOR * tolerance_pct
+
+
+def plan_key(plan: Plan) -> str:
+    """What makes two plans the same plan when run: their stages (units, cores, blocks)."""
+    return repr(plan.stages)
+
+
+def pooled_noise(noise: Noise, repeats: dict[str, list[tuple[float, float]]]) -> Noise:
+    """``noise`` with its figures pooled over every plan measured more than once at its frames."""
+    groups = [v for v in repeats.values() if len(v) >= 2]
+    if not groups:
+        return noise
+    return dataclasses.replace(
+        noise,
+        runs=sum(len(v) for v in groups),
+        latency_pct=pooled_spread_pct([[lat for lat, _ in v] for v in groups]),
+        throughput_pct=pooled_spread_pct([[thr for _, thr in v] for v in groups]),
+        plans=len(groups),
+    )
 
 
 def merge_runs(runs: list[RunResult]) -> RunResult:
@@ -389,13 +545,15 @@ def recalibrate(
     for plan, res in runs:
         feed_back(table, plan, res, graph, profile, ort_version)
     handoff = fit_handoff(table, runs, graph, profile, ort_version)
+    memory = fit_memory(table, measured, graph, profile, ort_version)
     power = fit_power(table, runs, graph, profile, ort_version)
     after = table_errors(table, measured, graph, profile)[2]
     kept = after < before
     if not kept:
         previous.restore(table, graph.model_sha256, profile.name)
-        handoff = power = None
-    return Recalibration(kept, before, after, len(measured)), handoff, power
+        handoff = power = memory = None
+    learnt = tuple(sorted((memory or {}).items()))
+    return Recalibration(kept, before, after, len(measured), learnt), handoff, power
 
 
 def stop_reason(round_rmspe: float, target: float, effective_target: float, last: bool) -> str | None:
@@ -411,6 +569,7 @@ def noise_verdict(noise: Noise, target: float) -> tuple[float, bool, str]:
     """(the target the loop stops at, whether the noise limits it, what to tell the user)."""
     floor = NOISE_MARGIN * noise.pct
     grown = f"; --frames raised to {noise.frames}" if noise.grown else ""
+    grown += f"; pooled over {noise.plans} plans measured {noise.runs} times" if noise.plans > 1 else ""
     if target >= floor:
         capped = ", the cap: above a third of the target" if noise.capped else ""
         return target, False, f"measurement noise {noise.pct:.1f}% at {noise.frames} frames{capped}{grown}"
@@ -464,6 +623,7 @@ def tune(
     last: list[tuple[Plan, RunResult]] = []
     measured: list[tuple[Plan, RunResult]] = []  # every plan measured so far, for the kept-calibration rule
     noise: Noise | None = None
+    repeats: dict[str, list[tuple[float, float]]] = {}  # plan -> (latency, throughput) of each measurement
     for r in range(rounds):
         cost = CostModel.from_table(profile, graph, table)
         say(f"round {r + 1}: planning")
@@ -475,16 +635,25 @@ def tune(
         for i, plan in enumerate(plans):
             plan = dataclasses.replace(plan, model_path=str(model.resolve()), inputs=loaded.inputs)
             if noise is None:
-                noise, result = measure_noise(
+                noise, result, runs = measure_noise(
                     plan, board, frames, cap, target_error, options.noise_runs, input_data, say
                 )
                 frames = noise.frames
+                repeats[plan_key(plan)] = [(m.latency_ms, m.throughput_fps) for m in runs]
             else:
                 say(f"round {r + 1}: running plan {i + 1}/{len(plans)} on {board} ({frames} frames)")
                 result = run_plan(plan, board, None, frames, input_data=input_data)
+                seen = repeats.setdefault(plan_key(plan), [])
+                seen.append((result.measured.latency_ms, result.measured.throughput_fps))
+                if is_outlier(result, max(target_error, noise.pct)) and len(seen) == 1:
+                    say(f"round {r + 1}: plan {i + 1} is far from its prediction; measuring it again")
+                    again = run_plan(plan, board, None, frames, input_data=input_data)
+                    seen.append((again.measured.latency_ms, again.measured.throughput_fps))
+                    result = merge_runs([result, again])
             last.append((plan, result))
         measured += last
         assert noise is not None
+        noise = pooled_noise(noise, repeats)
         effective, limited, note = noise_verdict(noise, target_error)
         known = [(res.predicted, res.measured) for _, res in last if res.predicted is not None]
         lat = [(p.latency_ms, m.latency_ms) for p, m in known]
@@ -538,9 +707,10 @@ def measure_noise(
     runs: int,
     input_data: Path | None,
     say: Callable[[str], None],
-) -> tuple[Noise, RunResult]:
+) -> tuple[Noise, RunResult, list[Figures]]:
     """Measure ``plan`` ``runs`` times; while the spread is above a third of the target, double the frames
-    (up to ``cap``) and measure again. Returns the noise and the plan's measurement (the runs merged)."""
+    (up to ``cap``) and measure again. Returns the noise, the plan's measurement (the runs merged) and each
+    run's figures at the final frames."""
     grown = False
     while True:
         results = []
@@ -555,9 +725,10 @@ def measure_noise(
             spread_pct([r.measured.throughput_fps for r in results]),
             grown,
         )
+        figures = [r.measured for r in results]
         if noise.pct <= target * NOISE_FRACTION:
-            return noise, merge_runs(results)
+            return noise, merge_runs(results), figures
         if frames >= cap:
-            return dataclasses.replace(noise, capped=True), merge_runs(results)
+            return dataclasses.replace(noise, capped=True), merge_runs(results), figures
         frames = min(cap, frames * 2)
         grown = True

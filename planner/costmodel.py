@@ -53,7 +53,7 @@ class Evaluation:
 
 
 class CostModel:
-    __slots__ = ("_roofline", "calibration")
+    __slots__ = ("_lowest_gbps", "_roofline", "calibration")
 
     def __init__(self, profile: DeviceProfile, graph: OpGraph, calibration: Calibration | None = None) -> None:
         if graph.granularity != "op":
@@ -67,6 +67,7 @@ class CostModel:
             )
         object.__setattr__(self, "_roofline", Roofline(profile, graph))
         object.__setattr__(self, "calibration", calibration)
+        object.__setattr__(self, "_lowest_gbps", self._calibrated_memory_floors())
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"a CostModel does not change ({name}); make a new one from a new Calibration")
@@ -185,13 +186,36 @@ class CostModel:
                 return m.name
         return None
 
+    def memory_gbps(self, name: str) -> float:
+        """A shared memory's bandwidth: calibrated for this model (measured with its PUs running it at once,
+        or fitted by ``tune``) where the calibration has it, else the profile's. A calibrated bandwidth is
+        never so low that the whole model on one core of the memory alone would wait for it: a frame's bytes
+        cross the memory whatever the plan, and one core alone runs beside nothing."""
+        calibrated = self.calibration.memory_gbps.get(name)
+        if calibrated is not None:
+            return max(calibrated, self._lowest_gbps.get(name, 0.0))
+        return next(m for m in self.profile.memories if m.name == name).bandwidth_gbps.value
+
+    def _calibrated_memory_floors(self) -> dict[str, float]:
+        """Per memory with a calibrated bandwidth: the bandwidth at which a frame's bytes take as long as the
+        whole model on the fastest single core of the memory's CPU PUs."""
+        out: dict[str, float] = {}
+        every = [n.name for n in self.graph.nodes]
+        for memory in self.profile.memories:
+            if memory.name not in self.calibration.memory_gbps:
+                continue
+            alone = [self.group_ms(every, p, 1).ms for p in memory.pus if self.profile.pu(p).kind == "cpu"]
+            fastest = min((ms for ms in alone if ms > 0), default=0.0)
+            if fastest:
+                out[memory.name] = self.moved_bytes(every) / (fastest * 1e6)
+        return out
+
     def traffic_ms(self, members: Iterable[str], pu: str) -> float:
         """Time these nodes' bytes occupy the shared memory of ``pu`` per frame (0 if it shares none)."""
         name = self.shared_memory_of(pu)
         if name is None:
             return 0.0
-        memory = next(m for m in self.profile.memories if m.name == name)
-        return self.moved_bytes(members) / (memory.bandwidth_gbps.value * 1e9) * 1e3
+        return self.moved_bytes(members) / (self.memory_gbps(name) * 1e9) * 1e3
 
     def _spanning_ms(self, members: frozenset[str], pu: UnitName, cores: int) -> Prediction:
         """One session whose threads span several clusters (``a+b``): measured as such when the table has

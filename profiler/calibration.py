@@ -3,8 +3,8 @@
 Computed once by ``calibrate`` and never changed afterwards: the measured operators, fused blocks and
 partitions of each PU configuration, the per-configuration ``Fit`` learnt from them, and the
 board-wide values ``parapipe tune`` learns from measured plans (the handoff delay between PUs of a
-host, the scales of the profile's busy and idle power). A different calibration (tune's candidates,
-a test's) is a new value made with ``with_handoff`` / ``with_power`` / ``with_fit``.
+host, the scales of the profile's busy and idle power) and the bandwidth of a shared memory. A different calibration (tune's candidates,
+a test's) is a new value made with ``with_handoff`` / ``with_power`` / ``with_memory`` / ``with_fit``.
 
 For a group of ONNX nodes on a configuration, the units it is made of are the measured blocks inside
 it, then single operators: measured, else the roofline scaled per op class by the factors fitted on
@@ -70,9 +70,12 @@ class Calibration:
     power_active_scale: float = 1.0
     power_idle_scale: float = 1.0
     holdout: frozenset[str] = frozenset()  # partition labels kept out of every fit
+    # A shared memory's bandwidth (GB/s) by memory name, measured for this model (the whole model on the
+    # memory's PUs at once, ``profiler.contention``) or fitted by ``parapipe tune``; replaces the profile's.
+    memory_gbps: Mapping[str, float] = field(default_factory=lambda: _frozen({}))
 
     def __post_init__(self) -> None:
-        for name in ("ops", "fused", "partitions", "fits"):
+        for name in ("ops", "fused", "partitions", "fits", "memory_gbps"):
             value = getattr(self, name)
             if not isinstance(value, MappingProxyType):
                 object.__setattr__(self, name, _frozen(value))
@@ -85,6 +88,9 @@ class Calibration:
 
     def with_power(self, active_scale: float, idle_scale: float) -> Calibration:
         return dataclasses.replace(self, power_active_scale=active_scale, power_idle_scale=idle_scale)
+
+    def with_memory(self, memory: str, gbps: float) -> Calibration:
+        return dataclasses.replace(self, memory_gbps={**self.memory_gbps, memory: gbps})
 
     def with_fit(self, cfg: Config, fit: Fit) -> Calibration:
         return dataclasses.replace(self, fits={**self.fits, cfg: fit})
@@ -152,7 +158,9 @@ def _measured(
             if e.name not in holdout:
                 fused[(cfg, frozenset(e.members))] = e
             partitions.setdefault(cfg, []).append(e)
-    latest = {r.kind: r.value for r in sorted(learnt, key=lambda r: r.measured_at) if r.applies_to == EVERY_UNIT}
+    ordered = sorted(learnt, key=lambda r: r.measured_at)
+    latest = {r.kind: r.value for r in ordered if r.applies_to == EVERY_UNIT}
+    memory = {r.applies_to: r.value for r in ordered if r.kind == "memory-bandwidth"}
     return Calibration(
         model_sha256,
         board,
@@ -164,6 +172,7 @@ def _measured(
         power_active_scale=latest.get("power-active-scale", 1.0),
         power_idle_scale=latest.get("power-idle-scale", 1.0),
         holdout=holdout,
+        memory_gbps=memory,
     )
 
 

@@ -37,9 +37,15 @@ READS_VERSIONS = (1, 2)  # version 1: calibration values were entries of kind ha
 EntryKind = Literal["op", "block", "partition"]
 KINDS: tuple[EntryKind, ...] = ("op", "block", "partition")
 # What tune learns besides times: the delay of handing a tensor to a worker on another PU of a host
-# (ms), and the factors on the profile's busy and idle power (dimensionless).
-CalibrationKind = Literal["handoff", "power-active-scale", "power-idle-scale"]
-CALIBRATION_UNITS: dict[str, str] = {"handoff": "ms", "power-active-scale": "x", "power-idle-scale": "x"}
+# (ms), the factors on the profile's busy and idle power (dimensionless), and the bandwidth of a shared
+# memory (GB/s, applies to the memory named): what running the model on its PUs at once lets through.
+CalibrationKind = Literal["handoff", "power-active-scale", "power-idle-scale", "memory-bandwidth"]
+CALIBRATION_UNITS: dict[str, str] = {
+    "handoff": "ms",
+    "power-active-scale": "x",
+    "power-idle-scale": "x",
+    "memory-bandwidth": "GB/s",
+}
 EVERY_UNIT = "*"  # a calibration value learnt for every PU and link of the board
 
 

@@ -5,6 +5,9 @@ For each PU configuration (a CPU PU with 1..n threads pinned to its first cores)
   2. every block of the chosen granularity, cut out and timed fused (ORT_ENABLE_ALL);
   3. a handful of whole partitions (runs of consecutive coarse blocks), timed fused,
      so the cost model can learn how a partition relates to the sum of its blocks.
+Then, here (not yet through an agent), for each memory the profile says PUs share: the whole model
+alone on each of its cores and on all of them at once (``profiler.contention``), which gives the
+memory's bandwidth for this model (a ``memory-bandwidth`` calibration value).
 Results go into a CostTable; entries already there are skipped, and whatever was
 measured is saved even if the run is interrupted.
 """
@@ -19,16 +22,18 @@ from typing import Protocol
 
 import numpy as np
 
-from device_profiles.schema import DeviceProfile, ProcessingUnit
+from device_profiles.schema import DeviceProfile, ProcessingUnit, SharedMemory
 from models.coarsen import coarsen
 from models.errors import ParapipeError
 from models.graph import OpGraph
 from models.inputs import tensor_values
 from models.onnx_io import LoadedModel
 from models.partition import GroupExtractor
-from profiler.costtable import Conditions, CostEntry, CostTable, entry_key
+from profiler.contention import measure_contention
+from profiler.costtable import EVERY_UNIT, CalibrationRecord, Conditions, CostEntry, CostTable, entry_key
 from profiler.energy import EnergyMeter, PowerModel
 from profiler.measure import PuConfig, Timing, profile_ops, time_model
+from profiler.roofline import Roofline
 
 Progress = Callable[[str, int, int], None]  # (what, done, total)
 
@@ -75,6 +80,7 @@ class ProfileOptions:
     repeats: int = 10  # timed runs per measurement
     warmup: int = 3  # untimed runs first
     progress: Progress | None = None
+    contention_seconds: float = 0.5  # each run of the shared-memory measurement (alone, all at once), 3 rounds
 
 
 @dataclass(frozen=True)
@@ -85,6 +91,8 @@ class ProfileSummary:
     seconds: float
     interrupted: bool
     energy_source: str
+    # per shared memory measured (or reused): (memory, bandwidth GB/s, how it was measured)
+    memories: tuple[tuple[str, float, str], ...] = ()
 
 
 def pu_configs(profile: DeviceProfile, pu_names: Iterable[str] | None = None) -> list[PuConfig]:
@@ -144,18 +152,42 @@ def run_profile(
     (here, by default) into ``table``, skipping what it holds; saved to ``table_path`` even if interrupted."""
     start = time.perf_counter()
     energy_source = EnergyMeter(PowerModel(1, 0), 1).source
+    local = timer is None or isinstance(timer, LocalTimer)
     run = _ProfileRun(model, graph, profile, table, options, timer or LocalTimer(), len(configs))
     interrupted = False
+    memories: list[tuple[str, float, str]] = []
     try:
         for cfg in configs:
             run.operators(cfg)
             run.fused(cfg)
+        if local:
+            memories = [run.memory(m) for m in profile.memories if len(contention_configs(profile, m.pus)) > 1]
     except KeyboardInterrupt:
         interrupted = True
     finally:
         if table_path is not None:
             table.save(table_path)
-    return ProfileSummary(run.measured, run.reused, len(table), time.perf_counter() - start, interrupted, energy_source)
+    return ProfileSummary(
+        run.measured, run.reused, len(table), time.perf_counter() - start, interrupted, energy_source, tuple(memories)
+    )
+
+
+def contention_configs(profile: DeviceProfile, pus: Iterable[str]) -> list[PuConfig]:
+    """One single-threaded configuration per core of each of ``pus`` (CPU PUs of this host, throttled as
+    their PU): the most units that can run at once on a memory."""
+    out = []
+    for name in pus:
+        pu = profile.pu(name)
+        if pu.kind != "cpu" or pu.execution_provider != "CPUExecutionProvider":
+            continue
+        throttle = pu.throttle.quota_percent if pu.throttle else None
+        out += [PuConfig(pu.name, (core,), 1, pu.execution_provider, throttle) for core in pu.cores]
+    return out
+
+
+def memory_conditions(profile: DeviceProfile, ort_version: str) -> Conditions:
+    """The conditions of a shared memory's calibrated bandwidth (board-wide; what it applies to names the memory)."""
+    return Conditions(profile.name, EVERY_UNIT, 0, 0, "", ort_version, "all", None)
 
 
 class _ProfileRun:
@@ -252,6 +284,41 @@ class _ProfileRun:
                 t = self.timer.time(sub, sub_feeds, cfg, self.options.warmup, self.options.repeats, pu)
                 self.add(kind, name, members, c_all, t)
             self.tick(f"{cfg.label}: {kind} {name}")
+
+    def memory(self, memory: SharedMemory) -> tuple[str, float, str]:
+        """The bandwidth of ``memory`` for this model: the whole model alone on each of its cores and on all of
+        them at once (``profiler.contention``), unless the table has it; (memory, GB/s, how measured)."""
+        cond = memory_conditions(self.profile, self.ort_version)
+        known = [
+            r
+            for r in self.table.learnt(model_sha256=self.model.sha256, board=self.profile.name)
+            if r.kind == "memory-bandwidth" and r.applies_to == memory.name and r.conditions == cond
+        ]
+        if known:
+            self.reused += 1
+            return memory.name, known[-1].value, "reused from the cost table"
+        if self.options.progress:
+            self.options.progress(f"{memory.name}: every core at once", self.done, self.total)
+        cfgs = contention_configs(self.profile, memory.pus)
+        load = _load_average()
+        found = measure_contention(
+            self.full_bytes, self.feeds, cfgs, self.options.contention_seconds, warmup=self.options.warmup
+        )
+        frame_bytes = Roofline(self.profile, self.graph).moved_bytes([n.name for n in self.graph.nodes])
+        gbps = found.bandwidth_gbps(frame_bytes)
+        self.table.learn(
+            CalibrationRecord.learnt(self.model.sha256, "memory-bandwidth", gbps, cond, found.rounds, memory.name)
+        )
+        self.measured += 1
+        how = f"{found.describe(self.graph.name or 'the model')}; {frame_bytes / 1e6:.1f} MB per frame; {load}"
+        return memory.name, gbps, how
+
+
+def _load_average() -> str:
+    try:
+        return "load average " + " ".join(open("/proc/loadavg").read().split()[:3])
+    except OSError:
+        return "load average unknown"
 
 
 def _meter(pu: ProcessingUnit, threads: int) -> Callable[[], EnergyMeter]:

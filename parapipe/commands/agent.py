@@ -387,6 +387,7 @@ def tune(
         "RMSPE energy %",
         "calibration (all measured plans)",
         "handoff learnt ms",
+        "shared memory learnt GB/s",
     )
     for h in history:
         c = h.calibration
@@ -399,6 +400,7 @@ def tune(
             f"{h.rmspe_energy:.1f}" if h.rmspe_energy is not None else "n/a (energy modelled)",
             "-" if c is None else f"{'kept' if c.kept else 'reverted'} ({c.rmspe_before:.1f}% -> {c.rmspe_after:.1f}%)",
             f"{h.handoff_ms:.2f}" if h.handoff_ms is not None else "-",
+            ", ".join(f"{m} {gbps:.2f}" for m, gbps in c.memory_gbps) if c is not None and c.memory_gbps else "-",
         )
     out.print(t)
     out.print(history[-1].note, highlight=False, markup=False)

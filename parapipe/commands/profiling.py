@@ -73,6 +73,9 @@ def profile(
             "seconds": round(summary.seconds, 2),
             "interrupted": summary.interrupted,
             "energy_source": summary.energy_source,
+            "memories": [
+                {"memory": m, "bandwidth_gbps": round(gbps, 3), "measured": how} for m, gbps, how in summary.memories
+            ],
         }
     )
     if as_json:
@@ -117,6 +120,12 @@ def _print_profile(result: dict) -> None:
         f"entries) in {result['seconds']:.1f}s; energy is {result['energy_source']}",
         highlight=False,
     )
+    for m in result.get("memories", []):
+        out.print(
+            f"shared memory {m['memory']}: {m['bandwidth_gbps']:.2f} GB/s for this model ({m['measured']})",
+            highlight=False,
+            markup=False,
+        )
 
 
 def _summarise(table, sha: str, board: str, configs, graph) -> dict:

@@ -20,8 +20,11 @@ from parapipe.tune import (
     Noise,
     TuneOptions,
     feed_back,
+    is_outlier,
     merge_runs,
     noise_verdict,
+    pooled_noise,
+    pooled_spread_pct,
     recalibrate,
     rmspe,
     spread_pct,
@@ -46,6 +49,20 @@ def test_spread_is_the_relative_std_of_one_measurement() -> None:
     assert math.isnan(spread_pct([5.0]))
 
 
+def test_noise_pools_every_plan_measured_again() -> None:
+    """One group is the plain relative std; plans measured once add nothing; a plan measured again in a later
+    round (after a reverted recalibration, say) widens the noise when it drifted."""
+    assert pooled_spread_pct([[99.0, 101.0]]) == pytest.approx(spread_pct([99.0, 101.0]))
+    assert pooled_spread_pct([[99.0, 101.0], [50.0]]) == pytest.approx(spread_pct([99.0, 101.0]))
+    assert math.isnan(pooled_spread_pct([[1.0], [2.0]]))
+    first = Noise("p", 2, 30, latency_pct=spread_pct([10.0, 10.2]), throughput_pct=spread_pct([100.0, 101.0]))
+    same = pooled_noise(first, {"a": [(10.0, 100.0), (10.2, 101.0)], "b": [(5.0, 50.0)]})
+    assert same.latency_pct == pytest.approx(first.latency_pct) and same.plans == 1 and same.runs == 2
+    drifted = pooled_noise(first, {"a": [(10.0, 100.0), (10.2, 101.0)], "b": [(5.0, 50.0), (6.0, 40.0)]})
+    assert drifted.plans == 2 and drifted.runs == 4 and drifted.frames == 30
+    assert drifted.latency_pct > 3 * first.latency_pct and drifted.throughput_pct > 3 * first.throughput_pct
+
+
 def test_stop_rule_and_noise_verdict() -> None:
     """Pure decision rules: the target wins where it is reachable; below the noise the loop stops at 1.5x it."""
     quiet = Noise("p", 2, 30, latency_pct=0.5, throughput_pct=1.0)
@@ -65,6 +82,18 @@ def _result(template, fps: float, lat: float, busy: float):
         "p0", "cpu", busy_ms=busy * 10, queue_wait_ms=0.0, frames=10, alone_busy_ms=busy * 5, alone_frames=5
     )
     return dataclasses.replace(template, measured=Figures(lat, fps, 1.0), partitions=(part,))
+
+
+def test_a_measurement_far_off_its_prediction_is_an_outlier(tuned) -> None:
+    """More than 3x the tolerance (the target or the noise, the larger) off in latency or throughput: measured
+    again; within it, or without a prediction, not."""
+    (_, first), *_ = tuned["last"]
+    predicted = Figures(10.0, 100.0, 1.0)
+    near = dataclasses.replace(first, predicted=predicted, measured=Figures(11.0, 90.0, 1.0))
+    assert not is_outlier(near, 5.0) and is_outlier(near, 3.0)
+    slow = dataclasses.replace(first, predicted=predicted, measured=Figures(10.0, 40.0, 1.0))  # a burst took the cores
+    assert is_outlier(slow, 5.0) and not is_outlier(slow, 60.0)
+    assert not is_outlier(dataclasses.replace(slow, predicted=None), 5.0)
 
 
 def test_merge_runs_averages_figures_and_sums_counters(tuned) -> None:
@@ -235,7 +264,7 @@ def test_measured_energy_rescales_the_power_model(exported, tmp_path, monkeypatc
     table = CostTable.load(costs)
     learnt = {r.kind: r for r in table.learnt(board="local")}
     assert {"power-active-scale", "power-idle-scale"} <= set(learnt) and all(
-        r.unit == "x" for r in learnt.values() if r.kind != "handoff"
+        r.unit == "x" for r in learnt.values() if r.kind.startswith("power")
     )
     assert (learnt["power-active-scale"].value, learnt["power-idle-scale"].value) == pytest.approx(first.power_scale)
     assert all(e.kind in ("op", "block", "partition") for e in table), "no placeholder timing entries"
@@ -248,3 +277,130 @@ def test_measured_energy_rescales_the_power_model(exported, tmp_path, monkeypatc
     plan, result = last[0]
     predicted = evaluate(plan, graph, cost, frames=0).predicted.energy_mj
     assert predicted == pytest.approx(result.measured.energy_mj, rel=0.01)
+
+
+def _without_memory(costs: Path) -> CostTable:
+    """The table without the memory bandwidth profiling measured (on a loaded machine it may bind every plan):
+    the profile's no-contention estimate holds."""
+    table = CostTable.load(costs)
+    for key in [k for k, r in table.calibration.items() if r.kind == "memory-bandwidth"]:
+        del table.calibration[key]
+    return table
+
+
+def _pipe_measured(tuned, exported, slowdown: float | None):
+    """The two-core pipeline of the model, its partitions measured as the profiled table predicts them, its
+    latency as predicted and its throughput ``slowdown`` times below the prediction (None: half way down to
+    what the whole model does on one core)."""
+    from models.coarsen import coarsen
+    from planner.baselines import flop_pipeline
+    from planner.build import evaluate
+    from planner.costmodel import CostModel
+    from planner.segments import lower
+
+    graph, profile = _context(exported)
+    cost = CostModel.from_table(profile, graph, _without_memory(tuned["costs"]))
+    plan = flop_pipeline(coarsen(graph, "coarse"), profile, [("cpu", 1), ("cpu", 1)], "pipe")
+    parts = []
+    for s in lower(plan, graph, profile):
+        ms = cost.group_ms(s.members, s.pu, s.cores).ms
+        parts.append(PartitionMeasurement(s.name, s.pu, ms * 20, 0.0, 20, ms * 5, 5))
+    predicted = evaluate(plan, graph, cost, frames=0).predicted
+    if slowdown is None:
+        headroom = predicted.throughput_fps * cost.group_ms([n.name for n in graph.nodes], "cpu", 1).ms / 1000
+        assert headroom > 1.05, "the pipeline is faster than one core"
+        slowdown = 1 + (headroom - 1) / 2
+    _, real = tuned["last"][0]
+    measured = Figures(predicted.latency_ms, predicted.throughput_fps / slowdown, 1.0)
+    return graph, profile, plan, dataclasses.replace(real, measured=measured, partitions=tuple(parts))
+
+
+def test_tune_learns_the_shared_memory_from_throughputs_slower_than_predicted(tuned, exported, tmp_path) -> None:
+    """A pipeline over both cores whose partitions take what the table says but whose throughput is below what
+    they allow, half way to one core's (units running at once slowing each other): the recalibration learns the
+    shared memory's bandwidth that predicts that throughput, and keeps it because it predicts the measured plan
+    better."""
+    import onnxruntime as ort
+
+    from planner.build import evaluate
+    from planner.costmodel import CostModel
+
+    graph, profile, plan, slowed = _pipe_measured(tuned, exported, None)
+    table = _without_memory(_fresh(tuned, tmp_path))
+    verdict, _, _ = recalibrate(table, [(plan, slowed)], [(plan, slowed)], graph, profile, ort.__version__)
+    assert verdict.kept and verdict.rmspe_after < verdict.rmspe_before
+    ((memory, gbps),) = verdict.memory_gbps
+    assert memory == "dram"
+    cost = CostModel.from_table(profile, graph, table)
+    assert cost.memory_gbps("dram") == pytest.approx(gbps)
+    predicted = evaluate(plan, graph, cost, frames=0).predicted.throughput_fps
+    assert predicted == pytest.approx(slowed.measured.throughput_fps, rel=0.03)
+
+
+def test_the_memory_never_slows_the_whole_model_on_one_core_alone(tuned, exported, tmp_path) -> None:
+    """A pipeline measured 10x slower than its partitions allow (say, another process took the cores) is not
+    blamed on the memory beyond what the model's own time on one core alone allows: the bandwidth stops
+    there, and a plan of one core is predicted as fast as its own time."""
+    import onnxruntime as ort
+
+    from models.coarsen import coarsen
+    from planner.baselines import single_pu
+    from planner.build import evaluate
+    from planner.costmodel import CostModel
+
+    graph, profile, plan, slowed = _pipe_measured(tuned, exported, 10.0)
+    table = _without_memory(_fresh(tuned, tmp_path))
+    verdict, _, _ = recalibrate(table, [(plan, slowed)], [(plan, slowed)], graph, profile, ort.__version__)
+    cost = CostModel.from_table(profile, graph, table)
+    every = [n.name for n in graph.nodes]
+    one_core_ms = cost.group_ms(every, "cpu", 1).ms
+    assert verdict.kept and verdict.memory_gbps, "the memory explains part of it"
+    assert cost.traffic_ms(every, "cpu") == pytest.approx(one_core_ms, rel=1e-6), "and no more"
+    # however low a bandwidth the table holds, the cost model stops there
+    floor = cost.recalibrated(cost.calibration.with_memory("dram", 1e-3))
+    assert floor.traffic_ms(every, "cpu") == pytest.approx(one_core_ms, rel=1e-6)
+    alone = evaluate(single_pu(coarsen(graph, "coarse"), profile, "cpu", 1, "one"), graph, cost, frames=0)
+    assert alone.predicted.throughput_fps == pytest.approx(1000 / one_core_ms, rel=0.02)
+
+
+def test_partitions_feed_back_their_one_at_a_time_time_where_a_shared_memory_holds_the_contention(
+    tuned, exported
+) -> None:
+    """On ``local`` (its cores share a memory) a partition's fed-back time is its time with frames one at a time;
+    the back-to-back excess is left to the memory's bandwidth. Without a shared memory, a unit's only partition
+    keeps its back-to-back time (what throughput needs); a unit of several partitions (they overlap on its cores
+    back to back) always feeds back the one-at-a-time time."""
+    import onnxruntime as ort
+
+    from models.coarsen import coarsen
+    from planner.baselines import flop_pipeline
+    from planner.segments import lower
+
+    graph, profile = _context(exported)
+    _, real = tuned["last"][0]
+    blocks = coarsen(graph, "coarse")
+    plans = [
+        flop_pipeline(blocks, profile, [("cpu", 1), ("cpu", 1)], "pipe"),  # a unit of one partition
+        tuned["last"][0][0],  # the tuned plan: units of several partitions
+    ]
+    for plan in plans:
+        segments = lower(plan, graph, profile)
+        several = {s.unit_key for s in segments if sum(1 for t in segments if t.unit_key == s.unit_key) > 1}
+        measured = dataclasses.replace(
+            real,
+            partitions=tuple(
+                PartitionMeasurement(
+                    s.name, s.pu, busy_ms=40.0, queue_wait_ms=0.0, frames=20, alone_busy_ms=5.0, alone_frames=5
+                )
+                for s in segments
+            ),
+        )  # 2 ms a frame back to back, 1 ms one at a time
+        for board, shared in ((profile, True), (dataclasses.replace(profile, memories=()), False)):
+            table = CostTable()
+            assert feed_back(table, plan, measured, graph, board, ort.__version__) == len(segments)
+            fed = {frozenset(e.members): e.mean_ms for e in table}  # replicas of one unit share an entry
+            for s in segments:
+                expect = 1.0 if shared or s.unit_key in several else 2.0
+                assert fed[frozenset(s.members)] == pytest.approx(expect), (plan.name, s.name, shared)
+    pipe = [s.unit_key for s in lower(plans[0], graph, profile)]
+    assert any(pipe.count(k) == 1 for k in pipe), "the pipeline has a unit of one partition: the rules differ there"

@@ -203,3 +203,27 @@ def test_grpc_cpu_time_on_both_ends_in_all_three_views() -> None:
     plain, grpc = figures[(None, None)], figures[(300.0, 1500.0)]
     assert grpc.latency_ms - plain.latency_ms == pytest.approx(2 * per_end)  # sender, then receiver
     assert grpc.period_ms - plain.period_ms == pytest.approx(per_end)  # each host's unit carries one end
+
+
+def test_a_calibrated_memory_bandwidth_replaces_the_profiles_in_all_three_views() -> None:
+    """The bandwidth ``parapipe profile`` measures for a model (its units running at once) or ``tune`` fits is a
+    calibration value: it replaces the profile's figure in the traffic the ILP, the analytic model and the
+    simulator charge, so a split over one-core units is predicted as slow as the memory lets it be."""
+    graph, blocks = _chain(4, 200_000_000, 1_000_000)  # compute-bound: the profile's memory never binds
+    cpu = dataclasses.replace(_pu("cpu", "cpu", (0, 1), 100.0, 4e9), launch_overhead_us=_q(0.0))
+    board = _board(cpu, memories=(SharedMemory("dram", ("cpu",), _q(100.0)),))
+    plain = CostModel(board, graph)
+    problem = build_problem(blocks, graph, plain, 2)
+    split = Assignment(tuple(_cpu_units(problem, 1)[:1] * 2 + _cpu_units(problem, 1)[1:2] * 2))
+    free = evaluate(to_plan(problem, split, blocks, board, Provenance("hand"), "split"), graph, plain)
+    frame_bytes = plain.moved_bytes([n.name for n in graph.nodes])
+    slowed_to_ms = 1000 / free.predicted.throughput_fps * 1.6  # as if each core ran 1.6x slower beside the other
+    gbps = frame_bytes / (slowed_to_ms * 1e6)
+    contended = plain.recalibrated(plain.calibration.with_memory("dram", gbps))
+    assert contended.memory_gbps("dram") == pytest.approx(gbps) and plain.memory_gbps("dram") == 100.0
+    problem = build_problem(blocks, graph, contended, 2)
+    plan = evaluate(to_plan(problem, split, blocks, board, Provenance("hand"), "split"), graph, contended)
+    assert 1000 / plan.predicted.throughput_fps == pytest.approx(slowed_to_ms, rel=0.01)
+    assert 1000 / schedule(problem, split).period_ms == pytest.approx(plan.predicted.throughput_fps, rel=0.01)
+    assert plan.simulated.throughput_fps == pytest.approx(plan.predicted.throughput_fps, rel=0.02)
+    assert plan.predicted.latency_ms == pytest.approx(free.predicted.latency_ms), "latency sees no contention"

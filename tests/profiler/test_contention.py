@@ -1,0 +1,108 @@
+"""Contention: a model alone on each core and on every core at once gives a shared memory's bandwidth for it;
+``parapipe profile`` stores that figure and the cost model uses it."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from device_profiles.loader import load_profile
+from models.graph import build_graph
+from models.onnx_io import load_onnx
+from parapipe.cli import app
+from planner.costmodel import CostModel
+from profiler.contention import Contention, measure_contention
+from profiler.costtable import CostTable
+from profiler.measure import PuConfig
+from profiler.pinning import PinningError
+from profiler.roofline import Roofline
+from profiler.session import contention_configs
+
+TWO_CORES = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+times = st.floats(0.05, 500.0)
+
+
+@given(st.lists(st.tuples(times, st.floats(0.5, 4.0)), min_size=2, max_size=8), st.integers(1, 10**10))
+def test_the_memory_never_slows_one_unit_alone_and_lets_through_what_all_cores_did(pus, frame_bytes) -> None:
+    """For every measurement: the period floor a frame's bytes set is at most the fastest PU's time alone (a plan
+    of one unit is never slowed by it) and at most what all PUs together finished per frame; the bandwidth is
+    the frame's bytes over that floor."""
+    alone = tuple(a for a, _ in pus)
+    together = tuple(a * s for a, s in pus)
+    found = Contention(tuple(f"cpu[{i}]" for i in range(len(pus))), alone, together, 3, 0.0)
+    floor_ms = 1 / found.frames_per_ms
+    assert floor_ms <= min(alone) * (1 + 1e-9)
+    assert floor_ms <= 1 / sum(1 / t for t in together) * (1 + 1e-9)
+    assert found.slowdown == pytest.approx(tuple(s for _, s in pus))
+    assert frame_bytes / (found.bandwidth_gbps(frame_bytes) * 1e9) * 1e3 == pytest.approx(floor_ms)
+
+
+@TWO_CORES
+def test_a_model_on_both_cores_at_once(exported) -> None:
+    loaded = load_onnx(exported("squeezenet1_1").path)
+    cfgs = contention_configs(load_profile("local"), ["cpu"])[:2]
+    assert [c.cores for c in cfgs] == [(c,) for c in sorted(os.sched_getaffinity(0))[:2]]
+    found = measure_contention(loaded.ort_proto.SerializeToString(), loaded.feeds(), cfgs, seconds=0.2, rounds=2)
+    assert found.rounds == 2 and len(found.alone_ms) == len(found.together_ms) == 2
+    assert all(t > 0 for t in (*found.alone_ms, *found.together_ms)) and found.spread_pct >= 0
+    assert "cpu[" in found.describe("squeezenet1_1") and "at once" in found.describe("squeezenet1_1")
+
+
+def test_a_core_this_process_may_not_use_is_a_clear_error(exported) -> None:
+    loaded = load_onnx(exported("squeezenet1_1").path)
+    cfgs = [PuConfig("cpu", (0,), 1), PuConfig("cpu", (4096,), 1)]
+    with pytest.raises(PinningError, match="cannot pin to cores"):
+        measure_contention(loaded.ort_proto.SerializeToString(), loaded.feeds(), cfgs, seconds=0.05, rounds=1)
+
+
+def test_the_local_profiles_declare_the_memory_their_cores_share() -> None:
+    for name in ("local", "local-biglittle"):
+        try:
+            profile = load_profile(name)
+        except Exception as exc:  # local-biglittle needs cgroup v1 throttling
+            assert name == "local-biglittle", exc
+            continue
+        (memory,) = profile.memories
+        assert set(memory.pus) == {p.name for p in profile.pus}
+        assert memory.bandwidth_gbps.source == "estimate" and "parapipe profile" in memory.bandwidth_gbps.cite
+        assert ("memories.dram.bandwidth_gbps", memory.bandwidth_gbps) in profile.quantities()
+    assert load_profile("local-edge-cloud").memories == (), "two hosts share no memory"
+
+
+@TWO_CORES
+def test_profile_measures_the_memory_once_and_the_cost_model_uses_it(exported, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("PARAPIPE_HOME", str(tmp_path))
+    model = exported("squeezenet1_1").path
+    args = ["profile", str(model), "--board", "local", "--repeats", "3", "--warmup", "1"]
+    first = CliRunner().invoke(app, [*args, "--json"])
+    assert first.exit_code == 0, first.output
+    (memory,) = json.loads(first.stdout)["memories"]
+    assert memory["memory"] == "dram" and memory["bandwidth_gbps"] > 0 and "at once" in memory["measured"]
+    table = CostTable.load(tmp_path / "costs.json")
+    (record,) = [r for r in table.learnt() if r.kind == "memory-bandwidth"]
+    assert record.applies_to == "dram" and record.unit == "GB/s"
+    assert record.value == pytest.approx(memory["bandwidth_gbps"], rel=1e-3)
+    loaded = load_onnx(model)
+    graph = build_graph(loaded.proto, loaded.sha256)
+    profile = load_profile("local")
+    cost = CostModel.from_table(profile, graph, table)
+    every = [n.name for n in graph.nodes]
+    frame_bytes = Roofline(profile, graph).moved_bytes(every)
+    # the measured bandwidth, unless the cost model's own one-core time (profiled at another moment) is shorter
+    # than the memory's time for a frame at it: a core alone never waits for the memory
+    one_core = frame_bytes / (cost.group_ms(every, "cpu", 1).ms * 1e6)
+    assert cost.memory_gbps("dram") == pytest.approx(max(record.value, one_core))
+    assert cost.memory_gbps("dram") != profile.memories[0].bandwidth_gbps.value
+    assert cost.traffic_ms(every, "cpu") == pytest.approx(frame_bytes / (cost.memory_gbps("dram") * 1e9) * 1e3)
+    again = CliRunner().invoke(app, args)
+    assert again.exit_code == 0, again.output
+    assert "shared memory dram" in again.stdout and "reused from the cost table" in again.stdout
+    assert [r.value for r in CostTable.load(tmp_path / "costs.json").learnt() if r.kind == "memory-bandwidth"] == [
+        record.value
+    ], "measured once"
