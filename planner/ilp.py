@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 import pulp
 
 from planner.plan import PlanError
-from planner.problem import Problem
+from planner.problem import BUDGET_SLACK, Problem
 
 OBJECTIVES = ("latency", "throughput", "energy")
 _TIE = 1e-3  # weight of the secondary objective, breaks ties toward better plans
@@ -500,9 +500,9 @@ def _precision_rows(m: _Model) -> None:
             lp += var <= m.a[(b, u)], f"int8_on_{b}_{u}"
     if problem.accuracy_budget is not None and problem.int8_cost:
         # in millionths: the solver's feasibility tolerance (1e-7) would otherwise let a loss of 1e-7 through a
-        # budget of 0
+        # budget of 0; the budget holds to BUDGET_SLACK (1e-9), and the tolerance adds only 1e-13 to it
         spent = pulp.lpSum(1e6 * problem.sensitivity.get(b, 0.0) * m.int8(b, u) for b, u in sorted(problem.int8_cost))
-        lp += spent <= 1e6 * problem.accuracy_budget, "accuracy_budget"
+        lp += spent <= 1e6 * (problem.accuracy_budget + BUDGET_SLACK), "accuracy_budget"
 
 
 def _partition_rows(m: _Model) -> None:

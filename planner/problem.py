@@ -20,6 +20,11 @@ from planner.plan import ACTIVATION_FRAMES, PlanError, PlanPrecision, activation
 INF = float("inf")
 
 
+# Accuracy losses are measured figures: a budget holds to this much (far below any measurable loss), so a loss of
+# 1e-12 fits a budget of 0 the same in the solver and in any check of its plan
+BUDGET_SLACK = 1e-9
+
+
 @dataclass(frozen=True)
 class Unit:
     pu: str
