@@ -300,8 +300,12 @@ def main() -> None:
             pid = a.pid()
             if not pid:
                 continue
-            inc = incarnations.setdefault((h, pid), {"started": now, "rss_1min": 0.0, "peak_after": 0.0})
+            inc = incarnations.setdefault(
+                (h, pid), {"started": now, "rss_1min": 0.0, "peak_after": 0.0, "last": 0.0, "peer_kills": 0.0}
+            )
             rss = rss_kib(pid)
+            if rss:
+                inc["last"] = rss
             if now - inc["started"] >= 60 and not inc["rss_1min"]:
                 inc["rss_1min"] = rss
             if inc["rss_1min"]:
@@ -312,6 +316,9 @@ def main() -> None:
             if pid:
                 os.kill(pid, signal.SIGKILL)
                 kills.append(victim)
+                for (host, p), inc in incarnations.items():
+                    if host != victim and p == agents[host].pid():
+                        inc["peer_kills"] += 1
                 print(f"{now - start:6.1f} s: SIGKILL {victim} (pid {pid})", flush=True)
             next_kill += args.kill_every
         is_bad = now >= next_bad
@@ -342,8 +349,10 @@ def main() -> None:
     for (h, pid), inc in incarnations.items():
         if inc["rss_1min"]:
             growth = (inc["peak_after"] / inc["rss_1min"] - 1) * 100
+            last = (inc["last"] / inc["rss_1min"] - 1) * 100
             print(f"{h} agent pid {pid}: RSS {inc['rss_1min'] / 1024:.1f} MiB at 1 min, peak after {inc['peak_after'] / 1024:.1f} MiB "
-                  f"({growth:+.1f}%)")  # fmt: skip
+                  f"({growth:+.1f}%), last {inc['last'] / 1024:.1f} MiB ({last:+.1f}%); peers SIGKILLed in its life "
+                  f"{int(inc['peer_kills'])} (each restarts its part)")  # fmt: skip
         else:
             print(f"{h} agent pid {pid}: lived under a minute")
     print(f"lost must be 0: {'OK' if lost == 0 else 'FAILED'}")
