@@ -7,7 +7,8 @@ script): after a SIGKILL it is started again and resumes its last pipeline (with
 peers) by itself, and the other hosts start their part again once it is back.
 
 Frames go in at a steady rate over the agent's streaming RPC (InferStream); a stream
-that breaks (the entry agent died) is reopened, and every frame sent on it is accounted:
+that breaks (the entry agent died, or the entry host refuses frames, FAILED_PRECONDITION, until a
+peer is back and its part runs again) is reopened, and every frame sent on it is accounted:
 completed, failed in the stream's reply, or failed with the stream's error. Every
 ``--kill-every`` seconds one agent, in turn (h1, h2, h0, ...: non-entry and entry), is
 SIGKILLed; every ``--bad-every`` seconds one bad frame (token ids far outside the
