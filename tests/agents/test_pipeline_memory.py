@@ -83,3 +83,11 @@ def test_glibc_gives_back_free_memory() -> None:
     blocks = [bytearray(1 << 20) for _ in range(64)]
     del blocks
     assert give_back_free_memory() in (True, False)  # callable, and says whether pages went back
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="M_ARENA_MAX is glibc's")
+def test_glibc_accepts_the_arena_bound() -> None:
+    from agents.memory import AGENT_ARENAS, bound_arenas
+
+    assert AGENT_ARENAS >= 1
+    assert bound_arenas() is True
