@@ -191,6 +191,16 @@ class _Worker:
             self.ready.set()
             return
         self.ready.set()
+        try:
+            self._loop(session, output_names)
+        finally:
+            # The session (the partition's weights and onnxruntime's arena) goes with the run: the
+            # pipeline and its workers refer to each other, so without this a stopped pipeline's
+            # memory waits for the cyclic garbage collector and every restart adds to the peak.
+            with self.run_lock:
+                self.session = None
+
+    def _loop(self, session, output_names: list[str]) -> None:
         run_lock = self.run_lock
         period = self.pipeline.replicas[self.spec.stage]
         frame = self.spec.group
@@ -356,6 +366,15 @@ class Pipeline:
         if self.links is not None:
             self.links.close()
 
+    def wait_released(self, timeout: float) -> bool:
+        """After ``stop``: wait up to ``timeout`` s for the workers to end (each lets its session go as
+        it ends); True if all did."""
+        deadline = time.monotonic() + timeout
+        for w in self.workers.values():
+            if w.thread.is_alive():
+                w.thread.join(max(0.0, deadline - time.monotonic()))
+        return not any(w.thread.is_alive() for w in self.workers.values())
+
     @property
     def in_flight(self) -> int:
         with self._lock:
@@ -490,6 +509,8 @@ class Pipeline:
         if w is None or w.session is None or not w.run_lock.acquire(False):
             return None
         try:
+            if w.session is None:  # the pipeline stopped meanwhile and its worker let the session go
+                return None
             with self._lock:
                 if self._frames or self._inline >= self.max_inflight:
                     return None  # frames wait for the worker: this one queues behind them, not ahead

@@ -128,6 +128,7 @@ class AgentMetrics:
     def attach(self, pipeline: Pipeline, resumed: bool) -> None:
         pipeline.on_done = self._observe
         with self._lock:
+            self._fold()  # retire the stopped ones now, not at the next scrape: nobody may ever scrape
             self._live.append(pipeline)
             self._starts["resumed" if resumed else "started"] += 1
 

@@ -29,7 +29,7 @@ import grpc
 from agents import service
 from agents.bundle import BundleError
 from agents.executor import DeadlineExceeded, InputError, Pipeline, PipelineError
-from agents.memory import keep_large_buffers
+from agents.memory import bound_arenas, keep_large_buffers
 from agents.peers import AGENT_SERVICE, Peer, PeerError
 from agents.proto import health_pb2, health_pb2_grpc
 from agents.proto import parapipe_agent_pb2 as pb
@@ -529,6 +529,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {problem}", file=sys.stderr)
         return 2
     keep_large_buffers()
+    bound_arenas()  # freed memory of stopped pipelines is reused, not left in a new thread's arena
     state = service.AgentState(args.workdir, max_bundle_bytes=args.max_bundle_bytes)
     if json_logs is not None:
         json_logs.state = state

@@ -30,6 +30,7 @@ from agents.benchmark import BenchmarkResult, run_benchmark
 from agents.bundle import MANIFEST, BundleError, Manifest, file_sha256, parse_manifest, verify_bundle
 from agents.executor import Pipeline, PipelineError
 from agents.external_data import check_external_data
+from agents.memory import give_back_free_memory
 from agents.peers import EPOCH_KEY, SENDER_KEY, Peer, PeerLinks
 from agents.proto import parapipe_agent_pb2 as pb
 from agents.tensors import from_message
@@ -333,6 +334,7 @@ def start_pipeline(
             pipeline.start()  # raises PipelineError naming the partition that failed to load
         except BaseException:
             pipeline.stop()
+            _release(pipeline)
             raise
         if state.on_pipeline is not None:
             state.on_pipeline(pipeline, resuming is not None)
@@ -345,7 +347,19 @@ def start_pipeline(
             log.error("cannot record the running pipeline in %s: %s", state.workdir, exc)
     if old is not None:
         old.stop()
+        _release(old)
     return manifest
+
+
+def _release(pipeline: Pipeline) -> None:
+    """Give a stopped pipeline's memory back to the system once its workers have ended (they let
+    their sessions go as they end); in the background, so no call waits for it."""
+
+    def run() -> None:
+        if pipeline.wait_released(60.0):
+            give_back_free_memory()
+
+    threading.Thread(target=run, name="pp-release", daemon=True).start()
 
 
 def _on_lost(pipeline: Pipeline):
@@ -467,6 +481,7 @@ def stop_pipeline(state: AgentState, forget: bool = True) -> bool:
         if state.pipeline is None:
             return False
         state.pipeline.stop()
+        _release(state.pipeline)
         state.pipeline, state.running = None, ""
         return True
 

@@ -1,0 +1,93 @@
+"""A stopped pipeline lets its memory go: its sessions, and the pipeline itself once nothing runs it.
+
+An agent whose pipeline restarts again and again (a peer of a multi-host plan that comes and goes,
+a resume after each restart) must not keep every earlier pipeline's sessions."""
+
+from __future__ import annotations
+
+import gc
+import platform
+import shutil
+import weakref
+from pathlib import Path
+
+import pytest
+
+from agents import service
+from agents.bundle import verify_bundle
+from agents.executor import Pipeline
+from agents.memory import give_back_free_memory
+from tests.support.tiny import bundle_sha, eventually, expected, frame, write_tiny_bundle
+
+
+def test_a_stopped_pipeline_lets_its_sessions_go(tmp_path: Path) -> None:
+    folder = write_tiny_bundle(tmp_path / "b", stages=3)
+    pipeline = Pipeline(verify_bundle(folder), folder)
+    pipeline.start()
+    assert (pipeline.submit(frame(1)).result(timeout=30)["t2"] == expected(1, 3)).all()
+    sessions = [weakref.ref(w.session) for w in pipeline.workers.values()]
+    assert all(s() is not None for s in sessions)
+    pipeline.stop()
+    assert pipeline.wait_released(30)
+    # the pipeline object is still referenced here: the sessions went with the workers, not with it
+    assert all(w.session is None for w in pipeline.workers.values())
+    assert all(s() is None for s in sessions)
+
+
+def test_a_single_partition_pipeline_stopped_between_frames_refuses_inline_runs(tmp_path: Path) -> None:
+    folder = write_tiny_bundle(tmp_path / "b", stages=1)
+    pipeline = Pipeline(verify_bundle(folder), folder)
+    pipeline.start()
+    assert pipeline.infer_inline(frame(0)) is not None
+    pipeline.stop()
+    assert pipeline.wait_released(30)
+    assert pipeline.infer_inline(frame(0)) is None  # no session left to run it: the caller submits (and fails)
+
+
+def test_the_agent_keeps_no_earlier_pipeline_after_restarts(tmp_path: Path) -> None:
+    """StartPipeline again and again (what a peer's restarts do): every earlier pipeline's sessions go,
+    and the pipelines themselves are collected with metrics on and nobody scraping them (the metrics
+    kept every pipeline until the next scrape)."""
+    pytest.importorskip("prometheus_client")
+    from agents.metrics import AgentMetrics
+
+    folder = write_tiny_bundle(tmp_path / "b", stages=2)
+    sha = bundle_sha(folder)
+    state = service.AgentState(tmp_path / "agent")
+    AgentMetrics(state, "test")
+    shutil.copytree(folder, state.bundle_dir(sha))
+    pipelines, sessions = [], []
+    try:
+        for i in range(5):
+            service.start_pipeline(state, sha)
+            running = state.pipeline
+            assert running is not None
+            assert (running.submit(frame(i % 3)).result(timeout=30)["t1"] == expected(i % 3, 2)).all()
+            pipelines.append(weakref.ref(running))
+            sessions += [weakref.ref(w.session) for w in running.workers.values()]
+            del running
+        live = len(state.pipeline.workers)  # type: ignore[union-attr]
+
+        def released() -> bool:
+            gc.collect()
+            # the running one, and the one it replaced until the next start or scrape retires it
+            return all(p() is None for p in pipelines[:-2]) and sum(s() is not None for s in sessions) == live
+
+        eventually("earlier pipelines and their sessions let go", released)
+    finally:
+        service.stop_pipeline(state)
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="malloc_trim is glibc's")
+def test_glibc_gives_back_free_memory() -> None:
+    blocks = [bytearray(1 << 20) for _ in range(64)]
+    del blocks
+    assert give_back_free_memory() in (True, False)  # callable, and says whether pages went back
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="M_ARENA_MAX is glibc's")
+def test_glibc_accepts_the_arena_bound() -> None:
+    from agents.memory import AGENT_ARENAS, bound_arenas
+
+    assert AGENT_ARENAS >= 1
+    assert bound_arenas() is True
