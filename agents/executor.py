@@ -7,6 +7,8 @@ session, so onnxruntime's intra-op threads inherit both. Tensors move between wo
 as numpy arrays through per-worker inboxes (no serialisation); a frame enters while
 fewer than ``max_inflight`` frames are in flight, replicated stages take frames
 round-robin, and results are handed back per frame (callers wait on them in order).
+Partitions of one unit (the same cores) take turns (``agents.modulo``): one runs at a time,
+the one with the smallest frame + lag among those whose turn it is in the frame's order.
 Every frame pays these handoffs (``bench/bench_agent.py --overhead`` measures them), so
 they use C-level locks only: a worker sleeps on a lock its producers release, and a
 caller of ``infer`` on a latch its frame's last worker releases. A pipeline of one partition
@@ -35,6 +37,7 @@ from typing import Protocol
 import numpy as np
 
 from agents.bundle import Manifest, PartitionSpec, TensorSpec
+from agents.modulo import UnitTurns, lags
 from profiler.pinning import pin_current_thread, release_current_thread, throttle_current_thread
 
 _RECENT_FAILURES = 4096  # failed frame ids remembered so a failure is handled once per host
@@ -102,6 +105,9 @@ class _Worker:
         self.error: BaseException | None = None
         self.stats = WorkerStats()
         self._inputs = len(spec.inputs)
+        # the unit's turns when it holds other partitions too (``agents.modulo``), and this partition's lag
+        self.turns: UnitTurns | None = None
+        self.lag = 0
         self.thread = threading.Thread(target=self._run, name=f"pp-{spec.name}", daemon=True)
 
     def queue_depth(self) -> int:
@@ -204,6 +210,7 @@ class _Worker:
         run_lock = self.run_lock
         period = self.pipeline.replicas[self.spec.stage]
         frame = self.spec.group
+        turns, position, lag = self.turns, self.spec.segment, self.lag
         while True:
             self.lock.acquire()
             while not self._due(frame) and frame not in self.skipped and not self.pipeline.stopping:
@@ -214,27 +221,38 @@ class _Worker:
                 if self.pipeline.stopping:
                     return
                 self.next = frame + period
-                if frame in self.skipped:
+                skipped = frame in self.skipped
+                if skipped:
                     self.skipped.discard(frame)
                     self.inbox.pop(frame, None)
-                    frame += period
-                    continue
-                feeds = self.inbox.pop(frame, {})
-                arrived = self.arrived.pop(frame, time.perf_counter())
+                else:
+                    feeds = self.inbox.pop(frame, {})
+                    arrived = self.arrived.pop(frame, time.perf_counter())
             finally:
                 self.lock.release()
-            with run_lock:
-                start = time.perf_counter()
-                try:
-                    results = session.run(output_names, feeds)
-                except BaseException as exc:
-                    error = exc
-                else:
-                    error = None
-                    end = time.perf_counter()
-                    self.stats.busy_s += end - start
-                    self.stats.wait_s += start - arrived
-                    self.stats.frames += 1
+            if skipped:
+                if turns is not None:
+                    turns.skip(frame, position)
+                frame += period
+                continue
+            if turns is not None and not turns.acquire(frame, position, lag):
+                return  # the pipeline stops
+            try:
+                with run_lock:
+                    start = time.perf_counter()
+                    try:
+                        results = session.run(output_names, feeds)
+                    except BaseException as exc:
+                        error = exc
+                    else:
+                        error = None
+                        end = time.perf_counter()
+                        self.stats.busy_s += end - start
+                        self.stats.wait_s += start - arrived
+                        self.stats.frames += 1
+            finally:
+                if turns is not None:
+                    turns.release(frame, position)
             if error is not None:
                 self.pipeline.fail(frame, PipelineError(f"partition {self.spec.name} failed on frame {frame}: {error}"))
                 frame += period
@@ -282,6 +300,7 @@ class Pipeline:
         self.workers = {
             p.name: _Worker(p, self.folder / p.file, any(cores_use[c] > 1 for c in p.core_ids), self) for p in local
         }
+        self._turns = self._unit_turns()
         self._sourceless = [w for w in self.workers.values() if not w.spec.inputs]  # run once a frame enters
         # routing per phase (frame mod period): tensor -> local consumers, and -> other hosts reading it
         self._consumers: list[dict[str, list[_Worker]]] = []
@@ -327,6 +346,31 @@ class Pipeline:
         self._solo = self._inline_worker()
         self._inline = 0  # frames running inline now (in flight, like those in ``_frames``)
 
+    def _unit_turns(self) -> list[UnitTurns]:
+        """Units holding several partitions here take turns (``agents.modulo``): one partition at a time, by
+        frame + lag, as the planner's simulator has them."""
+        manifest = self.manifest
+        place = {p.name: ((p.stage, p.group, p.unit), p.segment) for p in manifest.partitions}
+        edges = []
+        for phase in range(self.period):
+            active = manifest.active(phase)
+            producer = {t: p.name for p in active for t in p.outputs}
+            edges += [(producer[t], p.name) for p in active for t in p.inputs if t in producer]
+        lag = lags(place, edges)
+        by_unit: dict[tuple[int, int, int], list[_Worker]] = {}
+        for w in self.workers.values():
+            w.lag = lag[w.spec.name]
+            by_unit.setdefault((w.spec.stage, w.spec.group, w.spec.unit), []).append(w)
+        out = []
+        for unit, ws in by_unit.items():
+            size = sum(1 for p in manifest.partitions if (p.stage, p.group, p.unit) == unit)
+            if size > 1 and size == len(ws):  # a unit is on one host (the compiler's bundles)
+                turns = UnitTurns(size)
+                for w in ws:
+                    w.turns = turns
+                out.append(turns)
+        return out
+
     def _inline_worker(self) -> _Worker | None:
         if self.manifest.hosts or len(self.workers) != 1 or len(self.manifest.partitions) != 1:
             return None
@@ -355,6 +399,8 @@ class Pipeline:
         self.stopping = True
         for w in self.workers.values():
             w.wake()
+        for turns in self._turns:
+            turns.close()
         with self._lock:
             frames = list(self._frames.values())
             self._frames.clear()

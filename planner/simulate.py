@@ -3,7 +3,8 @@
 Both use the same lowering (``planner.segments``) and costs. A segment starts for a
 frame when all its inputs have arrived and its unit (a PU, or a set of cores of a
 CPU cluster) is free; a unit runs a frame's segments in its order (``Segment.index``,
-the solver's), and picks the oldest frame whose next segment is ready. Data
+the solver's), and of the frames whose next segment there is ready it picks the one
+with the smallest frame + lag (``agents.modulo``, as the executor does). Data
 between units on different PUs crosses the profile's link: each tensor reaches its consumer
 its transfer time after its producer ends, without queueing behind the frame's other transfers
 (the executor hands a tensor to every consumer at once), and a link, like a shared memory,
@@ -27,6 +28,7 @@ import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from agents.modulo import lags
 from models.graph import OpGraph
 from planner.costmodel import CostModel
 from planner.plan import Plan, Predicted
@@ -141,6 +143,11 @@ class PlanModel:
     def max_inflight(self) -> int:
         return max_inflight(self.plan, self.segments)
 
+    def lags(self) -> dict[tuple, int]:
+        """Each segment's lag (``agents.modulo``), over the partition graphs of every replica phase."""
+        place = {s.key: (s.unit_key, s.index) for s in self.segments}
+        return lags(place, (e for f in range(self.period) for e in self.frame_flows(f)))
+
 
 def analytic(model: PlanModel) -> Predicted:
     """Latency: one frame through an empty pipeline. Throughput: the busiest unit or link per frame."""
@@ -230,11 +237,14 @@ class _Run:
                 by_src.setdefault(src, []).append((dst, nbytes, x, y, parts))
             self.out_flows[f] = by_src
         self.seg_by_key = {s.key: s for s in model.segments}
+        # the executor's order on a unit (``agents.modulo``): among the frames whose next segment there is
+        # ready, the smallest frame + lag
+        self.lag = model.lags()
         self.waiting: dict[tuple[int, tuple], int] = {}
         self.unit_busy_until: dict[tuple, float] = {}
-        # a unit's segments that may run now: each frame's next one in the unit's order, if ready (a heap, the
-        # oldest frame first); ready ones further on in the order wait in ``held`` until their turn
-        self.runnable: dict[tuple, list[tuple[int, int, tuple]]] = {}
+        # a unit's segments that may run now: each frame's next one in the unit's order, if ready (a heap by
+        # frame + lag); ready ones further on in the order wait in ``held`` until their turn
+        self.runnable: dict[tuple, list[tuple[int, int, int, tuple]]] = {}
         self.held: dict[tuple[tuple, int], dict[int, tuple]] = {}  # (unit, frame) -> index -> segment key
         self.next_index: dict[tuple[tuple, int], int] = {}  # (unit, frame) -> the index of its next segment there
         self.done_count: dict[int, int] = {}
@@ -291,21 +301,23 @@ class _Run:
         seg = self.seg_by_key[key]
         unit = seg.unit_key
         if seg.index == self.next_index.get((unit, f), 0):
-            heapq.heappush(self.runnable.setdefault(unit, []), (f, seg.index, key))
+            heapq.heappush(self.runnable.setdefault(unit, []), (f + self.lag[key], f, seg.index, key))
         else:
             self.held.setdefault((unit, f), {})[seg.index] = key
         self.dispatch(now, unit)
 
     def dispatch(self, now: float, unit: tuple) -> None:
-        """The oldest frame whose next segment on this unit (in the unit's order) is ready runs it."""
+        """Of the frames whose next segment on this unit (in the unit's order) is ready, the one with the
+        smallest frame + lag runs it."""
         queue = self.runnable.get(unit)
         if not queue or self.unit_busy_until.get(unit, 0.0) > now:
             return
-        f, index, key = heapq.heappop(queue)
+        _, f, index, key = heapq.heappop(queue)
         self.next_index[(unit, f)] = index + 1
         held = self.held.get((unit, f))
         if held and index + 1 in held:  # the frame's next segment here was ready already: its turn now
-            heapq.heappush(queue, (f, index + 1, held.pop(index + 1)))
+            nxt = held.pop(index + 1)
+            heapq.heappush(queue, (f + self.lag[nxt], f, index + 1, nxt))
         seg = self.seg_by_key[key]
         ms = self.model.ms[key]
         self.unit_busy_until[unit] = now + ms

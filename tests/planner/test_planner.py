@@ -44,12 +44,12 @@ def test_analytic_and_simulated_throughput_agree(exported) -> None:
     cost = CostModel(profile, graph)
     for objective in ("latency", "throughput", "energy"):
         plan = best_plan(blocks, graph, cost, objective, SearchOptions(time_limit=1.0))
-        # the analytic figure is the busiest unit's bound; the simulation's steady state reaches it, but a
-        # plan that balances five units exactly fills its 133-frame window slowly: 240 frames see 6% less
-        # (2400 frames: within 0.5%). The simulation measures only frames that left before the last one
-        # entered (in the drain, frames queued while the window filled leave in a burst, above any steady
-        # rate), so the bound holds; checked to 2%.
-        assert plan.predicted.throughput_fps * 0.92 <= plan.simulated.throughput_fps
+        # the analytic figure is the busiest unit's bound; the simulation reaches it within 240 frames even
+        # on a plan that balances five units exactly, as units take frames by frame + lag (``agents.modulo``;
+        # oldest first, such a plan saw 6% less). The simulation measures only frames that left before the
+        # last one entered (in the drain, frames queued while the window filled leave in a burst, above any
+        # steady rate), so the bound holds; checked to 2%.
+        assert plan.predicted.throughput_fps * 0.98 <= plan.simulated.throughput_fps
         assert plan.simulated.throughput_fps <= plan.predicted.throughput_fps * 1.02
         assert plan.simulated.latency_ms >= plan.predicted.latency_ms * 0.99  # at full rate, never faster than alone
 
