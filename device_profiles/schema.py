@@ -121,6 +121,11 @@ class NetworkLink:
     cpu_us_per_message: Quantity | None = None
     cpu_us_per_mb: Quantity | None = None
 
+    @property
+    def name(self) -> str:
+        """``a-b``: how calibration values learnt for this link name it."""
+        return f"{self.a}-{self.b}"
+
 
 @dataclass(frozen=True)
 class SharedMemory:

@@ -4,7 +4,9 @@ Each run on the board reports every partition's busy time per frame, with frames
 a time and back to back; those become measured ``partition`` entries in the cost table (keyed
 like the profiler's), so the next round's cost model predicts those partitions from what the
 board did. The time fed back is the one-at-a-time figure, and what units running at once cost
-each other goes into the shared memory's bandwidth, fitted to the measured throughputs; where
+each other goes into the shared memory's bandwidth, fitted to the measured throughputs (and what
+a tensor between hosts costs each end's CPU into the network link's figures, fitted to the plans
+measured across it); where
 the profile names no shared memory, or the PU is CFS-throttled, a unit's only partition keeps
 its back-to-back time.
 
@@ -35,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from device_profiles.loader import load_profile
-from device_profiles.schema import DeviceProfile
+from device_profiles.schema import DeviceProfile, NetworkLink
 from models.coarsen import coarsen
 from models.graph import OpGraph, build_graph
 from models.onnx_io import LoadedModel
@@ -48,6 +50,8 @@ from planner.costmodel import CostModel
 from planner.plan import Plan
 from planner.search import SearchOptions, best_plan, pareto_set
 from planner.segments import lower
+from planner.unitname import UnitName
+from profiler.calibration import NetworkFit
 from profiler.costtable import EVERY_UNIT, CalibrationRecord, Conditions, CostEntry, CostTable, entry_key
 
 NOISE_FRACTION = 1 / 3  # a measurement's noise is "well below" the target at a third of it or less
@@ -89,6 +93,8 @@ class Recalibration:
     rmspe_after: float  # the recalibrated table's
     measured_plans: int
     memory_gbps: tuple[tuple[str, float], ...] = ()  # shared memories' bandwidths learnt (kept) from the throughputs
+    # network links learnt (kept) from plans measured across them: (link, GB/s, µs per message, µs per MB)
+    network: tuple[tuple[str, float, float, float], ...] = ()
 
     def to_json(self) -> dict[str, object]:
         return dataclasses.asdict(self)
@@ -314,6 +320,83 @@ def fit_memory(
             )
         )
         learnt[memory.name] = gbps
+    return learnt or None
+
+
+# Tried for a network link: factors on its bandwidth, and the CPU time per tensor each end spends (gRPC and
+# protobuf copies) per message (µs) and per MB (µs/MB), from none to what a slow board's Python gRPC costs.
+NETWORK_GBPS_GRID = (0.125, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 8.0)
+NETWORK_MESSAGE_GRID_US = (0.0, 25.0, 50.0, 100.0, 200.0, 400.0, 800.0, 1600.0)
+NETWORK_MB_GRID_US = (0.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2000.0, 4000.0)
+
+
+def crosses(plan: Plan, link: NetworkLink, profile: DeviceProfile) -> bool:
+    """Whether ``plan`` has units on both hosts of ``link``."""
+    hosts = {profile.pu(part).host for _, _, a in plan.assignments() for part in UnitName(a.pu).parts}
+    return {link.a, link.b} <= hosts
+
+
+def fit_network(
+    table: CostTable,
+    runs: list[tuple[Plan, RunResult]],
+    graph: OpGraph,
+    profile: DeviceProfile,
+    ort_version: str,
+) -> dict[str, NetworkFit] | None:
+    """Learn each network link's bandwidth and CPU time per tensor from the plans measured across it.
+
+    A tensor between hosts occupies the link (its bytes over the bandwidth: latency, and a period
+    no shorter than a frame's bytes) and costs the sending and the receiving unit CPU time (gRPC,
+    protobuf copies: both units' busy time, so latency and the period). The three values that predict
+    the measured latencies and throughputs of the runs across the link best (RMSPE of both together),
+    searched over their grids (bandwidth and CPU per MB together, then CPU per message; twice round), become the cost table's ``network-bandwidth``,
+    ``network-cpu-message`` and ``network-cpu-mb`` values for that link (named ``a-b``). None when no
+    run crosses a link, or nothing predicts them better than the values the table has.
+    """
+    from planner.build import evaluate
+
+    learnt: dict[str, NetworkFit] = {}
+    for link in profile.network:
+        across = [(plan, res) for plan, res in runs if crosses(plan, link, profile)]
+        if not across:
+            continue
+        calibrated = CostModel.from_table(profile, graph, table)
+
+        def error(fit: NetworkFit) -> float:
+            cost = calibrated.recalibrated(calibrated.calibration.with_network(link.name, fit))  # noqa: B023
+            pairs = []
+            for plan, res in across:  # noqa: B023
+                predicted = evaluate(plan, graph, cost, frames=0).predicted
+                assert predicted is not None
+                pairs += [
+                    (predicted.latency_ms, res.measured.latency_ms),
+                    (predicted.throughput_fps, res.measured.throughput_fps),
+                ]
+            return rmspe(pairs)
+
+        base = NetworkFit(calibrated.link_gbps(link), *calibrated.network_cpu_us(link))
+        best, best_err = base, error(base)
+        for _ in range(2):  # bandwidth and CPU per MB together (both scale with the bytes), then per message
+            for gbps, per_mb in [(base.gbps * f, mb) for f in NETWORK_GBPS_GRID for mb in NETWORK_MB_GRID_US]:
+                candidate = dataclasses.replace(best, gbps=gbps, cpu_us_per_mb=per_mb)
+                err = error(candidate)
+                if err < best_err - 1e-9:
+                    best, best_err = candidate, err
+            for per_message in NETWORK_MESSAGE_GRID_US:
+                candidate = dataclasses.replace(best, cpu_us_per_message=per_message)
+                err = error(candidate)
+                if err < best_err - 1e-9:
+                    best, best_err = candidate, err
+        if best == base:
+            continue
+        cond = _board_wide(profile, ort_version)
+        for kind, value in (
+            ("network-bandwidth", best.gbps),
+            ("network-cpu-message", best.cpu_us_per_message),
+            ("network-cpu-mb", best.cpu_us_per_mb),
+        ):
+            table.learn(CalibrationRecord.learnt(graph.model_sha256, kind, value, cond, len(across), link.name))
+        learnt[link.name] = best
     return learnt or None
 
 
@@ -546,14 +629,16 @@ def recalibrate(
         feed_back(table, plan, res, graph, profile, ort_version)
     handoff = fit_handoff(table, runs, graph, profile, ort_version)
     memory = fit_memory(table, measured, graph, profile, ort_version)
+    network = fit_network(table, measured, graph, profile, ort_version)
     power = fit_power(table, runs, graph, profile, ort_version)
     after = table_errors(table, measured, graph, profile)[2]
     kept = after < before
     if not kept:
         previous.restore(table, graph.model_sha256, profile.name)
-        handoff = power = memory = None
+        handoff = power = memory = network = None
     learnt = tuple(sorted((memory or {}).items()))
-    return Recalibration(kept, before, after, len(measured), learnt), handoff, power
+    links = tuple(sorted((name, f.gbps, f.cpu_us_per_message, f.cpu_us_per_mb) for name, f in (network or {}).items()))
+    return Recalibration(kept, before, after, len(measured), learnt, links), handoff, power
 
 
 def stop_reason(round_rmspe: float, target: float, effective_target: float, last: bool) -> str | None:

@@ -235,7 +235,7 @@ class CostModel:
         link = self.profile.link(src_pu, dst_pu)
         if link is None or nbytes == 0:
             return 0.0
-        ms = link.latency_us.value / 1e3 + nbytes / (link.bandwidth_gbps.value * 1e9) * 1e3
+        ms = link.latency_us.value / 1e3 + nbytes / (self.link_gbps(link) * 1e9) * 1e3
         if isinstance(link, Link):
             ms += link.conversion_us_per_mb.value * nbytes / 1e6 / 1e3
         return ms + self.feed_ms(src_pu) + self.feed_ms(dst_pu)  # the host feeding a GPU/NPU, or reading it back
@@ -246,9 +246,24 @@ class CostModel:
         link = self.profile.link(src_pu, dst_pu)
         if not isinstance(link, NetworkLink) or nbytes == 0:
             return 0.0
+        per_message, per_mb = self.network_cpu_us(link)
+        return (per_message + per_mb * nbytes / 1e6) / 1e3
+
+    def network_cpu_us(self, link: NetworkLink) -> tuple[float, float]:
+        """(µs per message, µs per MB) each end of ``link`` spends on a tensor: fitted by ``tune`` where the
+        calibration has it, else the profile's (0 where it says nothing)."""
+        fitted = self.calibration.network.get(link.name)
+        if fitted is not None:
+            return fitted.cpu_us_per_message, fitted.cpu_us_per_mb
         per_message = link.cpu_us_per_message.value if link.cpu_us_per_message else 0.0
         per_mb = link.cpu_us_per_mb.value if link.cpu_us_per_mb else 0.0
-        return (per_message + per_mb * nbytes / 1e6) / 1e3
+        return per_message, per_mb
+
+    def link_gbps(self, link: Link | NetworkLink) -> float:
+        """A link's bandwidth: a network link's as fitted by ``tune`` where the calibration has it, else the
+        profile's."""
+        fitted = self.calibration.network.get(link.name) if isinstance(link, NetworkLink) else None
+        return fitted.gbps if fitted is not None else link.bandwidth_gbps.value
 
     def handoff_delay_ms(self, src_pu: str, dst_pu: str) -> float:
         """Extra latency (not link occupancy) of a handoff between PUs of one host; 0 until calibrated."""

@@ -53,6 +53,15 @@ def _frozen(mapping: Mapping) -> Mapping:  # type: ignore[type-arg]
 
 
 @dataclass(frozen=True)
+class NetworkFit:
+    """A network link as ``parapipe tune`` fitted it: bandwidth, and the CPU time each end spends on a tensor."""
+
+    gbps: float
+    cpu_us_per_message: float
+    cpu_us_per_mb: float
+
+
+@dataclass(frozen=True)
 class Calibration:
     """The measurements of one model on one board and what was fitted on them; read-only."""
 
@@ -73,9 +82,12 @@ class Calibration:
     # A shared memory's bandwidth (GB/s) by memory name, measured for this model (the whole model on the
     # memory's PUs at once, ``profiler.contention``) or fitted by ``parapipe tune``; replaces the profile's.
     memory_gbps: Mapping[str, float] = field(default_factory=lambda: _frozen({}))
+    # A network link (named ``a-b``) as fitted by ``parapipe tune`` to the plans measured across it; replaces
+    # the profile's figures.
+    network: Mapping[str, NetworkFit] = field(default_factory=lambda: _frozen({}))
 
     def __post_init__(self) -> None:
-        for name in ("ops", "fused", "partitions", "fits", "memory_gbps"):
+        for name in ("ops", "fused", "partitions", "fits", "memory_gbps", "network"):
             value = getattr(self, name)
             if not isinstance(value, MappingProxyType):
                 object.__setattr__(self, name, _frozen(value))
@@ -91,6 +103,9 @@ class Calibration:
 
     def with_memory(self, memory: str, gbps: float) -> Calibration:
         return dataclasses.replace(self, memory_gbps={**self.memory_gbps, memory: gbps})
+
+    def with_network(self, link: str, fit: NetworkFit) -> Calibration:
+        return dataclasses.replace(self, network={**self.network, link: fit})
 
     def with_fit(self, cfg: Config, fit: Fit) -> Calibration:
         return dataclasses.replace(self, fits={**self.fits, cfg: fit})
@@ -161,6 +176,15 @@ def _measured(
     ordered = sorted(learnt, key=lambda r: r.measured_at)
     latest = {r.kind: r.value for r in ordered if r.applies_to == EVERY_UNIT}
     memory = {r.applies_to: r.value for r in ordered if r.kind == "memory-bandwidth"}
+    links: dict[str, dict[str, float]] = {}
+    for r in ordered:
+        if r.kind.startswith("network-"):
+            links.setdefault(r.applies_to, {})[r.kind] = r.value
+    network = {
+        link: NetworkFit(v["network-bandwidth"], v["network-cpu-message"], v["network-cpu-mb"])
+        for link, v in links.items()
+        if len(v) == 3  # tune learns the three together
+    }
     return Calibration(
         model_sha256,
         board,
@@ -173,6 +197,7 @@ def _measured(
         power_idle_scale=latest.get("power-idle-scale", 1.0),
         holdout=holdout,
         memory_gbps=memory,
+        network=network,
     )
 
 

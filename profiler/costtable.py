@@ -37,14 +37,27 @@ READS_VERSIONS = (1, 2)  # version 1: calibration values were entries of kind ha
 EntryKind = Literal["op", "block", "partition"]
 KINDS: tuple[EntryKind, ...] = ("op", "block", "partition")
 # What tune learns besides times: the delay of handing a tensor to a worker on another PU of a host
-# (ms), the factors on the profile's busy and idle power (dimensionless), and the bandwidth of a shared
-# memory (GB/s, applies to the memory named): what running the model on its PUs at once lets through.
-CalibrationKind = Literal["handoff", "power-active-scale", "power-idle-scale", "memory-bandwidth"]
+# (ms), the factors on the profile's busy and idle power (dimensionless), the bandwidth of a shared
+# memory (GB/s, applies to the memory named): what running the model on its PUs at once lets through,
+# and of a network link (applies to the link named ``a-b``) its bandwidth (GB/s) and the CPU time each end
+# spends on a tensor (gRPC and protobuf copies): per message (µs) and per MB (µs/MB).
+CalibrationKind = Literal[
+    "handoff",
+    "power-active-scale",
+    "power-idle-scale",
+    "memory-bandwidth",
+    "network-bandwidth",
+    "network-cpu-message",
+    "network-cpu-mb",
+]
 CALIBRATION_UNITS: dict[str, str] = {
     "handoff": "ms",
     "power-active-scale": "x",
     "power-idle-scale": "x",
     "memory-bandwidth": "GB/s",
+    "network-bandwidth": "GB/s",
+    "network-cpu-message": "us",
+    "network-cpu-mb": "us/MB",
 }
 EVERY_UNIT = "*"  # a calibration value learnt for every PU and link of the board
 

@@ -388,6 +388,7 @@ def tune(
         "calibration (all measured plans)",
         "handoff learnt ms",
         "shared memory learnt GB/s",
+        "network link learnt GB/s, CPU us/msg, us/MB",
     )
     for h in history:
         c = h.calibration
@@ -401,6 +402,9 @@ def tune(
             "-" if c is None else f"{'kept' if c.kept else 'reverted'} ({c.rmspe_before:.1f}% -> {c.rmspe_after:.1f}%)",
             f"{h.handoff_ms:.2f}" if h.handoff_ms is not None else "-",
             ", ".join(f"{m} {gbps:.2f}" for m, gbps in c.memory_gbps) if c is not None and c.memory_gbps else "-",
+            ", ".join(f"{n} {gbps:.2f}, {m:.0f}, {mb:.0f}" for n, gbps, m, mb in c.network)
+            if c is not None and c.network
+            else "-",
         )
     out.print(t)
     out.print(history[-1].note, highlight=False, markup=False)

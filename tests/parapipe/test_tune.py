@@ -32,6 +32,7 @@ from parapipe.tune import (
     table_errors,
     tune,
 )
+from profiler.calibration import NetworkFit
 from profiler.costtable import CostTable
 from tests.support.cli import PARAPIPE
 
@@ -404,3 +405,89 @@ def test_partitions_feed_back_their_one_at_a_time_time_where_a_shared_memory_hol
                 assert fed[frozenset(s.members)] == pytest.approx(expect), (plan.name, s.name, shared)
     pipe = [s.unit_key for s in lower(plans[0], graph, profile)]
     assert any(pipe.count(k) == 1 for k in pipe), "the pipeline has a unit of one partition: the rules differ there"
+
+
+def _big_cut_model(path: Path) -> Path:
+    """Three convolutions on a 512x512 image: the tensor between the second and the third is 16 MiB, so a plan
+    that cuts there spends much of a frame moving it between hosts."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    weights = [
+        numpy_helper.from_array((rng.standard_normal(shape) * 0.1).astype(np.float32), f"w{i}")
+        for i, shape in enumerate([(16, 3, 3, 3), (16, 16, 3, 3), (4, 16, 3, 3)])
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w0"], ["a"], name="conv0", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["a"], ["b"], name="relu0"),
+        helper.make_node("Conv", ["b", "w1"], ["c"], name="conv1", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["d"], name="relu1"),
+        helper.make_node("Conv", ["d", "w2"], ["y"], name="conv2", pads=[1, 1, 1, 1]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "big-cut",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 512, 512])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 512, 512])],
+        weights,
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+@pytest.mark.agent
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_tune_learns_a_network_link_from_a_plan_run_across_it(tmp_path, monkeypatch) -> None:
+    """A plan over the edge and cloud agents of ``local-edge-cloud`` (real agent processes streaming a 16 MiB
+    tensor to each other over gRPC) is measured; the recalibration learns the link's bandwidth and the CPU time
+    each end spends per tensor, keeps them because they predict the run better, and the cost table keeps them."""
+    import onnxruntime as ort
+
+    from device_profiles.loader import load_profile
+    from models.coarsen import coarsen
+    from models.graph import build_graph
+    from models.onnx_io import load_onnx
+    from parapipe.run import run_plan
+    from planner.baselines import flop_pipeline
+    from planner.build import evaluate
+    from planner.costmodel import CostModel
+
+    monkeypatch.setenv("PARAPIPE_HOME", str(tmp_path / "home"))
+    model = _big_cut_model(tmp_path / "big-cut.onnx")
+    loaded = load_onnx(model)
+    graph = build_graph(loaded.proto, loaded.sha256, "big-cut")
+    profile = load_profile("local-edge-cloud")
+    plan = flop_pipeline(coarsen(graph, "fine"), profile, [("edge", 1), ("cloud", 1)], name="edge-then-cloud")
+    plan = dataclasses.replace(plan, model_path=str(model), inputs=loaded.inputs)
+    hosts = {profile.pu(a.pu).host for _, _, a in plan.assignments()}
+    assert hosts == {"edge", "cloud"}, "the plan must cross the link"
+    result = run_plan(plan, "local-edge-cloud", None, 40)
+
+    table = CostTable()
+    verdict, _, _ = recalibrate(table, [(plan, result)], [(plan, result)], graph, profile, ort.__version__)
+    assert verdict.kept, verdict
+    ((link, gbps, per_message, per_mb),) = verdict.network
+    assert link == "edge-cloud" and gbps > 0 and per_message >= 0 and per_mb >= 0
+
+    def error(cost: CostModel) -> float:
+        predicted = evaluate(plan, graph, cost, frames=0).predicted
+        return rmspe(
+            [
+                (predicted.latency_ms, result.measured.latency_ms),
+                (predicted.throughput_fps, result.measured.throughput_fps),
+            ]
+        )
+
+    fitted = CostModel.from_table(profile, graph, table)
+    assert fitted.calibration.network[link].gbps == pytest.approx(gbps)
+    profile_link = profile.network[0]
+    as_profiled = fitted.recalibrated(
+        fitted.calibration.with_network(link, NetworkFit(profile_link.bandwidth_gbps.value, 0.0, 0.0))
+    )
+    assert error(fitted) < error(as_profiled)
+    # saved and loaded, the table still has it
+    table.save(tmp_path / "costs.json")
+    again = CostModel.from_table(profile, graph, CostTable.load(tmp_path / "costs.json"))
+    assert again.calibration.network[link] == fitted.calibration.network[link]
