@@ -68,6 +68,44 @@ class PartitionSpec:
     outputs: tuple[str, ...]
     host: str = ""  # the profile's host this partition runs on ("" = single-host plan)
 
+    @classmethod
+    def on_cpu_core(
+        cls,
+        name: str,
+        file: str,
+        sha256: str,
+        core: int,
+        *,
+        inputs: tuple[str, ...],
+        outputs: tuple[str, ...],
+        stage: int = 0,
+        group: int = 0,
+        unit: int = 0,
+        host: str = "",
+    ) -> PartitionSpec:
+        """A partition of one onnxruntime thread on one CPU core, the only partition of its unit: for bundles
+        made by hand (benchmarks, tests)."""
+        return cls(
+            name=name,
+            file=file,
+            sha256=sha256,
+            pu="cpu",
+            cores=1,
+            core_ids=(core,),
+            threads=1,
+            throttle_percent=None,
+            throttled_cores=(),
+            provider="CPUExecutionProvider",
+            provider_options={},
+            stage=stage,
+            group=group,
+            unit=unit,
+            segment=0,
+            inputs=inputs,
+            outputs=outputs,
+            host=host,
+        )
+
 
 @dataclass(frozen=True)
 class Manifest:

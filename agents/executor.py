@@ -108,6 +108,7 @@ class _Worker:
         # the unit's turns when it holds other partitions too (``agents.modulo``), and this partition's lag
         self.turns: UnitTurns | None = None
         self.lag = 0
+        self.position = 0  # in the unit's order, for its turns
         self.thread = threading.Thread(target=self._run, name=f"pp-{spec.name}", daemon=True)
 
     def queue_depth(self) -> int:
@@ -210,7 +211,7 @@ class _Worker:
         run_lock = self.run_lock
         period = self.pipeline.replicas[self.spec.stage]
         frame = self.spec.group
-        turns, position, lag = self.turns, self.spec.segment, self.lag
+        turns, position, lag = self.turns, self.position, self.lag
         while True:
             self.lock.acquire()
             while not self._due(frame) and frame not in self.skipped and not self.pipeline.stopping:
@@ -366,8 +367,9 @@ class Pipeline:
             size = sum(1 for p in manifest.partitions if (p.stage, p.group, p.unit) == unit)
             if size > 1 and size == len(ws):  # a unit is on one host (the compiler's bundles)
                 turns = UnitTurns(size)
-                for w in ws:
-                    w.turns = turns
+                # positions 0..size-1 in the unit's order, whatever numbers a hand-made manifest gives
+                for position, w in enumerate(sorted(ws, key=lambda w: (w.spec.segment, w.spec.name))):
+                    w.turns, w.position = turns, position
                 out.append(turns)
         return out
 

@@ -207,25 +207,14 @@ def replicated_bundle(model: Path, folder: Path, cores: list[int], replicas: boo
     sha = hashlib.sha256((folder / "model.onnx").read_bytes()).hexdigest()
     groups = cores if replicas else cores[:1]
     parts = tuple(
-        PartitionSpec(
-            name=f"p{g}",
-            file="model.onnx",
-            sha256=sha,
-            pu="cpu",
-            cores=1,
-            core_ids=(core,),
-            threads=1,
-            throttle_percent=None,
-            throttled_cores=(),
-            provider="CPUExecutionProvider",
-            provider_options={},
-            stage=0,
-            group=g,
-            unit=g,
-            segment=g,
+        PartitionSpec.on_cpu_core(
+            f"p{g}",
+            "model.onnx",
+            sha,
+            core,
             inputs=tuple(i.name for i in proto.graph.input),
             outputs=tuple(o.name for o in proto.graph.output),
-            host="",
+            group=g,
         )
         for g, core in enumerate(groups)
     )

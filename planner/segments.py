@@ -148,8 +148,9 @@ def _block_order(plan: Plan, graph: OpGraph) -> dict[str, int]:
 
 
 def max_inflight(plan: Plan, segments: list[Segment]) -> int:
-    """Frames admitted at once: one a time for plans that are not pipelined, else one in each of frame 0's
-    partitions and one waiting in front of each, plus the one being fed (the executor's bounded queues)."""
+    """Frames admitted at once: one a time for plans that are not pipelined, else one in each partition of
+    every replica group and one waiting in front of each, plus the one being fed (the executor's bounded
+    queues). Every replica counts: a stage of R replicas keeps R frames busy at once."""
     if not plan.pipelined:
         return 1
-    return 2 * len({(s.stage, s.unit, s.index) for s in segments if s.group == 0}) + 1
+    return 2 * len({s.key for s in segments}) + 1

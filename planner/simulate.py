@@ -23,6 +23,7 @@ energy per byte. Every figure is labelled ``modelled``.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import statistics
 from collections.abc import Mapping
@@ -191,7 +192,9 @@ def simulate(model: PlanModel, frames: int = 200, max_inflight: int | None = Non
     last = frames - 1 - window if frames - 1 - window >= 1 else frames - 1  # left before the last frame entered
     warm = max(1, last // 2)
     span = leave[last] - leave[warm - 1] if frames > 1 else leave[0] - enter[0]
-    done = last - warm + 1 if frames > 1 else 1
+    # frames that leave together (replicas started at once) count whole: every frame that left after the
+    # first instant and by the last, so a burst split by the frame indices does not bias the rate
+    done = bisect.bisect_right(leave, leave[last]) - bisect.bisect_right(leave, leave[warm - 1]) if frames > 1 else 1
     throughput = 1000.0 * done / span if span > 0 else float("inf")
     makespan = leave[-1] - enter[0]
     if frames > 1 and span > 0:

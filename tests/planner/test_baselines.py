@@ -114,6 +114,8 @@ def test_the_plan_of_each_objective_is_never_worse_than_any_baseline(exported, n
         plan = best_plan(blocks, graph, cost, objective, SearchOptions(time_limit=0.3), problem=problem)
         validate(plan, graph, profile)
         assert plan.predicted is not None and plan.simulated is not None
+        # the simulator runs the plan as the executor does (units by frame + lag): at the analytic throughput
+        assert plan.simulated.throughput_fps == pytest.approx(plan.predicted.throughput_fps, rel=0.02), objective
         for other, theirs in base.items():
             assert key(plan, objective) <= key(theirs, objective) * (1 + 1e-9), (objective, other)
         if plan.provenance.method == "ilp" and plan.provenance.status == "optimal":

@@ -54,27 +54,11 @@ def cpu_partition(
     unit: int = 0,
     host: str = "",
 ) -> PartitionSpec:
-    """A partition of one thread on one CPU core (its own unit and segment), for hand-made bundles."""
-    return PartitionSpec(
-        name=name,
-        file=file,
-        sha256=hashlib.sha256(data).hexdigest(),
-        pu="cpu",
-        cores=1,
-        core_ids=(core,),
-        threads=1,
-        throttle_percent=None,
-        throttled_cores=(),
-        provider="CPUExecutionProvider",
-        provider_options={},
-        stage=stage,
-        group=0,
-        unit=unit,
-        segment=unit,
-        inputs=inputs,
-        outputs=outputs,
+    """A partition of one thread on one CPU core (its own unit), for hand-made bundles."""
+    return PartitionSpec.on_cpu_core(
+        name, file, hashlib.sha256(data).hexdigest(), core, inputs=inputs, outputs=outputs, stage=stage, unit=unit,
         host=host,
-    )
+    )  # fmt: skip
 
 
 def _manifest(stages: int, max_inflight: int, host: str, hosts: tuple[str, ...], plan_bundle: str) -> Manifest:
