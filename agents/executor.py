@@ -23,6 +23,7 @@ read on another host go there through ``links`` (agent-to-agent gRPC streams, se
 
 from __future__ import annotations
 
+import graphlib
 import os
 import threading
 import time
@@ -357,7 +358,13 @@ class Pipeline:
             active = manifest.active(phase)
             producer = {t: p.name for p in active for t in p.outputs}
             edges += [(producer[t], p.name) for p in active for t in p.inputs if t in producer]
-        lag = lags(place, edges)
+        try:
+            lag = lags(place, edges)
+        except graphlib.CycleError as exc:
+            raise PipelineError(
+                f"the bundle's partitions wait for each other in a cycle ({', '.join(exc.args[1])}); "
+                "compile the plan again with parapipe"
+            ) from None
         by_unit: dict[tuple[int, int, int], list[_Worker]] = {}
         for w in self.workers.values():
             w.lag = lag[w.spec.name]

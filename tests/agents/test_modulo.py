@@ -117,3 +117,27 @@ def test_executor_lags_are_the_simulators_and_units_take_turns(exported, two_cor
         for runs in by_unit.values():
             runs.sort()
             assert all(a[1] <= b[0] for a, b in itertools.pairwise(runs)), "a unit ran two partitions at once"
+
+
+def test_a_bundle_whose_partitions_wait_for_each_other_is_refused(tmp_path) -> None:
+    from agents.bundle import Manifest, TensorSpec
+    from agents.executor import PipelineError
+    from tests.support.tiny import cpu_partition
+
+    parts = (
+        cpu_partition("a", "a.onnx", b"a", 0, inputs=("x", "t1"), outputs=("t0",), unit=0),
+        cpu_partition("b", "b.onnx", b"b", 0, inputs=("t0",), outputs=("t1",), unit=1),
+    )
+    manifest = Manifest(
+        model_sha256="0" * 64,
+        plan_name="cycle",
+        device="test",
+        pipelined=True,
+        max_inflight=2,
+        replicas=(1,),
+        inputs=(TensorSpec("x", "float32", (1,)),),
+        outputs=(TensorSpec("t1", "float32", (1,)),),
+        partitions=parts,
+    )
+    with pytest.raises(PipelineError, match="cycle"):
+        Pipeline(manifest, tmp_path)
