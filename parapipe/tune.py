@@ -349,9 +349,10 @@ def fit_network(
     no shorter than a frame's bytes) and costs the sending and the receiving unit CPU time (gRPC,
     protobuf copies: both units' busy time, so latency and the period). The three values that predict
     the measured latencies and throughputs of the runs across the link best (RMSPE of both together),
-    searched over their grids (bandwidth and CPU per MB together, then CPU per message; twice round), become the cost table's ``network-bandwidth``,
-    ``network-cpu-message`` and ``network-cpu-mb`` values for that link (named ``a-b``). None when no
-    run crosses a link, or nothing predicts them better than the values the table has.
+    searched over their grids (bandwidth and CPU per MB together, then CPU per message; twice round),
+    become the cost table's ``network-bandwidth``, ``network-cpu-message`` and ``network-cpu-mb``
+    values for that link (named ``a-b``). None when no run crosses a link, or nothing predicts them
+    better than the values the table has.
     """
     from planner.build import evaluate
 
