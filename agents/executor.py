@@ -7,8 +7,9 @@ session, so onnxruntime's intra-op threads inherit both. Tensors move between wo
 as numpy arrays through per-worker inboxes (no serialisation); a frame enters while
 fewer than ``max_inflight`` frames are in flight, replicated stages take frames
 round-robin, and results are handed back per frame (callers wait on them in order).
-Partitions of one unit (the same cores) take turns (``agents.modulo``): one runs at a time,
-the one with the smallest frame + lag among those whose turn it is in the frame's order.
+Partitions of one unit (the same cores) take turns (``agents.modulo``): one thread runs them
+one at a time, the one with the smallest frame + lag among those whose turn it is in the
+frame's order.
 Every frame pays these handoffs (``bench/bench_agent.py --overhead`` measures them), so
 they use C-level locks only: a worker sleeps on a lock its producers release, and a
 caller of ``infer`` on a latch its frame's last worker releases. A pipeline of one partition
@@ -38,7 +39,7 @@ from typing import Protocol
 import numpy as np
 
 from agents.bundle import Manifest, PartitionSpec, TensorSpec
-from agents.modulo import UnitTurns, lags
+from agents.modulo import lags, pick
 from profiler.pinning import pin_current_thread, release_current_thread, throttle_current_thread
 
 _RECENT_FAILURES = 4096  # failed frame ids remembered so a failure is handled once per host
@@ -106,10 +107,7 @@ class _Worker:
         self.error: BaseException | None = None
         self.stats = WorkerStats()
         self._inputs = len(spec.inputs)
-        # the unit's turns when it holds other partitions too (``agents.modulo``), and this partition's lag
-        self.turns: UnitTurns | None = None
-        self.lag = 0
-        self.position = 0  # in the unit's order, for its turns
+        self.lag = 0  # ``agents.modulo``: how many frames behind the entry this partition works
         self.thread = threading.Thread(target=self._run, name=f"pp-{spec.name}", daemon=True)
 
     def queue_depth(self) -> int:
@@ -212,7 +210,6 @@ class _Worker:
         run_lock = self.run_lock
         period = self.pipeline.replicas[self.spec.stage]
         frame = self.spec.group
-        turns, position, lag = self.turns, self.position, self.lag
         while True:
             self.lock.acquire()
             while not self._due(frame) and frame not in self.skipped and not self.pipeline.stopping:
@@ -222,46 +219,127 @@ class _Worker:
             try:
                 if self.pipeline.stopping:
                     return
-                self.next = frame + period
-                skipped = frame in self.skipped
-                if skipped:
-                    self.skipped.discard(frame)
-                    self.inbox.pop(frame, None)
-                else:
-                    feeds = self.inbox.pop(frame, {})
-                    arrived = self.arrived.pop(frame, time.perf_counter())
+                taken = self.take(frame)
             finally:
                 self.lock.release()
-            if skipped:
-                if turns is not None:
-                    turns.skip(frame, position)
+            if taken is None:
                 frame += period
                 continue
-            if turns is not None and not turns.acquire(frame, position, lag):
-                return  # the pipeline stops
-            try:
-                with run_lock:
-                    start = time.perf_counter()
-                    try:
-                        results = session.run(output_names, feeds)
-                    except BaseException as exc:
-                        error = exc
-                    else:
-                        error = None
-                        end = time.perf_counter()
-                        self.stats.busy_s += end - start
-                        self.stats.wait_s += start - arrived
-                        self.stats.frames += 1
-            finally:
-                if turns is not None:
-                    turns.release(frame, position)
-            if error is not None:
-                self.pipeline.fail(frame, PipelineError(f"partition {self.spec.name} failed on frame {frame}: {error}"))
-                frame += period
-                continue
-            for name, value in zip(output_names, results, strict=True):
-                self.pipeline.route(self.spec, frame, name, value)
+            feeds, arrived = taken
+            self.execute(session, output_names, frame, feeds, arrived, run_lock)
             frame += period
+
+    def take(self, frame: int) -> tuple[dict[str, np.ndarray], float] | None:
+        """Frame ``frame``'s inputs, taken from the inbox (None: the frame was given up, passed on here).
+        The caller holds ``lock`` and saw the frame due or skipped."""
+        self.next = frame + self.pipeline.replicas[self.spec.stage]
+        if frame in self.skipped:
+            self.skipped.discard(frame)
+            self.inbox.pop(frame, None)
+            return None
+        return self.inbox.pop(frame, {}), self.arrived.pop(frame, time.perf_counter())
+
+    def execute(
+        self, session, output_names: list[str], frame: int, feeds: dict, arrived: float, lock: threading.Lock
+    ) -> None:
+        """Run frame ``frame`` (holding ``lock`` for the run) and hand its outputs on (or fail the frame,
+        naming this partition)."""
+        with lock:
+            start = time.perf_counter()
+            try:
+                results = session.run(output_names, feeds)
+            except BaseException as exc:
+                error: BaseException | None = exc
+            else:
+                error = None
+                self.stats.busy_s += time.perf_counter() - start
+                self.stats.wait_s += start - arrived
+                self.stats.frames += 1
+        if error is not None:
+            self.pipeline.fail(frame, PipelineError(f"partition {self.spec.name} failed on frame {frame}: {error}"))
+            return
+        for name, value in zip(output_names, results, strict=True):
+            self.pipeline.route(self.spec, frame, name, value)
+
+
+class _UnitRunner:
+    """One thread for a unit that holds several partitions (``agents.modulo``): it creates their sessions
+    (pinned to the unit's cores) and runs them one after the other, no handoff between them. Each turn
+    goes, among the partitions whose turn it is in their next frame (a frame's partitions in the unit's
+    order) and whose inputs are there, to the smallest frame + lag; a frame given up is passed on in turn.
+    The partitions keep their inboxes, stats and lags; deliveries to any of them wake this thread."""
+
+    def __init__(self, workers: list[_Worker], pipeline: Pipeline) -> None:
+        self.workers = workers  # in the unit's order: the position of each
+        self.pipeline = pipeline
+        self._wake = threading.Lock()
+        self._wake.acquire()
+        for w in workers:
+            w._wake = self._wake  # deliver, skip and stop wake this thread
+        self.thread = threading.Thread(target=self._run, name=f"pp-unit-{workers[0].spec.name}", daemon=True)
+        for w in workers:
+            w.thread = self.thread
+
+    def _run(self) -> None:
+        for i, w in enumerate(self.workers):
+            try:
+                w.session = w._session()
+            except BaseException as exc:
+                w.error = exc
+                for later in self.workers[i + 1 :]:
+                    later.error = PipelineError(f"not loaded: {w.spec.name} on the same cores failed first")
+                for x in self.workers:
+                    x.ready.set()
+                return
+        for w in self.workers:
+            w.ready.set()
+        try:
+            self._loop()
+        finally:
+            for w in self.workers:  # the sessions go with the run (see ``_Worker._run``)
+                with w.run_lock:
+                    w.session = None
+
+    def _loop(self) -> None:
+        pipeline, workers = self.pipeline, self.workers
+        period = pipeline.replicas[workers[0].spec.stage]
+        size = len(workers)
+        names = [list(w.spec.outputs) for w in workers]
+        frames = [w.spec.group for w in workers]  # each partition's next frame
+        cursor: dict[int, int] = {}  # frame -> the position whose turn it is (absent: 0)
+        while not pipeline.stopping:
+            due = []
+            for pos, w in enumerate(workers):  # in order: a frame passed on at pos is pos + 1's turn next
+                frame = frames[pos]
+                if cursor.get(frame, 0) != pos:
+                    continue
+                # membership reads need no lock (one bytecode under the GIL); taking the frame does
+                if frame in w.skipped:
+                    with w.lock:
+                        w.take(frame)
+                    frames[pos] += period
+                    self._advance(cursor, frame, pos, size)
+                elif w._due(frame):
+                    due.append((frame, w.lag, pos))
+            turn = pick(due)
+            if turn is None:
+                self._wake.acquire(True, 0.5)  # until a delivery, a frame given up or stop
+                continue
+            frame, _, pos = turn
+            w = workers[pos]
+            with w.lock:
+                taken = w.take(frame)
+            if taken is not None:
+                w.execute(w.session, names[pos], frame, taken[0], taken[1], w.run_lock)
+            frames[pos] += period
+            self._advance(cursor, frame, pos, size)
+
+    @staticmethod
+    def _advance(cursor: dict[int, int], frame: int, pos: int, size: int) -> None:
+        if pos + 1 >= size:
+            cursor.pop(frame, None)
+        else:
+            cursor[frame] = pos + 1
 
 
 def _finite(timeout: float | None) -> float | None:
@@ -302,7 +380,7 @@ class Pipeline:
         self.workers = {
             p.name: _Worker(p, self.folder / p.file, any(cores_use[c] > 1 for c in p.core_ids), self) for p in local
         }
-        self._turns = self._unit_turns()
+        self._runners = self._unit_runners()
         self._sourceless = [w for w in self.workers.values() if not w.spec.inputs]  # run once a frame enters
         # routing per phase (frame mod period): tensor -> local consumers, and -> other hosts reading it
         self._consumers: list[dict[str, list[_Worker]]] = []
@@ -348,9 +426,9 @@ class Pipeline:
         self._solo = self._inline_worker()
         self._inline = 0  # frames running inline now (in flight, like those in ``_frames``)
 
-    def _unit_turns(self) -> list[UnitTurns]:
-        """Units holding several partitions here take turns (``agents.modulo``): one partition at a time, by
-        frame + lag, as the planner's simulator has them."""
+    def _unit_runners(self) -> list[_UnitRunner]:
+        """Each partition's lag (``agents.modulo``, as the planner's simulator has it); a unit holding several
+        partitions here gets one thread that runs them in turn."""
         manifest = self.manifest
         place = {p.name: ((p.stage, p.group, p.unit), p.segment) for p in manifest.partitions}
         edges = []
@@ -373,11 +451,8 @@ class Pipeline:
         for unit, ws in by_unit.items():
             size = sum(1 for p in manifest.partitions if (p.stage, p.group, p.unit) == unit)
             if size > 1 and size == len(ws):  # a unit is on one host (the compiler's bundles)
-                turns = UnitTurns(size)
-                # positions 0..size-1 in the unit's order, whatever numbers a hand-made manifest gives
-                for position, w in enumerate(sorted(ws, key=lambda w: (w.spec.segment, w.spec.name))):
-                    w.turns, w.position = turns, position
-                out.append(turns)
+                # positions in the unit's order, whatever numbers a hand-made manifest gives
+                out.append(_UnitRunner(sorted(ws, key=lambda w: (w.spec.segment, w.spec.name)), self))
         return out
 
     def _inline_worker(self) -> _Worker | None:
@@ -392,8 +467,8 @@ class Pipeline:
     # ------------------------------------------------------------------ life cycle
 
     def start(self, timeout: float = 120.0) -> None:
-        for w in self.workers.values():
-            w.thread.start()
+        for thread in dict.fromkeys(w.thread for w in self.workers.values()):  # a unit's runner once
+            thread.start()
         deadline = time.monotonic() + timeout
         for w in self.workers.values():
             if not w.ready.wait(max(0.0, deadline - time.monotonic())):
@@ -408,8 +483,6 @@ class Pipeline:
         self.stopping = True
         for w in self.workers.values():
             w.wake()
-        for turns in self._turns:
-            turns.close()
         with self._lock:
             frames = list(self._frames.values())
             self._frames.clear()

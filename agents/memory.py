@@ -64,7 +64,7 @@ def give_back_free_memory() -> bool:
 def bound_arenas(arenas: int = AGENT_ARENAS) -> bool:
     """At most ``arenas`` malloc arenas in this process (glibc ``M_ARENA_MAX``); True if libc accepted.
 
-    Every pipeline start gives each partition a new worker thread, and glibc gives new threads
+    Every pipeline start gives each partition (or unit of partitions) a new worker thread, and glibc gives new threads
     arenas of their own: memory freed in them (a stopped pipeline's) stays fragmented there, and
     an agent whose pipeline restarts again and again grew by several MiB per restart for good
     (bert_tiny, 20 StartPipelines in one agent: 140 -> ~200 MiB; with two arenas 110-122 MiB).

@@ -19,14 +19,14 @@ round of the busiest one: throughput is the busiest unit's (the software-pipelin
 result). One frame alone runs as before: with nothing to overlap, the order is the
 frame's own.
 
-``lags`` is the rule, used by the planner's simulator and by the executor alike;
-``UnitTurns`` enforces it on one unit of a running pipeline.
+``lags`` and ``pick`` are the rule, used by the planner's simulator and by the executor
+alike; in the executor one thread runs all the partitions of such a unit, one after the
+other with no handoff between them (``agents.executor._UnitRunner``).
 """
 
 from __future__ import annotations
 
 import graphlib
-import threading
 from collections.abc import Hashable, Iterable, Mapping
 from typing import TypeVar
 
@@ -47,72 +47,7 @@ def lags(place: Mapping[K, tuple[Hashable, int]], edges: Iterable[tuple[K, K]]) 
     return out
 
 
-class UnitTurns:
-    """One unit's turns: its partitions run one at a time, each frame's in the unit's order, and among
-    those whose turn it is, the smallest ``frame + lag`` first.
-
-    Every partition of the unit passes every frame of its replica group in order, running it
-    (``acquire`` ... ``release``) or giving it up (``skip``): a frame's later partitions wait for its
-    earlier ones here, so a skipped frame must still be passed on."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size  # partitions on the unit
-        self._cond = threading.Condition()
-        self._busy = False
-        self._closed = False
-        self._cursor: dict[int, int] = {}  # frame -> position of the partition whose turn it is
-        self._passed: dict[int, set[int]] = {}  # frame -> positions skipped before their turn
-        self._waiting: list[tuple[int, int, int]] = []  # (frame + lag, frame, position) of each waiter
-
-    def acquire(self, frame: int, position: int, lag: int) -> bool:
-        """Wait for this partition's turn on frame ``frame``; False when the unit closes first."""
-        entry = (frame + lag, frame, position)
-        with self._cond:
-            self._waiting.append(entry)
-            try:
-                while not self._closed and (self._busy or self._first() != entry):
-                    self._cond.wait()
-            finally:
-                self._waiting.remove(entry)
-            if self._closed:
-                return False
-            self._busy = True
-            return True
-
-    def release(self, frame: int, position: int) -> None:
-        with self._cond:
-            self._busy = False
-            self._advance(frame, position)
-            self._cond.notify_all()
-
-    def skip(self, frame: int, position: int) -> None:
-        """This partition gives frame ``frame`` up: the frame's later partitions need not wait for it."""
-        with self._cond:
-            if self._cursor.get(frame, 0) == position:
-                self._advance(frame, position)
-            else:
-                self._passed.setdefault(frame, set()).add(position)
-            self._cond.notify_all()
-
-    def close(self) -> None:
-        """The pipeline stops: every waiter returns False."""
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-
-    def _first(self) -> tuple[int, int, int] | None:
-        """The waiter to run next: the smallest ``frame + lag`` among those whose turn it is."""
-        due = [w for w in self._waiting if self._cursor.get(w[1], 0) == w[2]]
-        return min(due, default=None)
-
-    def _advance(self, frame: int, position: int) -> None:
-        nxt = position + 1
-        passed = self._passed.get(frame)
-        while passed and nxt in passed:
-            passed.discard(nxt)
-            nxt += 1
-        if nxt >= self.size:
-            self._cursor.pop(frame, None)
-            self._passed.pop(frame, None)
-        else:
-            self._cursor[frame] = nxt
+def pick(candidates: Iterable[tuple[int, int, int]]) -> tuple[int, int, int] | None:
+    """The turn among ``(frame, lag, position)`` of the partitions whose turn it is in their frame and whose
+    inputs are there: the smallest ``frame + lag``, then the older frame, then the earlier position."""
+    return min(candidates, key=lambda c: (c[0] + c[1], c[0], c[2]), default=None)

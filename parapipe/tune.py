@@ -6,9 +6,8 @@ like the profiler's), so the next round's cost model predicts those partitions f
 board did. The time fed back is the one-at-a-time figure, and what units running at once cost
 each other goes into the shared memory's bandwidth, fitted to the measured throughputs (and what
 a tensor between hosts costs each end's CPU into the network link's figures, fitted to the plans
-measured across it); where
-the profile names no shared memory, or the PU is CFS-throttled, a unit's only partition keeps
-its back-to-back time.
+measured across it); where the profile names no shared memory, or the PU is CFS-throttled, a
+partition keeps its back-to-back time (a unit runs its partitions in turn, so that time is its own).
 
 A recalibration is kept only if the new table predicts every plan measured so far (each
 re-evaluated under both tables) better than the table before it; otherwise this model's
@@ -148,23 +147,20 @@ def feed_back(
     segments = {s.name: s for s in lower(plan, graph, profile)}
     flops = {n.name: n.flops for n in graph.nodes}
     added = 0
-    per_unit: dict[tuple[int, int, int], int] = {}
-    for seg in segments.values():
-        per_unit[seg.unit_key] = per_unit.get(seg.unit_key, 0) + 1
     for p in result.partitions:
         seg = segments.get(p.name)
         if seg is None or seg.pu.spans:
             continue
         # A partition's time is its time with frames run one at a time: what a frame's latency adds
-        # up, and (segments of one unit share its cores and overlap back to back) the only honest
-        # measure where a unit runs several. What running beside the others costs it back to back
-        # (memory, caches, on a VM the host's cores) is the shared memory's term, which tune fits
-        # from the measured throughputs. Where the profile names no shared memory, and on a
-        # CFS-throttled PU (a frame alone may fit in one quota period, back to back it waits for
-        # the quota), the back-to-back time of a unit's only partition is what throughput needs.
+        # up. What running beside the others costs it back to back (memory, caches, on a VM the
+        # host's cores) is the shared memory's term, which tune fits from the measured throughputs.
+        # Where the profile names no shared memory, and on a CFS-throttled PU (a frame alone may
+        # fit in one quota period, back to back it waits for the quota), the back-to-back time is
+        # what throughput needs: a unit runs its partitions in turn (``agents.modulo``), so each
+        # one's back-to-back time is its own, not shared with the unit's others.
         pu = profile.pu(seg.pu)
         sustained = pu.throttle is not None or profile.shared_memory(seg.pu) is None
-        if sustained and per_unit[seg.unit_key] == 1 and p.busy_per_frame_ms is not None:
+        if sustained and p.busy_per_frame_ms is not None:
             per_frame = p.busy_per_frame_ms
         else:
             per_frame = p.alone_per_frame_ms or p.busy_per_frame_ms

@@ -1,21 +1,20 @@
-"""A unit's turns (``agents.modulo``): the lag rule, the order a unit grants turns in, skipped frames and stop;
-and the executor takes its lags from a bundle exactly as the planner's simulator takes them from the plan."""
+"""A unit's turns (``agents.modulo``): the lag rule and the order a unit takes turns in; the executor takes its
+lags from a bundle exactly as the planner's simulator takes them from the plan, and runs a unit's partitions on
+one thread, one at a time, passing failed frames on."""
 
 from __future__ import annotations
 
 import itertools
-import threading
 import time
 
 import pytest
 
 from agents.executor import Pipeline, generate_inputs
-from agents.modulo import UnitTurns, lags
+from agents.modulo import lags, pick
 from compiler import compile_plan, write_bundle
 from planner.build import priced
 from planner.costmodel import CostModel
 from tests.support.plans import executor_plans, model_and_graph
-from tests.support.tiny import eventually
 
 
 def test_lag_counts_hops_between_units_and_back_in_a_units_order() -> None:
@@ -26,69 +25,42 @@ def test_lag_counts_hops_between_units_and_back_in_a_units_order() -> None:
     assert lags({"x": ("u", 1), "y": ("u", 0)}, [("x", "y")]) == {"x": 0, "y": 1}
 
 
-def _waiters(turns: UnitTurns, entries: list[tuple[int, int, int]], order: list[tuple[int, int]]) -> list:
-    def take(frame: int, position: int, lag: int) -> None:
-        assert turns.acquire(frame, position, lag)
-        order.append((frame, position))
-        turns.release(frame, position)
-
-    threads = [threading.Thread(target=take, args=e, daemon=True) for e in entries]
-    for t in threads:
-        t.start()
-    eventually("every waiter queued", lambda: len(turns._waiting) == len(entries))
-    return threads
-
-
-def test_a_unit_runs_the_smallest_frame_plus_lag_among_those_whose_turn_it_is() -> None:
-    turns = UnitTurns(2)
-    assert turns.acquire(0, 0, 0)  # the unit is busy while the others queue
-    order: list[tuple[int, int]] = []
-    # position 1 has lag 3: its frame 0 runs in position 0's frame 3's round (before it: the older frame),
-    # its frame 1 in frame 4's, and only after frame 1's position 0
-    threads = _waiters(turns, [(4, 0, 0), (0, 1, 3), (1, 1, 3), (3, 0, 0), (1, 0, 0), (2, 0, 0)], order)
-    turns.release(0, 0)
-    for t in threads:
-        t.join(10)
-    assert order == [(1, 0), (2, 0), (0, 1), (3, 0), (1, 1), (4, 0)]
-
-
-def test_a_skipped_turn_passes_the_frame_on_and_stop_wakes_every_waiter() -> None:
-    turns = UnitTurns(3)
-    order: list[tuple[int, int]] = []
-    threads = _waiters(turns, [(7, 2, 0)], order)
-    turns.skip(7, 1)  # before its turn: remembered
-    assert order == []
-    turns.skip(7, 0)  # frame 7's positions 0 and 1 gave it up: position 2 runs
-    threads[0].join(10)
-    assert order == [(7, 2)]
-    assert not turns._cursor and not turns._passed  # a frame every position passed is forgotten
-
-    stuck = UnitTurns(2)
-    result: list[bool] = []
-    t = threading.Thread(target=lambda: result.append(stuck.acquire(5, 1, 0)), daemon=True)
-    t.start()
-    eventually("the waiter queued", lambda: len(stuck._waiting) == 1)
-    stuck.close()
-    t.join(10)
-    assert result == [False]
+def test_a_unit_runs_the_smallest_frame_plus_lag_then_the_older_frame() -> None:
+    # position 1 has lag 3: its frame 0 runs in position 0's frame 3's round, before it (the older frame)
+    assert pick([(4, 0, 0), (0, 3, 1), (3, 0, 0), (2, 0, 0)]) == (2, 0, 0)
+    assert pick([(4, 0, 0), (0, 3, 1), (3, 0, 0)]) == (0, 3, 1)
+    assert pick([(4, 0, 0), (3, 0, 0)]) == (3, 0, 0)
+    assert pick([(5, 0, 2), (5, 0, 1)]) == (5, 0, 1)  # one frame's partitions in the unit's order
+    assert pick([]) is None
 
 
 @pytest.mark.zoo
-def test_executor_lags_are_the_simulators_and_units_take_turns(exported, two_cores, tmp_path, monkeypatch) -> None:
+def test_executor_lags_are_the_simulators_and_a_unit_runs_its_partitions_in_turn(
+    exported, two_cores, tmp_path, monkeypatch
+) -> None:
+    """The executor's lags are the simulator's; the partitions of a unit run on one thread, one at a time; a
+    frame that fails in a unit's first partition is passed on by the unit's later ones, and the frames after
+    it come back with the full model's outputs."""
+    import numpy as np
     import onnxruntime as ort
 
-    spans: list[tuple[str, float, float]] = []  # (worker thread, start, end) of every session.run
+    runs: list[tuple[int, float, float]] = []  # (session, start, end) of every run
+    failing: dict[int, int] = {}  # session id -> the call that raises
 
     class Timed(ort.InferenceSession):
         def run(self, *args, **kwargs):
+            calls = sum(1 for r in runs if r[0] == id(self))
             start = time.perf_counter()
             try:
+                if failing.get(id(self)) == calls:
+                    raise RuntimeError("injected failure")
                 return super().run(*args, **kwargs)
             finally:
-                spans.append((threading.current_thread().name, start, time.perf_counter()))
+                runs.append((id(self), start, time.perf_counter()))
 
-    monkeypatch.setattr(ort, "InferenceSession", Timed)
     loaded, graph = model_and_graph(exported, "googlenet")
+    full = ort.InferenceSession(loaded.proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    monkeypatch.setattr(ort, "InferenceSession", Timed)
     cost = CostModel(two_cores, graph)
     for label, plan in executor_plans(loaded, graph, two_cores).items():
         compiled = compile_plan(plan, loaded, graph, two_cores)
@@ -96,27 +68,44 @@ def test_executor_lags_are_the_simulators_and_units_take_turns(exported, two_cor
         model = priced(plan, graph, cost)
         lag = model.lags()
         assert {name: w.lag for name, w in pipeline.workers.items()} == {s.name: lag[s.key] for s in model.segments}
-        shared = {f"pp-{w.spec.name}": id(w.turns) for w in pipeline.workers.values() if w.turns is not None}
+        units: dict[tuple[int, int, int], list] = {}
+        for w in pipeline.workers.values():
+            units.setdefault((w.spec.stage, w.spec.group, w.spec.unit), []).append(w)
+        for ws in units.values():
+            assert len({id(w.thread) for w in ws}) == 1, "one thread per unit"
+        assert len({id(w.thread) for w in pipeline.workers.values()}) == len(units)
+        shared = [sorted(ws, key=lambda w: w.spec.segment) for ws in units.values() if len(ws) > 1]
         if label == "branches":
-            assert len(shared) >= 3 and max(lag.values()) >= 2, "googlenet's joins split the main unit"
+            assert shared and max(lag.values()) >= 2, "googlenet's joins split the main unit"
         if not shared:
             continue
-        spans.clear()
+        runs.clear()
         pipeline.start()
         try:
-            futures = [pipeline.submit(generate_inputs(compiled.manifest.inputs, seed=s)) for s in range(6)]
-            for f in futures:
-                f.result(timeout=120)
+            first = shared[0][0]
+            failing.clear()
+            failing[id(first.session)] = 5  # frame 5 fails in the unit's first partition
+            unit_of = {id(w.session): i for i, ws in enumerate(shared) for w in ws}
+            frames = [generate_inputs(compiled.manifest.inputs, seed=s) for s in range(8)]
+            futures = [pipeline.submit(f) for f in frames]
+            for k, (frame, fut) in enumerate(zip(frames, futures, strict=True)):
+                if k == 5:
+                    with pytest.raises(Exception, match="injected failure"):
+                        fut.result(timeout=120)
+                    continue
+                got = fut.result(timeout=120)
+                for out, ref in zip([o.name for o in full.get_outputs()], full.run(None, frame), strict=True):
+                    assert np.max(np.abs(got[out].astype(np.float64) - ref)) <= 1e-5, (label, k)
         finally:
             pipeline.stop()
         by_unit: dict[int, list[tuple[float, float]]] = {}
-        for thread, start, end in spans:
-            if thread in shared:
-                by_unit.setdefault(shared[thread], []).append((start, end))
-        assert by_unit and sum(map(len, by_unit.values())) >= 6 * len(shared)
-        for runs in by_unit.values():
-            runs.sort()
-            assert all(a[1] <= b[0] for a, b in itertools.pairwise(runs)), "a unit ran two partitions at once"
+        for session, start, end in runs:
+            if session in unit_of:
+                by_unit.setdefault(unit_of[session], []).append((start, end))
+        assert by_unit, label
+        for spans in by_unit.values():
+            spans.sort()
+            assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans)), "a unit ran two partitions at once"
 
 
 def test_a_bundle_whose_partitions_wait_for_each_other_is_refused(tmp_path) -> None:
