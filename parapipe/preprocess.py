@@ -17,7 +17,7 @@ so images without ``--preprocess`` are refused with an example.
 from __future__ import annotations
 
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -25,6 +25,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from models.errors import ParapipeError
+from models.inputs import InputSpec
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 EXAMPLE = "size = [224, 224]; scale = 0.00392156862745098; mean = [0.485, 0.456, 0.406]; std = [0.229, 0.224, 0.225]"
@@ -148,3 +149,27 @@ def _resized(img, height: int, width: int, how: str):  # type: ignore[no-untyped
     left = (scaled.size[0] - width) // 2
     top = (scaled.size[1] - height) // 2
     return scaled.crop((left, top, left + width, top + height))
+
+
+def image_frames(folder: Path, spec: Preprocess | None, inputs: Sequence[InputSpec]) -> list[dict[str, np.ndarray]]:
+    """One frame per image of ``folder`` for a model with one image input (4-D, floating point); the model's
+    other inputs must be fixed by the graph (values it says, e.g. a sample rate) to be fed the same each frame."""
+    files = image_files(folder)
+    if not files:
+        raise PreprocessError(f"{folder}: no images ({', '.join(IMAGE_SUFFIXES)}) and no .npz files")
+    if spec is None:
+        raise PreprocessError(
+            f'{folder} holds images: say how the model wants them with --preprocess, e.g. --preprocess "{EXAMPLE}" '
+            "(size = [height, width], scale, mean, std per channel; channels rgb|bgr|gray; layout nchw|nhwc; "
+            "resize stretch|crop), or give tensors as .npz files"
+        )
+    images = [s for s in inputs if len(s.shape) == 4 and np.dtype(s.dtype).kind == "f"]
+    others = [s for s in inputs if s not in images]
+    if len(images) != 1 or any(not s.values for s in others):
+        raise PreprocessError(
+            f"images feed a model with one image input (4-D, floating point); this one takes "
+            f"{', '.join(f'{s.name} {s.dtype}{list(s.shape)}' for s in inputs)}: give its frames as .npz files"
+        )
+    (image,) = images
+    fixed = {s.name: np.asarray(s.values, dtype=s.dtype).reshape(s.shape) for s in others}
+    return [{image.name: image_tensor(f, spec, tuple(image.shape), image.dtype), **fixed} for f in files]

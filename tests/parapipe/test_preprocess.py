@@ -15,6 +15,7 @@ from parapipe.preprocess import (
     Preprocess,
     PreprocessError,
     image_files,
+    image_frames,
     image_tensor,
     parse_preprocess,
 )
@@ -102,3 +103,22 @@ def test_any_image_becomes_a_tensor_of_the_inputs_shape(tmp_path: Path, width, h
     x = image_tensor(path, spec, shape, "float32")
     assert x.shape == shape and x.dtype == np.float32
     assert np.isfinite(x).all() and x.min() >= 0.0 and x.max() <= 1.0  # scale 1/255, mean 0, std 1
+
+
+def test_a_folder_of_photographs_becomes_frames_of_the_image_input(tmp_path: Path) -> None:
+    from models.inputs import InputSpec
+
+    for name in ("astronaut", "coffee"):
+        _photo(tmp_path, name, ".jpg")
+    image_input = InputSpec("images", "float32", (1, 3, 32, 48))
+    rate = InputSpec("rate", "int64", (), values=(16000.0,), source="graph:sample rate")
+    frames = image_frames(tmp_path, Preprocess(), [image_input, rate])
+    assert len(frames) == 2 and all(f["images"].shape == (1, 3, 32, 48) and f["rate"] == 16000 for f in frames)
+    with pytest.raises(PreprocessError, match="--preprocess"):
+        image_frames(tmp_path, None, [image_input])
+    with pytest.raises(PreprocessError, match="one image input"):
+        image_frames(tmp_path, Preprocess(), [image_input, InputSpec("mask", "float32", (1, 3, 32, 48))])
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(PreprocessError, match="no images"):
+        image_frames(empty, Preprocess(), [image_input])
