@@ -111,12 +111,15 @@ def agent_pid(pid_file: Path) -> int | None:
 class Supervised:
     """One host's agent under deploy's restart loop, on a fixed port."""
 
-    def __init__(self, host: str, work: Path) -> None:
+    def __init__(self, host: str, work: Path, debug_memory: bool = False) -> None:
         self.host, self.port = host, free_port()
         self.pid_file, sup_file = work / f"{host}.pid", work / f"{host}.supervisor.pid"
         self.log_path = work / f"{host}.log"
+        self.reports = work / f"{host}.memory.jsonl" if debug_memory else None
         agent = [sys.executable, "-m", "agents.server", "--host", "127.0.0.1", "--port", str(self.port)]
         agent += ["--workdir", str(work / host), "--pid-file", str(self.pid_file), "--port-file", str(work / f"{host}.port")]  # fmt: skip
+        if self.reports is not None:
+            agent += ["--debug-memory", str(self.reports)]
         self.log = open(self.log_path, "w")
         self.supervisor = subprocess.Popen(
             ["sh", "-c", _SUPERVISOR, SUPERVISOR_NAME, str(sup_file), *agent],
@@ -143,6 +146,15 @@ class Supervised:
 
     def restarts(self) -> int:
         return self.log_path.read_text().count("restarting it")
+
+    def report_memory(self) -> None:
+        """Ask the agent for a memory report (``--debug-memory``: one more line in ``self.reports``)."""
+        pid = self.pid()
+        if self.reports is not None and pid:
+            try:
+                os.kill(pid, signal.SIGUSR1)
+            except ProcessLookupError:
+                pass
 
 
 class Tally:
@@ -256,6 +268,17 @@ def main() -> None:
     parser.add_argument("--bad-every", type=float, default=30.0)
     parser.add_argument("--fps", type=float, default=20.0)
     parser.add_argument("--zoo-dir", type=Path, default=Path("build/bench/zoo"))
+    parser.add_argument(
+        "--kill",
+        default=",".join(HOSTS[1:] + HOSTS[:1]),
+        help="the hosts SIGKILLed, in turn (default h1,h2,h0); --kill h1 restarts only a peer of the entry host",
+    )
+    parser.add_argument(
+        "--debug-memory",
+        action="store_true",
+        help="agents trace their memory (--debug-memory); each is asked for a report before every SIGKILL "
+        "and at the end (<work>/<host>.memory.jsonl)",
+    )
     args = parser.parse_args()
     path = args.zoo_dir / "bert_tiny.onnx"
     if not path.exists():
@@ -271,7 +294,7 @@ def main() -> None:
     parts = write_bundles(compiled, work / "bundle")
     entry = compiled.manifest.entry
     assert set(parts) == set(HOSTS) and entry == "h0", (sorted(parts), entry)
-    agents = {h: Supervised(h, work) for h in HOSTS}
+    agents = {h: Supervised(h, work, args.debug_memory) for h in HOSTS}
     for a in agents.values():
         a.client.wait_serving(60)
         a.client.load_bundle(parts[a.host])
@@ -292,7 +315,8 @@ def main() -> None:
     streamer.start()
     # (host, pid) -> started, rss at 1 min, peak after
     incarnations: dict[tuple[str, int], dict[str, float]] = {}
-    kill_order = [h for h in HOSTS if h != entry] + [entry]
+    kill_order = args.kill.split(",")
+    assert set(kill_order) <= set(HOSTS), f"--kill takes hosts among {', '.join(HOSTS)}"
     next_kill, next_bad, kills = start + args.kill_every, start + args.bad_every, []
     tick = start
     while time.monotonic() < end:
@@ -312,6 +336,10 @@ def main() -> None:
             if inc["rss_1min"]:
                 inc["peak_after"] = max(inc["peak_after"], rss)
         if now >= next_kill:
+            rss = {h: rss_kib(a.pid() or 0) / 1024 for h, a in agents.items()}
+            print(f"{now - start:6.1f} s: RSS before the kill " + ", ".join(f"{h} {m:.1f} MiB" for h, m in rss.items()))
+            for a in agents.values():
+                a.report_memory()
             victim = kill_order[len(kills) % len(kill_order)]
             pid = agents[victim].pid()
             if pid:
@@ -334,6 +362,13 @@ def main() -> None:
     unsent = 0
     while not schedule.empty():  # due frames the streamer never sent (not counted as sent)
         unsent += schedule.get() is not None
+    rss = {h: rss_kib(a.pid() or 0) / 1024 for h, a in agents.items()}
+    print(f"{time.monotonic() - start:6.1f} s: RSS at the end " + ", ".join(f"{h} {m:.1f} MiB" for h, m in rss.items()))
+    for a in agents.values():
+        a.report_memory()
+    if args.debug_memory:
+        time.sleep(5.0)  # the reports are written by the agents' own threads
+        print(f"memory reports: {work}/<host>.memory.jsonl")
     for a in agents.values():
         a.shutdown()
     c = tally.counts
