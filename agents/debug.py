@@ -12,6 +12,8 @@ Board side: the stdlib only (psutil is not needed: resident memory is read from 
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import gc
 import json
 import linecache
@@ -52,6 +54,71 @@ def rss_kib() -> int:
     except OSError:
         pass
     return 0
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
+
+
+def malloc_info() -> dict[str, int]:
+    """glibc's heap figures (KiB): ``arena`` held from the system by the arenas, ``in_use`` of it, ``free`` in
+    it, ``mmapped`` in blocks of their own; {} where libc has no ``mallinfo2`` (glibc before 2.33, musl)."""
+    try:
+        fn = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallinfo2
+    except (OSError, AttributeError):
+        return {}
+    fn.restype = _MallInfo2
+    info = fn()
+    return {
+        "arena": info.arena // 1024,
+        "in_use": info.uordblks // 1024,
+        "free": info.fordblks // 1024,
+        "mmapped": info.hblkhd // 1024,
+    }
+
+
+def rss_by_mapping() -> dict[str, int]:
+    """Resident memory (KiB) by kind of mapping (/proc/self/smaps): the main heap, other anonymous memory
+    by size (thread stacks are 8 MiB, glibc's other arenas 64 MiB), and files (libraries, models)."""
+    groups: Counter[str] = Counter()
+    kind = ""
+    try:
+        lines = Path("/proc/self/smaps").read_text().splitlines()
+    except OSError:
+        return {}
+    for line in lines:
+        fields = line.split()
+        if "-" in fields[0] and not fields[0].endswith(":"):
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            size = end - start
+            path = fields[5] if len(fields) > 5 else ""
+            if path.startswith("["):
+                kind = path
+            elif path:
+                kind = "files"
+            elif size <= 9 * 1024 * 1024:
+                kind = "anonymous <= 9 MiB (thread stacks)"
+            elif size <= 64 * 1024 * 1024:
+                kind = "anonymous <= 64 MiB (malloc arenas)"
+            else:
+                kind = "anonymous > 64 MiB"
+        elif fields[0] == "Rss:":
+            groups[kind] += int(fields[1])
+    return dict(groups)
 
 
 def thread_names() -> dict[str, int]:
@@ -158,6 +225,8 @@ class MemoryReports:
         return {
             "time": time.time(),
             "rss_kib": rss_kib(),
+            "rss_by_mapping_kib": rss_by_mapping(),
+            "malloc_kib": malloc_info(),
             "traced_kib": current // 1024,
             "traced_peak_kib": peak // 1024,
             "threads": thread_names(),
