@@ -121,6 +121,30 @@ def rss_by_mapping() -> dict[str, int]:
     return dict(groups)
 
 
+def large_anonymous(min_rss_kib: int = 512) -> list[list[object]]:
+    """[address, size KiB, resident KiB, the size of the unreadable mapping right after it (a malloc arena's
+    reserve, a thread stack's guard is before it)] of each anonymous mapping with ``min_rss_kib`` resident."""
+    maps: list[list[object]] = []
+    try:
+        lines = Path("/proc/self/smaps").read_text().splitlines()
+    except OSError:
+        return maps
+    for line in lines:
+        fields = line.split()
+        if "-" in fields[0] and not fields[0].endswith(":"):
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            maps.append([fields[0].split("-")[0], (end - start) // 1024, 0, fields[1], len(fields) <= 5])
+        elif fields[0] == "Rss:":
+            maps[-1][2] = int(fields[1])
+    found = []
+    for i, (addr, size, rss, _perms, anonymous) in enumerate(maps):
+        if anonymous and int(rss) >= min_rss_kib:  # type: ignore[call-overload]
+            after = maps[i + 1] if i + 1 < len(maps) else None
+            reserve = after[1] if after is not None and after[3] == "---p" and after[4] else 0
+            found.append([addr, size, rss, reserve])
+    return sorted(found, key=lambda m: -int(m[2]))  # type: ignore[call-overload]
+
+
 def thread_names() -> dict[str, int]:
     """Live threads by name, numbers folded (``pp-rpc_3`` and ``pp-rpc_12`` count as ``pp-rpc_N``)."""
     return dict(Counter(_DIGITS.sub("N", t.name) for t in threading.enumerate()))
@@ -227,6 +251,7 @@ class MemoryReports:
             "rss_kib": rss_kib(),
             "rss_by_mapping_kib": rss_by_mapping(),
             "malloc_kib": malloc_info(),
+            "large_anonymous_kib": large_anonymous(),
             "traced_kib": current // 1024,
             "traced_peak_kib": peak // 1024,
             "threads": thread_names(),
