@@ -150,9 +150,12 @@ def thread_names() -> dict[str, int]:
     return dict(Counter(_DIGITS.sub("N", t.name) for t in threading.enumerate()))
 
 
-def live_objects(names: tuple[str, ...] = WATCHED) -> dict[str, int]:
-    """Live instances of each class in ``names`` among the objects the garbage collector tracks."""
-    gc.collect()
+def live_objects(names: tuple[str, ...] = WATCHED, collect: bool = True) -> dict[str, int]:
+    """Instances of each class in ``names`` among the objects the garbage collector tracks: after a
+    collection (live), or with ``collect=False`` as the process holds them now (garbage in reference
+    cycles included, which holds its memory until the collector runs)."""
+    if collect:
+        gc.collect()
     counts = dict.fromkeys(names, 0)
     for obj in gc.get_objects():
         cls = type(obj)
@@ -255,6 +258,7 @@ class MemoryReports:
             "traced_kib": current // 1024,
             "traced_peak_kib": peak // 1024,
             "threads": thread_names(),
+            "uncollected": live_objects(collect=False),  # first: the line below collects
             "objects": live_objects(),
             "holders": {n.rsplit(".", 1)[-1]: holders(n) for n in ("agents.executor.Pipeline", "agents.peers._Link")},
             "gc_counts": list(gc.get_count()),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import errno
+import gc
 import hashlib
 import itertools
 import json
@@ -348,8 +349,9 @@ def start_pipeline(
             _remember(state, sha, max_inflight, peers)
         except OSError as exc:  # the pipeline runs; it just will not come back by itself
             log.error("cannot record the running pipeline in %s: %s", state.workdir, exc)
-    if old is not None and not retired:
-        old.stop()
+    if old is not None:
+        if not retired:
+            old.stop()
         _release(old)
     return manifest
 
@@ -362,16 +364,25 @@ def _retire(broken: Pipeline) -> None:
     both alive at once, each restart after a peer came back left the heap larger and fragmented
     (bert_tiny over three hosts: about 7 MiB more on the entry host per peer restart)."""
     broken.stop()
-    if broken.wait_released(60.0):
-        give_back_free_memory()
+    broken.wait_released(60.0)
 
 
 def _release(pipeline: Pipeline) -> None:
     """Give a stopped pipeline's memory back to the system once its workers have ended (they let
-    their sessions go as they end); in the background, so no call waits for it."""
+    their sessions go as they end); in the background, so no call waits for it.
+
+    The pipeline and its workers refer to each other, so once nothing else holds it only the cyclic
+    garbage collector frees it, and on an agent that is otherwise idle that waited for a full
+    collection, many restarts later: a collection here frees it (and its links' gRPC channels) first."""
+    threads = [w.thread for w in pipeline.workers.values()]  # not the pipeline: it is to be collected
+    del pipeline
 
     def run() -> None:
-        if pipeline.wait_released(60.0):
+        deadline = time.monotonic() + 60.0
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        if not any(t.is_alive() for t in threads):
+            gc.collect()
             give_back_free_memory()
 
     threading.Thread(target=run, name="pp-release", daemon=True).start()

@@ -485,8 +485,15 @@ _GRPC_THREADS = "Thread-N (_run)"  # gRPC's own threads: a stream's request read
 
 
 def _retained(report: dict) -> dict[str, int]:
-    counts = {name.rsplit(".", 1)[-1]: n for name, n in report["objects"].items()}
-    return {k: counts[k] for k in _RETAINED} | {"grpc threads": report["threads"].get(_GRPC_THREADS, 0)}
+    """What the agent holds: live objects, the same before any collection (a stopped pipeline is garbage
+    in reference cycles, holding its memory until the collector runs), and gRPC's threads."""
+    live = {name.rsplit(".", 1)[-1]: n for name, n in report["objects"].items()}
+    held = {name.rsplit(".", 1)[-1]: n for name, n in report["uncollected"].items()}
+    return (
+        {k: live[k] for k in _RETAINED}
+        | {f"{k} uncollected": held[k] for k in _RETAINED}
+        | {"grpc threads": report["threads"].get(_GRPC_THREADS, 0)}
+    )
 
 
 def test_a_peer_restarted_again_and_again_leaves_nothing_behind_on_the_entry_host(tmp_path: Path) -> None:
@@ -494,8 +501,9 @@ def test_a_peer_restarted_again_and_again_leaves_nothing_behind_on_the_entry_hos
     time a's link to b breaks and a's part starts again: afterwards a holds what it held before (one
     pipeline, its workers and sessions, one link and channel per peer, gRPC's threads for them), not
     one more of each per restart (the broken link's stream kept gRPC's request reader waiting for ever,
-    and with it the stopped pipeline). Read from inside a by ``--debug-memory``, which is off without
-    the flag (b: no SIGUSR1 handler)."""
+    and with it the stopped pipeline), and not as uncollected garbage either (a stopped pipeline is a
+    reference cycle: on an idle agent it stayed until a full collection, many restarts later). Read from
+    inside a by ``--debug-memory``, which is off without the flag (b: no SIGUSR1 handler)."""
     reports = tmp_path / "a.memory.jsonl"
     argv = [sys.executable, "-m", "agents.server", "--debug-memory", str(reports)]
     with ExitStack() as stack:
