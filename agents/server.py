@@ -535,12 +535,12 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
-    if args.debug_memory is not None:
+    keep_large_buffers()
+    bound_arenas()  # freed memory of stopped pipelines is reused, not left in a new thread's arena
+    if args.debug_memory is not None:  # after the malloc settings: its thread allocates too
         from agents.debug import MemoryReports
 
         MemoryReports(args.debug_memory).install()
-    keep_large_buffers()
-    bound_arenas()  # freed memory of stopped pipelines is reused, not left in a new thread's arena
     state = service.AgentState(args.workdir, max_bundle_bytes=args.max_bundle_bytes)
     if json_logs is not None:
         json_logs.state = state
