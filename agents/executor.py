@@ -547,12 +547,12 @@ class Pipeline:
             return len(self._frames) + self._inline
 
     def _refuse_new(self) -> None:
-        if self.stopping:
-            raise PipelineError("the pipeline was stopped")
         if self.draining:
             raise PipelineError("the agent is shutting down; send frames to it again once it is back")
-        if self.broken:
+        if self.broken:  # also once stopped: a broken pipeline is stopped while its replacement loads
             raise PipelineError(f"{self.broken}; the pipeline starts again by itself once the peer is back")
+        if self.stopping:
+            raise PipelineError("the pipeline was stopped")
 
     def submit(self, tensors: Mapping[str, np.ndarray], timeout: float | None = None) -> Future:
         """Queue one frame; the future gives its outputs (``future.frame`` is its id).

@@ -117,7 +117,10 @@ class _Link:
             )
 
     def _requests(self) -> Iterator[pb.Handoff]:
-        while True:
+        """The stream's messages. gRPC reads them in a thread of its own, which waits here for the next
+        one: this generator must end (``None`` in the queue) when the link closes *or breaks*, or that
+        thread waits for ever and keeps the link, its channel and the whole stopped pipeline alive."""
+        while self.broken is None:
             item = self.queue.get()
             if item is None:
                 return
@@ -131,15 +134,18 @@ class _Link:
             )
         except grpc.RpcError as exc:
             code = exc.code()  # type: ignore[attr-defined]
-            if code == grpc.StatusCode.CANCELLED:
-                return
-            self.broken = (
-                f"the link to host {self.peer.host!r} ({self.peer.address}) failed: {code.name}: {exc.details()}"  # type: ignore[attr-defined]
-            )
-            log.error("%s", self.broken)
-            if self.on_broken is not None:
-                self.on_broken(self.broken)
-            self._drain()
+            if code != grpc.StatusCode.CANCELLED:
+                self.broken = (
+                    f"the link to host {self.peer.host!r} ({self.peer.address}) failed: {code.name}: {exc.details()}"  # type: ignore[attr-defined]
+                )
+                log.error("%s", self.broken)
+                if self.on_broken is not None:
+                    self.on_broken(self.broken)
+                self._drain()
+        finally:
+            # After the drain (which stops at a None): however the stream ended, its message generator
+            # ends too, and with it gRPC's thread waiting in it for the next message.
+            self.queue.put(None)
 
     def _drain(self) -> None:
         while True:

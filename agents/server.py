@@ -478,6 +478,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--metrics-port-file", type=Path, help="write the bound metrics port here once serving")
     parser.add_argument(
+        "--debug-memory",
+        type=Path,
+        metavar="FILE",
+        help="debugging: trace Python allocations and, on each SIGUSR1, append a JSON line to FILE with the "
+        "agent's memory, threads and live pipelines, links, channels and sessions (off by default: slower)",
+    )
+    parser.add_argument(
         "--log-format",
         default=os.environ.get("PARAPIPE_LOG_FORMAT", "text"),
         help="text (default) or json: one JSON object a line (time, level, event, bundle, plan, peer); "
@@ -530,6 +537,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     keep_large_buffers()
     bound_arenas()  # freed memory of stopped pipelines is reused, not left in a new thread's arena
+    if args.debug_memory is not None:  # after the malloc settings: its thread allocates too
+        from agents.debug import MemoryReports
+
+        MemoryReports(args.debug_memory).install()
     state = service.AgentState(args.workdir, max_bundle_bytes=args.max_bundle_bytes)
     if json_logs is not None:
         json_logs.state = state

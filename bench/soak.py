@@ -19,8 +19,13 @@ after its start and at its peak after that.
 
 The 3 stages: core 0 (h0), core 1 (h1), and unpinned (h2) (this machine has two cores).
 
+Before every SIGKILL (and at the end) it prints each agent's resident memory.
+
 Run: .venv/bin/python bench/soak.py [--minutes 10] [--kill-every 120] [--bad-every 30] [--fps 20]
 Short iteration: .venv/bin/python bench/soak.py --minutes 3 --kill-every 40
+Memory per peer restart, cheaply: .venv/bin/python bench/soak.py --minutes 2.5 --kill-every 30 --kill h1 --fps 2
+(only h1, a peer of the entry host, is SIGKILLed; --debug-memory also has every agent write what it
+holds before each kill: live pipelines, links, channels, sessions, threads, heap, see agents/debug.py)
 """
 
 from __future__ import annotations
@@ -111,12 +116,15 @@ def agent_pid(pid_file: Path) -> int | None:
 class Supervised:
     """One host's agent under deploy's restart loop, on a fixed port."""
 
-    def __init__(self, host: str, work: Path) -> None:
+    def __init__(self, host: str, work: Path, debug_memory: bool = False) -> None:
         self.host, self.port = host, free_port()
         self.pid_file, sup_file = work / f"{host}.pid", work / f"{host}.supervisor.pid"
         self.log_path = work / f"{host}.log"
+        self.reports = work / f"{host}.memory.jsonl" if debug_memory else None
         agent = [sys.executable, "-m", "agents.server", "--host", "127.0.0.1", "--port", str(self.port)]
         agent += ["--workdir", str(work / host), "--pid-file", str(self.pid_file), "--port-file", str(work / f"{host}.port")]  # fmt: skip
+        if self.reports is not None:
+            agent += ["--debug-memory", str(self.reports)]
         self.log = open(self.log_path, "w")
         self.supervisor = subprocess.Popen(
             ["sh", "-c", _SUPERVISOR, SUPERVISOR_NAME, str(sup_file), *agent],
@@ -143,6 +151,15 @@ class Supervised:
 
     def restarts(self) -> int:
         return self.log_path.read_text().count("restarting it")
+
+    def report_memory(self) -> None:
+        """Ask the agent for a memory report (``--debug-memory``: one more line in ``self.reports``)."""
+        pid = self.pid()
+        if self.reports is not None and pid:
+            try:
+                os.kill(pid, signal.SIGUSR1)
+            except ProcessLookupError:
+                pass
 
 
 class Tally:
@@ -179,9 +196,21 @@ class Tally:
             self.longest_gap = max(self.longest_gap, end - self.last_done)
 
 
+class _Stream:
+    """One InferStream call's frames: those sent and not answered yet, and whether the call ended."""
+
+    def __init__(self) -> None:
+        self.pending: dict[int, bool] = {}  # frame index in this stream -> is_bad
+        self.closed = False
+
+
 class Streamer:
     """Streams scheduled frames to the entry agent until the schedule ends; a stream that breaks is
-    reopened. ``schedule`` gives ``is_bad`` per frame at the frame rate (None: no more frames)."""
+    reopened. ``schedule`` gives ``is_bad`` per frame at the frame rate (None: no more frames).
+
+    gRPC reads a stream's frames from its generator in a thread of its own, which may still be waiting
+    in the generator of a stream that already broke while the next stream runs: each generator keeps
+    to its own stream's state, and a frame it takes after its stream ended goes on the next stream."""
 
     def __init__(self, client: AgentClient, tally: Tally, schedule: queue.Queue, stream_timeout: float) -> None:
         self.client, self.tally, self.schedule, self.stream_timeout = client, tally, schedule, stream_timeout
@@ -191,44 +220,51 @@ class Streamer:
         self.carry: list[bool] = []  # taken from the schedule for a stream that broke before it was sent
         self.done = False
         self.lock = threading.Lock()
-        self.pending: dict[int, bool] = {}  # frame index in the open stream -> is_bad: sent, not answered
-        self.closed = False
         self.leftover = 0  # frames a stream that ended normally never answered (lost)
 
-    def _frames(self) -> Iterator[dict]:
+    def _next(self, stream: _Stream) -> bool | None:
+        """The next frame due (is_bad), or None: the stream ended, or the schedule did."""
+        while True:
+            with self.lock:
+                if stream.closed:
+                    return None
+                if self.carry:
+                    return self.carry.pop(0)
+                if self.done:
+                    return None
+            try:
+                is_bad = self.schedule.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            if is_bad is None:
+                self.done = True
+                return None
+            return is_bad
+
+    def _frames(self, stream: _Stream) -> Iterator[dict]:
         n = 0
         while True:
-            if self.carry:
-                is_bad = self.carry.pop(0)
-            else:
-                try:
-                    is_bad = self.schedule.get(timeout=0.5)
-                except queue.Empty:
-                    if self.closed:
-                        return
-                    continue
-                if is_bad is None:
-                    self.done = True
-                    return
+            is_bad = self._next(stream)
+            if is_bad is None:
+                return
             with self.lock:
-                if self.closed:  # the stream broke meanwhile: this frame goes on the next one
+                if stream.closed:  # the stream broke meanwhile: this frame goes on the next one
                     self.carry.append(is_bad)
                     return
-                self.pending[n] = is_bad
+                stream.pending[n] = is_bad
                 n += 1
                 self.tally.sent(is_bad)
             yield self.bad if is_bad else self.good
 
     def run(self) -> None:
         while not self.done:
-            with self.lock:
-                self.pending, self.closed = {}, False
+            stream = _Stream()
             with self.tally.lock:
                 self.tally.counts["streams"] += 1
             try:
-                for i, result in self.client.infer_stream_results(self._frames(), timeout=self.stream_timeout):
+                for i, result in self.client.infer_stream_results(self._frames(stream), timeout=self.stream_timeout):
                     with self.lock:
-                        is_bad = self.pending.pop(i)
+                        is_bad = stream.pending.pop(i)
                     if isinstance(result, AgentError):
                         msg = str(result)
                         kind = "a peer link broke" if "the link to host" in msg else "a stage failed" if "failed on frame" in msg else msg[:60]  # fmt: skip
@@ -238,15 +274,15 @@ class Streamer:
             except AgentError as exc:
                 why = f"stream broke: {exc.code.name if exc.code else '?'}"
                 with self.lock:
-                    self.closed = True
-                    for is_bad in self.pending.values():
+                    stream.closed = True
+                    for is_bad in stream.pending.values():
                         self.tally.failed(is_bad, why)
-                    self.pending.clear()
+                    stream.pending.clear()
                 time.sleep(0.2)  # the entry agent or a peer is coming back: reopen (frames due meanwhile wait)
                 continue
             with self.lock:
-                self.closed = True
-                self.leftover += len(self.pending)
+                stream.closed = True
+                self.leftover += len(stream.pending)
 
 
 def main() -> None:
@@ -256,6 +292,17 @@ def main() -> None:
     parser.add_argument("--bad-every", type=float, default=30.0)
     parser.add_argument("--fps", type=float, default=20.0)
     parser.add_argument("--zoo-dir", type=Path, default=Path("build/bench/zoo"))
+    parser.add_argument(
+        "--kill",
+        default=",".join(HOSTS[1:] + HOSTS[:1]),
+        help="the hosts SIGKILLed, in turn (default h1,h2,h0); --kill h1 restarts only a peer of the entry host",
+    )
+    parser.add_argument(
+        "--debug-memory",
+        action="store_true",
+        help="agents trace their memory (--debug-memory); each is asked for a report before every SIGKILL "
+        "and at the end (<work>/<host>.memory.jsonl)",
+    )
     args = parser.parse_args()
     path = args.zoo_dir / "bert_tiny.onnx"
     if not path.exists():
@@ -271,7 +318,7 @@ def main() -> None:
     parts = write_bundles(compiled, work / "bundle")
     entry = compiled.manifest.entry
     assert set(parts) == set(HOSTS) and entry == "h0", (sorted(parts), entry)
-    agents = {h: Supervised(h, work) for h in HOSTS}
+    agents = {h: Supervised(h, work, args.debug_memory) for h in HOSTS}
     for a in agents.values():
         a.client.wait_serving(60)
         a.client.load_bundle(parts[a.host])
@@ -292,7 +339,8 @@ def main() -> None:
     streamer.start()
     # (host, pid) -> started, rss at 1 min, peak after
     incarnations: dict[tuple[str, int], dict[str, float]] = {}
-    kill_order = [h for h in HOSTS if h != entry] + [entry]
+    kill_order = args.kill.split(",")
+    assert set(kill_order) <= set(HOSTS), f"--kill takes hosts among {', '.join(HOSTS)}"
     next_kill, next_bad, kills = start + args.kill_every, start + args.bad_every, []
     tick = start
     while time.monotonic() < end:
@@ -312,6 +360,10 @@ def main() -> None:
             if inc["rss_1min"]:
                 inc["peak_after"] = max(inc["peak_after"], rss)
         if now >= next_kill:
+            rss = {h: rss_kib(a.pid() or 0) / 1024 for h, a in agents.items()}
+            print(f"{now - start:6.1f} s: RSS before the kill " + ", ".join(f"{h} {m:.1f} MiB" for h, m in rss.items()))
+            for a in agents.values():
+                a.report_memory()
             victim = kill_order[len(kills) % len(kill_order)]
             pid = agents[victim].pid()
             if pid:
@@ -331,9 +383,16 @@ def main() -> None:
     schedule.put(None)
     streamer.join(120)
     tally.gap_until(end)  # a stall at the end of the run counts too
-    unsent = 0
+    unsent = len(streaming.carry)
     while not schedule.empty():  # due frames the streamer never sent (not counted as sent)
         unsent += schedule.get() is not None
+    rss = {h: rss_kib(a.pid() or 0) / 1024 for h, a in agents.items()}
+    print(f"{time.monotonic() - start:6.1f} s: RSS at the end " + ", ".join(f"{h} {m:.1f} MiB" for h, m in rss.items()))
+    for a in agents.values():
+        a.report_memory()
+    if args.debug_memory:
+        time.sleep(5.0)  # the reports are written by the agents' own threads
+        print(f"memory reports: {work}/<host>.memory.jsonl")
     for a in agents.values():
         a.shutdown()
     c = tally.counts

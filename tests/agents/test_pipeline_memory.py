@@ -91,3 +91,26 @@ def test_glibc_accepts_the_arena_bound() -> None:
 
     assert AGENT_ARENAS >= 1
     assert bound_arenas() is True
+
+
+def test_a_replaced_pipeline_is_collected_without_waiting_for_a_full_collection(tmp_path: Path) -> None:
+    """A stopped pipeline and its workers refer to each other: only the cyclic collector frees it. The
+    agent collects once the replaced pipeline's workers ended, so it does not wait for a full collection
+    that, on an agent whose pipeline ran long enough to reach the oldest generation, came many restarts
+    later (each kept its pipeline, links and channels: the soak's entry host grew ~8 MiB per peer
+    restart). Automatic collection is off here, so only the agent's own collection can free it."""
+    folder = write_tiny_bundle(tmp_path / "b", stages=2)
+    sha = bundle_sha(folder)
+    state = service.AgentState(tmp_path / "agent")
+    shutil.copytree(folder, state.bundle_dir(sha))
+    gc.collect()
+    gc.disable()
+    try:
+        service.start_pipeline(state, sha)
+        first = weakref.ref(state.pipeline)  # type: ignore[arg-type]
+        assert (state.pipeline.submit(frame(1)).result(timeout=30)["t1"] == expected(1, 2)).all()  # type: ignore[union-attr]
+        service.start_pipeline(state, sha)  # replaces it: stopped, released in the background
+        eventually("the replaced pipeline is collected", lambda: first() is None)
+    finally:
+        gc.enable()
+        service.stop_pipeline(state)

@@ -7,6 +7,7 @@ fails in stage 0. Timeouts here are hang guards only; nothing asserts how long a
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -458,3 +459,82 @@ def test_a_host_whose_partitions_take_no_inputs_runs_every_frame(tmp_path: Path)
         assert status.ready and [p.name for p in status.partitions] == ["const"]
         assert entered - 1 <= status.partitions[0].frames <= entered  # once per frame that entered, never ahead
         assert "Traceback" not in a.log_path.read_text() + b.log_path.read_text()
+
+
+def _memory_report(path: Path, pid: int) -> dict:
+    """Ask an agent started with ``--debug-memory path`` for a report (SIGUSR1) and read it."""
+    before = len(path.read_text().splitlines()) if path.exists() else 0
+    os.kill(pid, signal.SIGUSR1)
+    eventually(
+        "the agent wrote its memory report", lambda: path.exists() and len(path.read_text().splitlines()) > before
+    )
+    return json.loads(path.read_text().splitlines()[-1])
+
+
+def _catches(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` has a handler for ``signum`` (SigCgt in /proc/PID/status)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    return False
+
+
+# what a stopped pipeline could leave behind: itself, its workers, its peer links and their gRPC channels
+_RETAINED = ("Pipeline", "_Worker", "PeerLinks", "_Link", "Channel", "InferenceSession")
+_GRPC_THREADS = "Thread-N (_run)"  # gRPC's own threads: a stream's request reader, a channel's poller
+
+
+def _retained(report: dict) -> dict[str, int]:
+    """What the agent holds: live objects, the same before any collection (a stopped pipeline is garbage
+    in reference cycles, holding its memory until the collector runs), and gRPC's threads."""
+    live = {name.rsplit(".", 1)[-1]: n for name, n in report["objects"].items()}
+    held = {name.rsplit(".", 1)[-1]: n for name, n in report["uncollected"].items()}
+    return (
+        {k: live[k] for k in _RETAINED}
+        | {f"{k} uncollected": held[k] for k in _RETAINED}
+        | {"grpc threads": report["threads"].get(_GRPC_THREADS, 0)}
+    )
+
+
+def test_a_peer_restarted_again_and_again_leaves_nothing_behind_on_the_entry_host(tmp_path: Path) -> None:
+    """b, a peer of the entry host a, is SIGKILLed and started again by its supervisor three times. Each
+    time a's link to b breaks and a's part starts again: afterwards a holds what it held before (one
+    pipeline, its workers and sessions, one link and channel per peer, gRPC's threads for them), not
+    one more of each per restart (the broken link's stream kept gRPC's request reader waiting for ever,
+    and with it the stopped pipeline), and not as uncollected garbage either (a stopped pipeline is a
+    reference cycle: on an idle agent it stayed until a full collection, many restarts later). Read from
+    inside a by ``--debug-memory``, which is off without the flag (b: no SIGUSR1 handler)."""
+    reports = tmp_path / "a.memory.jsonl"
+    argv = [sys.executable, "-m", "agents.server", "--debug-memory", str(reports)]
+    with ExitStack() as stack:
+        b = stack.enter_context(_Supervised(tmp_path / "b"))
+        a = stack.enter_context(LocalAgent(python=argv))
+        assert a.process is not None
+        parts = {h: write_tiny_bundle(tmp_path / f"bundle-{h}", 2, max_inflight=2, host=h) for h in ("a", "b")}
+        a.client.load_bundle(parts["a"])
+        b.client.load_bundle(parts["b"])
+        b.client.start(bundle_sha(parts["b"]), peers=[Peer("a", f"127.0.0.1:{a.port}")])
+        a.client.start(bundle_sha(parts["a"]), peers=[Peer("b", f"127.0.0.1:{b.port}")])
+        a.client.timeout = GUARD_S
+        _check_frames_flow(a.client, stages=2, count=3)
+        assert _catches(a.process.pid, signal.SIGUSR1) and not _catches(b.agent_pid(), signal.SIGUSR1)
+        baseline = _retained(_memory_report(reports, a.process.pid))
+        assert baseline["Pipeline"] == 1 and baseline["_Link"] == 1 and baseline["grpc threads"] >= 1, baseline
+
+        for _ in range(3):
+            b.crash()
+            eventually("b's part runs again", lambda: _part_runs(b.client), timeout=START_GUARD_S)
+            eventually("a's part runs again", lambda: _part_runs(a.client), timeout=START_GUARD_S)
+            _check_frames_flow(a.client, stages=2, count=3)
+
+        now: dict[str, int] = {}
+
+        def back_to_baseline() -> bool:  # stopped pipelines are released in the background
+            now.update(_retained(_memory_report(reports, a.process.pid)))  # type: ignore[union-attr]
+            return all(now[k] <= baseline[k] for k in baseline)
+
+        try:
+            eventually("a holds no more than before the restarts", back_to_baseline, timeout=GUARD_S)
+        except AssertionError:
+            raise AssertionError(f"after 3 restarts of b, a holds {now}; before: {baseline}") from None
+        assert "Traceback" not in a.log_path.read_text()
