@@ -247,6 +247,7 @@ def quantize_qdq(
     nodes_to_exclude: Sequence[str] | None = None,
     ranges: Path | None = None,
     preprocess_only: bool = False,
+    check: bool = True,
 ) -> bytes:
     """onnxruntime ``quantize_static`` (QDQ, per-channel) of ``model``; ``ranges`` is a calibration cache
     (``calibrate``) used instead of (or written by) the reader. Returns the quantised model's bytes.
@@ -254,7 +255,10 @@ def quantize_qdq(
     The model is first pre-processed as onnxruntime advises (``quant_pre_process``: shape inference and
     basic graph optimisation, which folds BatchNormalization into Conv; without it every BN sits in fp32
     between a DequantizeLinear and a QuantizeLinear). Fusions keep the first node's name or prefix it
-    (``MatMul.0/MatMulAddFusion``), so ``nodes_to_quantize`` still finds the nodes it names."""
+    (``MatMul.0/MatMulAddFusion``), so ``nodes_to_quantize`` still finds the nodes it names.
+
+    With ``check``, the result is one onnxruntime makes a session of (every graph optimisation on): where it
+    refuses a mix, the bias Adds of MatMuls stay in fp32 (see below), else a ``PrecisionError`` says why."""
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
@@ -277,26 +281,75 @@ def quantize_qdq(
         excluded = find(nodes_to_exclude) if nodes_to_exclude else None
         if preprocess_only or (nodes_to_quantize and not selected):
             return onnx.load(str(pre)).SerializeToString()
-        try:
-            quantize_static(
-                pre,
-                out,
-                reader,
-                quant_format=QuantFormat.QDQ,
-                per_channel=True,
-                reduce_range=False,
-                activation_type=QuantType.QUInt8,
-                weight_type=QuantType.QInt8,
-                nodes_to_quantize=selected,
-                nodes_to_exclude=excluded,
-                calibrate_method=CalibrationMethod.MinMax,
-                calibration_cache_path=ranges,
-            )
-        except Exception as exc:  # onnxruntime's tools raise many types
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise PrecisionError(f"onnxruntime could not quantise the model: {first}") from None
-        q = onnx.load(str(out))  # may have written weights as external data beside it
-        return q.SerializeToString()
+
+        def quantize(exclude: list[str] | None) -> bytes:
+            if reader is not None:
+                reader.rewind()
+            try:
+                quantize_static(
+                    pre,
+                    out,
+                    reader,
+                    quant_format=QuantFormat.QDQ,
+                    per_channel=True,
+                    reduce_range=False,
+                    activation_type=QuantType.QUInt8,
+                    weight_type=QuantType.QInt8,
+                    nodes_to_quantize=selected,
+                    nodes_to_exclude=exclude,
+                    calibrate_method=CalibrationMethod.MinMax,
+                    calibration_cache_path=ranges,
+                )
+            except Exception as exc:  # onnxruntime's tools raise many types
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                raise PrecisionError(f"onnxruntime could not quantise the model: {first}") from None
+            return onnx.load(str(out)).SerializeToString()  # may have written weights as external data beside it
+
+        data = quantize(excluded)
+        refused = _refused(data) if check else None
+        if refused is None:
+            return data
+        # onnxruntime's MatMulAddFusion fails on a quantised bias Add (MatMul + constant, each through Q/DQ) whose
+        # output leaves the int8 region ("Attempt to replace the existing tensor"). Such an Add gains nothing from
+        # int8 (onnxruntime fuses it into the MatMul in fp32): keep it in fp32, and the rest as asked.
+        biases = _bias_adds(onnx.load(str(pre), load_external_data=False), selected)
+        if biases:
+            data = quantize([*(excluded or ()), *biases])
+            refused = _refused(data)
+        if refused is not None:
+            raise PrecisionError(f"onnxruntime refuses the quantised model: {refused}")
+        return data
+
+
+def _refused(model: bytes) -> str | None:
+    """Why onnxruntime cannot make a session of ``model`` with every graph optimisation on (as it is run), or None."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 4
+    try:
+        ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph types
+        text = str(exc).strip()
+        return text.splitlines()[-1][-300:] if text else type(exc).__name__
+    return None
+
+
+def _bias_adds(model: onnx.ModelProto, selected: Sequence[str] | None) -> list[str]:
+    """Names of the Add nodes (among ``selected``, all when None) adding a constant to a MatMul's output: a bias."""
+    constants = {i.name for i in model.graph.initializer}
+    constants |= {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
+    matmul_out = {o for n in model.graph.node if n.op_type == "MatMul" for o in n.output}
+    wanted = None if selected is None else set(selected)
+    return [
+        n.name
+        for n in model.graph.node
+        if n.op_type == "Add"
+        and (wanted is None or n.name in wanted)
+        and len(n.input) == 2
+        and any(i in matmul_out for i in n.input)
+        and any(i in constants for i in n.input)
+    ]
 
 
 def _opset_for_per_channel(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -333,7 +386,7 @@ def calibrate(model: LoadedModel, frames: Sequence[Frame], path: Path) -> Path:
     if path.exists():
         path.unlink()
     names = [s.name for s in model.inputs]
-    quantize_qdq(model.ort_proto, FrameReader(frames, names), ranges=path)
+    quantize_qdq(model.ort_proto, FrameReader(frames, names), ranges=path, check=False)
     return path
 
 
