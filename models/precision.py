@@ -9,7 +9,11 @@ A *group* is a set of ONNX node names cut out of a loaded model the way
   without VNNI; ``reduce_range`` off since VNNI accumulates without saturating).
   Calibrated with MinMax on the group's *boundary values*: the tensors entering the
   group, computed by running the fp32 model (``models.inputs.tensor_values``) on the
-  user's sample frames, fed through a ``CalibrationDataReader``.
+  user's sample frames, fed through a ``CalibrationDataReader``. Only the group's Conv,
+  MatMul and Gemm nodes are quantised (``INT8_OPS``); its element-wise operators stay fp32
+  between their DequantizeLinear and QuantizeLinear, since onnxruntime's int8 kernels for
+  them are slower than its fp32 ones on x86. Whole-model int8 (the baseline users make by
+  hand) quantises every type onnxruntime does.
 * ``fp16``: ``onnxruntime.transformers.float16.convert_float_to_float16`` with
   ``keep_io_types=True`` (it ships with onnxruntime, which we already depend on, keeps
   ops without fp16 kernels in fp32 by its block list, and inserts the boundary Casts);
@@ -50,6 +54,11 @@ from models.onnx_io import LoadedModel
 
 PRECISIONS = ("fp32", "fp16", "int8")
 QUANTIZABLE = ("Conv", "ConvTranspose", "MatMul", "Gemm")  # where int8 pays; the rest follows their Q/DQ
+# What an int8 block quantises: its Conv, MatMul and Gemm (pre-processing fuses BatchNormalization into Conv and
+# MatMul + bias into Gemm); its other operators stay fp32 between their DequantizeLinear and QuantizeLinear. On
+# x86 onnxruntime's int8 element-wise kernels (QLinearMul, QLinearAdd, ...) are slower than fp32 ones: with
+# them, PP-OCRv4's recogniser in whole-model int8 runs slower than fp32; with only these quantised, faster.
+INT8_OPS = ("Conv", "MatMul", "Gemm")
 Frame = Mapping[str, np.ndarray]
 
 
@@ -198,7 +207,7 @@ class VariantMaker:
             raise PrecisionError("int8 needs calibration frames (the user's sample inputs)")
         part = self.cut(members, name)
         values = self.boundary_values(frames, part.inputs, tag)
-        model = quantize_qdq(part.model, FrameReader(values, part.inputs))
+        model = quantize_qdq(part.model, FrameReader(values, part.inputs), op_types=INT8_OPS)
         return Variant(
             "int8",
             model,
@@ -248,6 +257,7 @@ def quantize_qdq(
     ranges: Path | None = None,
     preprocess_only: bool = False,
     check: bool = True,
+    op_types: Sequence[str] | None = None,
 ) -> bytes:
     """onnxruntime ``quantize_static`` (QDQ, per-channel) of ``model``; ``ranges`` is a calibration cache
     (``calibrate``) used instead of (or written by) the reader. Returns the quantised model's bytes.
@@ -256,6 +266,9 @@ def quantize_qdq(
     basic graph optimisation, which folds BatchNormalization into Conv; without it every BN sits in fp32
     between a DequantizeLinear and a QuantizeLinear). Fusions keep the first node's name or prefix it
     (``MatMul.0/MatMulAddFusion``), so ``nodes_to_quantize`` still finds the nodes it names.
+
+    ``op_types`` limits quantisation to nodes of those types (``INT8_OPS`` for a precision mix; None: every
+    type onnxruntime quantises, as whole-model int8 does).
 
     With ``check``, the result is one onnxruntime makes a session of (every graph optimisation on): where it
     refuses a mix, the bias Adds of MatMuls stay in fp32 (see below), else a ``PrecisionError`` says why."""
@@ -274,8 +287,10 @@ def quantize_qdq(
         names = [n.name for n in onnx.load(str(pre), load_external_data=False).graph.node]
 
         def find(given: Sequence[str]) -> list[str]:
+            # a fused node is named by its first node, then "/" and the fusion: "MatMul.0/MatMulAddFusion",
+            # "/encoder/layer.0/output/dense/MatMul/MatMulAddFusion" (node names may hold "/" themselves)
             wanted = set(given)
-            return [n for n in names if n in wanted or n.split("/")[0] in wanted]
+            return [n for n in names if n in wanted or n.split("/")[0] in wanted or n.rsplit("/", 1)[0] in wanted]
 
         selected = find(nodes_to_quantize) if nodes_to_quantize else None
         excluded = find(nodes_to_exclude) if nodes_to_exclude else None
@@ -297,6 +312,7 @@ def quantize_qdq(
                     weight_type=QuantType.QInt8,
                     nodes_to_quantize=selected,
                     nodes_to_exclude=exclude,
+                    op_types_to_quantize=list(op_types) if op_types else None,
                     calibrate_method=CalibrationMethod.MinMax,
                     calibration_cache_path=ranges,
                 )
@@ -415,8 +431,8 @@ def assemble(
         nodes = tuple(dict.fromkeys(int8_nodes))
         if not nodes:
             return _whole("fp32", model.ort_proto.SerializeToString(), model, "as loaded", 0)
-        q = quantize_qdq(model.ort_proto, None, nodes_to_quantize=nodes, ranges=ranges)
-        method = INT8_METHOD + " on the int8 nodes only"
+        q = quantize_qdq(model.ort_proto, None, nodes_to_quantize=nodes, ranges=ranges, op_types=INT8_OPS)
+        method = INT8_METHOD + " on the int8 nodes' " + "/".join(INT8_OPS) + " only"
     else:
         kept = set(fp32_nodes or ())
         nodes = tuple(n.name for n in model.proto.graph.node if n.name not in kept)
@@ -834,7 +850,7 @@ def quantize_nodes(model: onnx.ModelProto, nodes: Sequence[str], ranges: Ranges)
     with tempfile.TemporaryDirectory(prefix="parapipe-qn-") as tmp:
         cache = write_ranges(ranges, Path(tmp) / "ranges.json")
         try:
-            return quantize_qdq(model, None, nodes_to_quantize=nodes, ranges=cache)
+            return quantize_qdq(model, None, nodes_to_quantize=nodes, ranges=cache, op_types=INT8_OPS)
         except PrecisionError as exc:
             raise PrecisionError(
                 f"{exc}; the plan's calibration ranges do not cover this partition: plan again with --calibration"
