@@ -15,7 +15,9 @@ CPU), side by side in one run:
   sensitivity (its end-to-end loss alone in int8) and int8 time measured, the ILP choosing placement and
   precision with the summed sensitivities within the budget, then the plan's compiled partitions
   checked on the held-back frames and repaired (most sensitive int8 blocks back to fp32) before it is
-  offered. ``run --verify`` on a held-back frame checks it against fp32 by its metric.
+  offered. ``run --verify`` on a held-back frame checks it against fp32 by its metric;
+* ``ceiling``: every candidate block in int8 the way plans quantise them (their Conv/MatMul/Gemm), the
+  budget ignored, timed like fp32: the most int8 can give on this CPU, whatever the accuracy.
 
 Inputs are real images that ship with scikit-image, resized and normalised as each model's package
 does; calibration and held-back frames come from different images. The text model reads real English
@@ -51,7 +53,10 @@ from models.graph import build_graph
 from models.onnx_io import LoadedModel, load_onnx
 from models.precision import (
     Variant,
+    assemble,
     calibrate,
+    int8_nodes,
+    quantizable_groups,
     whole_model_int8,
 )
 from profiler.measure import time_model
@@ -360,6 +365,9 @@ def run_case(case: Case, budget: float, n_cal: int, n_held: int, rounds: int, re
     with tempfile.TemporaryDirectory(prefix="parapipe-bench-precision-") as tmp:
         ranges = calibrate(model, cal, Path(tmp) / "ranges.json")
         whole = whole_model_int8(model, cal, ranges)
+        # the most int8 can give here: every candidate block in int8 as a plan quantises it, budget ignored
+        groups = quantizable_groups(graph, {b.name: b.members for b in blocks.nodes})
+        every = assemble(model, ranges, int8_nodes=int8_nodes(groups, groups))
     fp32 = dataclasses.replace(whole, precision="fp32", model=model.ort_proto.SerializeToString(), method="as loaded")
     reference = fp32.run(held)
     metrics = tuple(dict.fromkeys((case.metric, "cosine", "relerr")))
@@ -368,7 +376,8 @@ def run_case(case: Case, budget: float, n_cal: int, n_held: int, rounds: int, re
 
     feeds = held[0]
     np.savez(home / f"{case.key}.held.npz", **feeds)
-    fps = best_fps({"fp32": fp32, "int8": whole}, feeds, rounds, repeats)
+    fps = best_fps({"fp32": fp32, "int8": whole, "every": every}, feeds, rounds, repeats)
+    acc_every = check_precision(reference, every.run(held), case.metric, budget)
     ours = []
     for _ in range(rounds):  # interleaved with nothing else: the plan's throughput on a local agent, per round
         r = run_plan(plan, "local", path, frames=max(60, repeats * 2), verify=False)
@@ -380,7 +389,7 @@ def run_case(case: Case, budget: float, n_cal: int, n_held: int, rounds: int, re
     shapes = ", ".join(f"{k}={list(v)}" for k, v in case.shapes.items())
     print(f"\n== {case.key}: {case.file} ({case.kind}, {shapes}, metric {case.metric}) ==")
     print(
-        f"  frames: {len(cal)} calibration, {len(held)} held-back (other images); {len(blocks.nodes)} "
+        f"  frames: {len(cal)} calibration, {len(held)} held-back ({'other passages' if case.more else 'other images'}); {len(blocks.nodes)} "
         f"{blocks.granularity} blocks, {len(auto.sensitivity)} could run in int8; preparation {prep_s:.0f} s "
         f"(profile, ranges, sensitivities, int8 times, solve, held-back check)"
     )
@@ -395,6 +404,12 @@ def run_case(case: Case, budget: float, n_cal: int, n_held: int, rounds: int, re
     print(
         f"  {'our plan':10} {ours_fps:8.1f} {units[:22]:>22} {ours_fps / f_fps:7.2f} {ours_fps / w_fps:7.2f}   "
         f"{acc_ours} ({len(held)} frames)"
+    )
+    e_fps = fps["every"][0]
+    print(
+        f"  ceiling: every candidate block in int8 as our plans quantise them (budget ignored), one session: "
+        f"{e_fps:.1f} fps ({fps['every'][1]}), {e_fps / f_fps:.2f}x fp32, {e_fps / w_fps:.2f}x int8; "
+        f"{acc_every.accuracy.describe()}"
     )
     print(
         f"  whole-model int8 {case.metric} loss {acc_whole.loss:.4f} "
@@ -461,6 +476,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="parapipe-bench-precision-home-") as home:
         os.environ["PARAPIPE_HOME"] = home
         for key in args.models:
+            print(f"\n[{key}] load average at its start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
             run_case(
                 CASES[key], args.budget, args.calibration, args.held_out, args.rounds, args.repeats, args.time_limit
             )
