@@ -53,6 +53,7 @@ from models.inputs import tensor_values
 from models.onnx_io import LoadedModel
 
 PRECISIONS = ("fp32", "fp16", "int8")
+REFUSED_LOSS = 1.0  # the loss of a mix onnxruntime refuses to run: every metric's worst
 QUANTIZABLE = ("Conv", "ConvTranspose", "MatMul", "Gemm")  # where int8 pays; the rest follows their Q/DQ
 # What an int8 block quantises: its Conv, MatMul and Gemm (pre-processing fuses BatchNormalization into Conv and
 # MatMul + bias into Gemm); its other operators stay fp32 between their DequantizeLinear and QuantizeLinear. On
@@ -64,6 +65,11 @@ Frame = Mapping[str, np.ndarray]
 
 class PrecisionError(ModelError):
     """A variant cannot be made or checked as asked."""
+
+
+class RefusedMix(PrecisionError):
+    """onnxruntime refuses to make a session of the quantised model (a fusion of its own fails on it): such a mix
+    cannot run, so choosing precisions treats it as one that loses everything."""
 
 
 @dataclass(frozen=True)
@@ -333,7 +339,9 @@ def quantize_qdq(
             data = quantize([*(excluded or ()), *biases])
             refused = _refused(data)
         if refused is not None:
-            raise PrecisionError(f"onnxruntime refuses the quantised model: {refused}")
+            # It fails on other mixes too (a text model's query projection and its attention scores in int8, the
+            # key and value projections beside them in fp32): such a mix cannot run here.
+            raise RefusedMix(f"onnxruntime refuses the quantised model: {refused}")
         return data
 
 
@@ -644,8 +652,12 @@ class MixEvaluator:
         """Every metric that applies, for the model with ``int8`` groups in int8 (measured once per set)."""
         key = frozenset(int8)
         if key not in self.cache:
-            v = self.assemble(key)
-            self.cache[key] = measure_accuracy(self.reference, v.run(self.frames), METRICS)
+            try:
+                v = self.assemble(key)
+            except RefusedMix:  # cannot run: as bad as a mix can be
+                self.cache[key] = Accuracy(len(self.frames), tuple((m, REFUSED_LOSS) for m in METRICS))
+            else:
+                self.cache[key] = measure_accuracy(self.reference, v.run(self.frames), METRICS)
         acc = self.cache[key]
         return Accuracy(acc.frames, tuple((k, v) for k, v in acc.losses if k in set(metrics)))
 
@@ -851,6 +863,8 @@ def quantize_nodes(model: onnx.ModelProto, nodes: Sequence[str], ranges: Ranges)
         cache = write_ranges(ranges, Path(tmp) / "ranges.json")
         try:
             return quantize_qdq(model, None, nodes_to_quantize=nodes, ranges=cache, op_types=INT8_OPS)
+        except RefusedMix:
+            raise
         except PrecisionError as exc:
             raise PrecisionError(
                 f"{exc}; the plan's calibration ranges do not cover this partition: plan again with --calibration"

@@ -18,7 +18,16 @@ import pytest
 from models.coarsen import coarsen
 from models.graph import build_graph
 from models.onnx_io import load_onnx
-from models.precision import assemble, measure_accuracy, quantizable_groups, tensor_ranges, write_ranges
+from models.precision import (
+    REFUSED_LOSS,
+    MixEvaluator,
+    RefusedMix,
+    assemble,
+    measure_accuracy,
+    quantizable_groups,
+    tensor_ranges,
+    write_ranges,
+)
 from planner.granularity import choose_granularity
 from tests.support.realmodels import CORPUS, fetch
 
@@ -68,3 +77,24 @@ def test_every_matmul_block_of_a_text_model_alone_in_int8_runs_in_onnxruntime(tm
 
 def _inputs(nodes, name: str) -> set[str]:  # type: ignore[no-untyped-def]
     return {i for n in nodes if n.name == name for i in n.input}
+
+
+def test_a_mix_onnxruntime_refuses_to_run_loses_everything_instead_of_failing(tmp_path: Path) -> None:
+    """The query projection and the attention scores of one layer in int8, the key and value projections beside
+    them in fp32: onnxruntime 1.32's MatMulAddFusion fails on the quantised model. Choosing precisions goes on:
+    the mix is refused (``RefusedMix``) and its loss is the worst there is, so no budget admits it."""
+    path = fetch(next(m for m in CORPUS if m.name == "paraphrase_minilm_l3"))
+    model = load_onnx(path, {"input_ids": (1, LENGTH), "attention_mask": (1, LENGTH)})
+    graph = build_graph(model.proto, model.sha256, "minilm")
+    blocks = coarsen(graph, choose_granularity(graph, "auto"))
+    groups = quantizable_groups(graph, {b.name: b.members for b in blocks.nodes})
+    layer = "/encoder/layer.0/attention/self/"
+    query = next(g for g, m in groups.items() if any(n.endswith(layer + "query/MatMul") for n in m))
+    scores = next(g for g, m in groups.items() if any(n.endswith(layer + "MatMul") for n in m))
+    frames = _frames(4, seed=1)
+    cache = write_ranges(tensor_ranges(model, frames), tmp_path / "ranges.json")
+    with pytest.raises(RefusedMix, match="refuses the quantised model"):
+        assemble(model, cache, int8_nodes=[*groups[query], *groups[scores]])
+    evaluator = MixEvaluator(model, groups, frames, "cosine", cache)
+    assert evaluator.loss([query, scores]) == REFUSED_LOSS
+    assert evaluator.loss([query]) < 0.05 and evaluator.loss([scores]) < 0.05  # each alone runs
