@@ -302,6 +302,8 @@ def quantize_qdq(
         excluded = find(nodes_to_exclude) if nodes_to_exclude else None
         if preprocess_only or (nodes_to_quantize and not selected):
             return onnx.load(str(pre)).SerializeToString()
+        if reader is None and ranges is not None and ranges.exists():
+            ranges = _ranges_through_reshapes(onnx.load(str(pre), load_external_data=False), ranges, Path(tmp))
 
         def quantize(exclude: list[str] | None) -> bytes:
             if reader is not None:
@@ -343,6 +345,25 @@ def quantize_qdq(
             # key and value projections beside them in fp32): such a mix cannot run here.
             raise RefusedMix(f"onnxruntime refuses the quantised model: {refused}")
         return data
+
+
+RESHAPING = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Identity")  # values pass unchanged
+
+
+def _ranges_through_reshapes(model: onnx.ModelProto, cache: Path, tmp: Path) -> Path:
+    """``cache`` with a range for each tensor pre-processing made by reshaping one that has a range (fusing MatMul +
+    bias into Gemm inserts a Reshape, ``gemm_input_reshape_arg_token_N``, named anew in each partition): a
+    reshaped tensor holds the same values. ``cache`` itself when nothing is missing."""
+    known = read_ranges(cache)
+    added: dict[str, tuple[float, float]] = {}
+    for node in model.graph.node:  # topological order: a chain of reshapes is followed in one pass
+        if node.op_type in RESHAPING and node.input and node.output and node.output[0] not in known:
+            source = known.get(node.input[0]) or added.get(node.input[0])
+            if source is not None:
+                added[node.output[0]] = source
+    if not added:
+        return cache
+    return write_ranges({**known, **added}, tmp / "ranges-reshaped.json")
 
 
 def _refused(model: bytes) -> str | None:

@@ -480,3 +480,28 @@ def test_a_matmul_fused_with_its_bias_is_still_found_by_its_slash_holding_name(t
     gemm = next(n for n in nodes if n.op_type == "Gemm")
     assert gemm.name.startswith("/layer/dense/MatMul/"), gemm.name
     assert producer.get(gemm.input[0]) == "DequantizeLinear" and producer.get(gemm.input[1]) == "DequantizeLinear"
+
+
+def test_a_tensor_reshaped_by_pre_processing_takes_the_range_of_what_it_reshapes(tmp_path: Path) -> None:
+    """Fusing MatMul + bias into Gemm inserts a Reshape named anew in each partition; quantising that Gemm needs
+    a range for the reshaped tensor, which holds the same values as its input."""
+    from models.precision import _ranges_through_reshapes, read_ranges, write_ranges
+
+    nodes = [
+        helper.make_node("Reshape", ["x", "shape"], ["gemm_input_reshape_arg_token_7"], name="r"),
+        helper.make_node("Transpose", ["gemm_input_reshape_arg_token_7"], ["t"], name="t", perm=[1, 0]),
+        helper.make_node("Relu", ["t"], ["y"], name="relu"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 4])],
+        [numpy_helper.from_array(np.array([4, 8], np.int64), "shape")],
+    )
+    cache = write_ranges({"x": (-2.0, 3.0), "y": (0.0, 3.0)}, tmp_path / "ranges.json")
+    got = read_ranges(_ranges_through_reshapes(helper.make_model(graph), cache, tmp_path))
+    assert got["gemm_input_reshape_arg_token_7"] == got["t"] == (-2.0, 3.0)
+    assert got["y"] == (0.0, 3.0) and read_ranges(cache) == {"x": (-2.0, 3.0), "y": (0.0, 3.0)}
+    complete = write_ranges(got, tmp_path / "complete.json")
+    assert _ranges_through_reshapes(helper.make_model(graph), complete, tmp_path) == complete
