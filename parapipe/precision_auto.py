@@ -32,8 +32,10 @@ from models.onnx_io import LoadedModel
 from models.precision import (
     INT8_METHOD,
     METRICS,
+    REFUSED_LOSS,
     Frame,
     MixEvaluator,
+    RefusedMix,
     check_precision,
     quantizable_groups,
     repair,
@@ -312,7 +314,11 @@ def check_and_repair(
                 f"checking {plan.name} end to end on {len(auto.held_out)} held-back frames ({len(key)} int8 blocks)"
             )
             trial = with_int8(tuple(key))
-            compiled = compile_plan(trial, auto.loaded, graph, cost.profile, verify=False)
+            try:
+                compiled = compile_plan(trial, auto.loaded, graph, cost.profile, verify=False)
+            except RefusedMix:  # onnxruntime cannot run a partition of this mix: as bad as a mix can be
+                measured[key] = ((auto.request.metric, REFUSED_LOSS),)
+                return REFUSED_LOSS
             period = compiled.manifest.replica_period()
             got = [
                 {t: v for t, v in run_chained(compiled.manifest, compiled.files, dict(f), k % period).items()}

@@ -124,6 +124,16 @@ def priced(plan: Plan, graph: OpGraph, cost: CostModel) -> PlanModel:
                 # blocks (a measured partition) keeps at least its share of the mix's time
                 whole = model.ms[seg.key]
                 model.ms[seg.key] = max(whole - saved, whole * (fp32 - saved) / fp32, 1e-6)
+            if seg.key in model.traffic:
+                # and the bytes int8 blocks do not move, as the ILP counts them (``Problem.traffic_share``)
+                memory, bytes_ms = model.traffic[seg.key]
+                less = 0.0
+                for b in seg.blocks:
+                    int8 = times.get(b, {}).get(f"{seg.pu}x{seg.cores}") if b in plan.int8 else None
+                    ms = cost.block_ms(plan.blocks[b], seg.pu, seg.cores)
+                    if int8 is not None and ms > 0 and int8 < ms:
+                        less += cost.traffic_ms(plan.blocks[b], seg.pu) * (1.0 - int8 / ms)
+                model.traffic[seg.key] = (memory, max(bytes_ms - less, 0.0))
     return model
 
 

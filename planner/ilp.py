@@ -210,7 +210,8 @@ def schedule(problem: Problem, assignment: Assignment) -> Figures:
         pu = problem.units[unit_of[b]].pu
         for m, members in problem.shared_memories.items():
             if pu in members:
-                traffic[m] = traffic.get(m, 0.0) + problem.traffic[(b, m)]
+                share = problem.traffic_share(b, unit_of[b], b in assignment.int8)
+                traffic[m] = traffic.get(m, 0.0) + problem.traffic[(b, m)] * share
     loads = (*(load.get(u, 0.0) for u in range(len(problem.units))), *link_load.values(), *traffic.values())
     period = max(loads)
     return Figures(max(finish), period, busy_mj + transfer_mj + period * problem.idle_w, tuple(starts), loads)
@@ -762,7 +763,13 @@ def _link_and_memory_rows(m: _Model) -> None:
         traffic = pulp.lpSum(
             problem.traffic[(b, name)] * m.on_pu(b, p) for b in range(m.n) for p in members if p in m.units_of_pu
         )
-        lp += m.P >= traffic, f"period_memory_{mi}"
+        # an int8 block moves its share of the fp32 bytes (``Problem.traffic_share``)
+        saved = pulp.lpSum(
+            problem.traffic[(b, name)] * (1.0 - problem.traffic_share(b, u, True)) * var
+            for (b, u), var in m.q.items()
+            if problem.units[u].pu in members and problem.traffic_share(b, u, True) < 1.0
+        )
+        lp += m.P >= traffic - saved, f"period_memory_{mi}"
 
 
 def _energy_row(m: _Model) -> None:

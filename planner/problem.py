@@ -86,6 +86,16 @@ class Problem:
         """The block's time on the unit in fp32 or in int8; KeyError where it cannot run so."""
         return self.int8_cost[(block, unit)] if int8 else self.cost[(block, unit)]
 
+    def traffic_share(self, block: int, unit: int, int8: bool = False) -> float:
+        """The share of its fp32 bytes a block moves through shared memory on the unit: 1 in fp32; in int8 (int8
+        weights, uint8 activations) in proportion to its int8 time against its fp32 time there, at most 1. Without
+        it the memory row, whose bandwidth is never taken below the whole fp32 model's time on one core, would
+        price every int8 plan at least at fp32's period."""
+        fp32, q = self.cost.get((block, unit)), self.int8_cost.get((block, unit))
+        if not int8 or not fp32 or q is None:
+            return 1.0
+        return min(1.0, q / fp32)
+
     def slowest(self, block: int, unit: int) -> float:
         return max(self.cost.get((block, unit), 0.0), self.int8_cost.get((block, unit), 0.0))
 

@@ -256,11 +256,13 @@ def test_repair_restores_the_budget_end_to_end(tiny: LoadedModel, tmp_path: Path
     none = assemble(tiny, ranges, int8_nodes=[])
     assert none.precision == "fp32"
     assert measure_accuracy(_fp32_outputs(tiny, held), none.run(held), ("relerr",)).loss("relerr") < 1e-6
-    # whole-model int8 from the same calibration is the mix of every group
+    # the mix of every group quantises their Conv/Gemm only (pool and flatten stay fp32): close to whole-model
+    # int8 from the same calibration, not the same model
     whole = whole_model_int8(tiny, cal, ranges)
     assert whole.precision == "int8"
     every = assemble(tiny, ranges, int8_nodes=int8_nodes(groups, groups))
-    assert measure_accuracy(whole.run(held), every.run(held), ("relerr",)).loss("relerr") < 1e-6
+    assert every.model != whole.model
+    assert measure_accuracy(whole.run(held), every.run(held), ("relerr",)).loss("relerr") < 0.02
     # everything but the fp32 groups: with none kept, whole-model int8; with the head kept, its Conv stays fp32
     assert assemble(tiny, ranges, fp32_nodes=[]).model == whole.model
     kept = assemble(tiny, ranges, fp32_nodes=GROUPS["head"])
@@ -273,7 +275,8 @@ def test_repair_restores_the_budget_end_to_end(tiny: LoadedModel, tmp_path: Path
     }
     assert measure_accuracy(_fp32_outputs(tiny, held), pre.run(held), ("relerr",)).loss("relerr") < 1e-5
     rest = MixEvaluator(tiny, {"head": GROUPS["head"]}, held, "relerr", ranges, rest="int8")
-    assert rest([]) > 0 and rest(["head"]) == pytest.approx(ev(groups))
+    whole_loss = METRICS["relerr"].loss(_fp32_outputs(tiny, held), whole.run(held))
+    assert rest([]) > 0 and rest(["head"]) == pytest.approx(whole_loss)
 
 
 # ---------------------------------------------------------------------------------------------- profiles
@@ -379,3 +382,126 @@ def test_time_variants_records_each_precision_the_pu_computes(tiny: LoadedModel)
     assert set(speedups(times)) == {("middle", configs[0].label, "int8")}
     again = time_variants(tiny, groups, _frames(4, 7), profile, configs, VariantOptions(repeats=2), table=table)
     assert all(t.reused for t in again) and len(table) == 2
+
+
+def _producers(model: bytes) -> tuple[list[onnx.NodeProto], dict[str, str]]:
+    nodes = list(onnx.load_from_string(model).graph.node)
+    return nodes, {o: n.op_type for n in nodes for o in n.output}
+
+
+def _conv_swish_conv(path: Path) -> Path:
+    """x -> conv1 -> x * sigmoid(x) (element-wise) -> conv2 -> y: a block holding convolutions and element-wise ops."""
+    rng = np.random.default_rng(2)
+    inits = [
+        numpy_helper.from_array((rng.standard_normal(s) * 0.3).astype(np.float32), n)
+        for n, s in (("w1", (8, 3, 3, 3)), ("b1", (8,)), ("w2", (8, 8, 3, 3)), ("b2", (8,)))
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="stem/conv1", pads=[1, 1, 1, 1]),
+        helper.make_node("Sigmoid", ["c1"], ["s1"], name="stem/act/sigmoid"),
+        helper.make_node("Mul", ["c1", "s1"], ["a1"], name="stem/act/mul"),
+        helper.make_node("Conv", ["a1", "w2", "b2"], ["y"], name="stem/conv2", pads=[1, 1, 1, 1]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "swish",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(SHAPE))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16, 16])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path
+
+
+def test_an_int8_block_quantises_its_convolutions_and_keeps_element_wise_ops_in_fp32(tmp_path: Path) -> None:
+    """onnxruntime's int8 element-wise kernels are slower than its fp32 ones on x86: a block in int8 runs its
+    Conv/MatMul/Gemm in int8 and its Sigmoid and Mul in fp32, in a mix, a variant and a compiled partition alike."""
+    loaded = load_onnx(_conv_swish_conv(tmp_path / "swish.onnx"))
+    frames = [{"x": np.random.default_rng(i).standard_normal(SHAPE).astype(np.float32)} for i in range(4)]
+    ranges = calibrate(loaded, frames, tmp_path / "ranges.json")
+    everything = [n.name for n in loaded.proto.graph.node]
+    mix = assemble(loaded, ranges, int8_nodes=everything).model
+    block = VariantMaker(loaded).int8(everything, frames, "stem").model
+    for model in (mix, block):
+        nodes, producer = _producers(model)
+        convs = [n for n in nodes if n.op_type == "Conv"]
+        assert len(convs) == 2 and all(producer.get(n.input[0]) == "DequantizeLinear" for n in convs)
+        kernels = _kernels(model, tmp_path / "optimised.onnx")
+        assert "QLinearConv" in kernels and not {"QLinearMul", "QLinearSigmoid"} & kernels, kernels
+    assert {"QLinearMul", "QLinearSigmoid"} <= _kernels(
+        whole_model_int8(loaded, frames, ranges).model, tmp_path / "w.onnx"
+    ), "whole-model int8, the baseline, quantises every type onnxruntime does"
+
+
+def _kernels(model: bytes, path: Path) -> set[str]:
+    """The operators onnxruntime runs for ``model`` once it has fused its Q/DQ (extended optimisations)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    options.optimized_model_filepath = str(path)
+    ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+    return {n.op_type for n in onnx.load(path).graph.node}
+
+
+def _dense(path: Path) -> Path:
+    """layer/dense: x[1, 8, 16] -> MatMul -> + bias -> y, node names holding "/" as exporters write them."""
+    rng = np.random.default_rng(3)
+    w = numpy_helper.from_array((rng.standard_normal((16, 16)) * 0.3).astype(np.float32), "w")
+    b = numpy_helper.from_array((rng.standard_normal(16) * 0.1).astype(np.float32), "b")
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["m"], name="/layer/dense/MatMul"),
+        helper.make_node("Add", ["m", "b"], ["d"], name="/layer/dense/Add"),
+        helper.make_node("Relu", ["d"], ["y"], name="/layer/act/Relu"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "dense",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16])],
+        [w, b],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path
+
+
+def test_a_matmul_fused_with_its_bias_is_still_found_by_its_slash_holding_name(tmp_path: Path) -> None:
+    """Pre-processing fuses MatMul + bias Add into a Gemm named "/layer/dense/MatMul/MatMulAddFusion": naming
+    "/layer/dense/MatMul" must quantise it (it was left fp32, so a text model's feed-forward stayed fp32)."""
+    loaded = load_onnx(_dense(tmp_path / "dense.onnx"))
+    frames = [{"x": np.random.default_rng(i).standard_normal((1, 8, 16)).astype(np.float32)} for i in range(4)]
+    ranges = calibrate(loaded, frames, tmp_path / "ranges.json")
+    mix = assemble(loaded, ranges, int8_nodes=["/layer/dense/MatMul", "/layer/dense/Add"]).model
+    nodes, producer = _producers(mix)
+    gemm = next(n for n in nodes if n.op_type == "Gemm")
+    assert gemm.name.startswith("/layer/dense/MatMul/"), gemm.name
+    assert producer.get(gemm.input[0]) == "DequantizeLinear" and producer.get(gemm.input[1]) == "DequantizeLinear"
+
+
+def test_a_tensor_reshaped_by_pre_processing_takes_the_range_of_what_it_reshapes(tmp_path: Path) -> None:
+    """Fusing MatMul + bias into Gemm inserts a Reshape named anew in each partition; quantising that Gemm needs
+    a range for the reshaped tensor, which holds the same values as its input."""
+    from models.precision import _ranges_through_reshapes, read_ranges, write_ranges
+
+    nodes = [
+        helper.make_node("Reshape", ["x", "shape"], ["gemm_input_reshape_arg_token_7"], name="r"),
+        helper.make_node("Transpose", ["gemm_input_reshape_arg_token_7"], ["t"], name="t", perm=[1, 0]),
+        helper.make_node("Relu", ["t"], ["y"], name="relu"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 4])],
+        [numpy_helper.from_array(np.array([4, 8], np.int64), "shape")],
+    )
+    cache = write_ranges({"x": (-2.0, 3.0), "y": (0.0, 3.0)}, tmp_path / "ranges.json")
+    got = read_ranges(_ranges_through_reshapes(helper.make_model(graph), cache, tmp_path))
+    assert got["gemm_input_reshape_arg_token_7"] == got["t"] == (-2.0, 3.0)
+    assert got["y"] == (0.0, 3.0) and read_ranges(cache) == {"x": (-2.0, 3.0), "y": (0.0, 3.0)}
+    complete = write_ranges(got, tmp_path / "complete.json")
+    assert _ranges_through_reshapes(helper.make_model(graph), complete, tmp_path) == complete

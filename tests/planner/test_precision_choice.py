@@ -155,3 +155,20 @@ def test_a_solution_with_int8_blocks_is_not_written_as_a_plan_that_would_run_the
     problem = toy_problem(UNITS[:1], {(0, 0): 1.0}, [], int8_cost={(0, 0): 0.5}, sensitivity={0: 0.0})
     with pytest.raises(PlanError, match="int8"):
         to_plan(problem, Assignment((0,), int8=frozenset({0})), None, None, None, "x")  # type: ignore[arg-type]
+
+
+def test_int8_blocks_move_fewer_bytes_through_a_shared_memory() -> None:
+    """Where the shared memory's row sets the period (its bandwidth is never taken below the whole fp32 model's
+    time on one core), an int8 block moves its int8/fp32 time share of the bytes: int8 pays there too."""
+    import dataclasses
+
+    cost = {(b, u): 4.0 * 2 / UNITS[u].cores for b in range(2) for u in CPU_UNITS}
+    int8 = {(b, u): v / 4 for (b, u), v in cost.items()}
+    base = toy_problem(UNITS, cost, [(0, 1)], int8_cost=int8, sensitivity={0: 0.0, 1: 0.0}, accuracy_budget=0.0)
+    shared = dataclasses.replace(base, shared_memories={"dram": ("cpu",)}, traffic={(0, "dram"): 8.0, (1, "dram"): 8.0})
+    assert shared.traffic_share(0, 1, True) == pytest.approx(0.25) and shared.traffic_share(0, 1, False) == 1.0
+    fp32 = dataclasses.replace(shared, int8_cost={}, sensitivity={})
+    assert solve(fp32, "throughput", gap=1e-9).best == pytest.approx(16.0)  # the memory row: 8 + 8
+    mixed = solve(shared, "throughput", gap=1e-9)
+    assert mixed.assignment.int8 == frozenset({0, 1}) and mixed.best == pytest.approx(4.0)  # (8 + 8) / 4
+    assert schedule(shared, mixed.assignment).period_ms == pytest.approx(mixed.best)

