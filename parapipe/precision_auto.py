@@ -43,6 +43,7 @@ from models.precision import (
     tensor_ranges,
     write_ranges,
 )
+from parapipe.preprocess import Preprocess, PreprocessError, image_files, image_frames, parse_preprocess
 from planner.costmodel import CostModel
 from planner.plan import Plan, PlanPrecision
 from planner.problem import Int8Choice
@@ -63,10 +64,15 @@ class PrecisionRequest:
     calibration: Path
     budget: float
     metric: str
+    preprocess: Preprocess | None = None  # how images in a --calibration folder become the image input
 
 
 def request_from_flags(
-    precision: str, calibration: Path | None, max_accuracy_loss: str | None, metric: str | None
+    precision: str,
+    calibration: Path | None,
+    max_accuracy_loss: str | None,
+    metric: str | None,
+    preprocess: str | None = None,
 ) -> PrecisionRequest | None:
     """The CLI's flags checked: None for fp32 plans; clear errors for every combination that cannot work."""
     if precision not in PRECISION_CHOICES:
@@ -74,6 +80,7 @@ def request_from_flags(
     if precision == "fp32":
         given = [f for f, v in (("--calibration", calibration), ("--max-accuracy-loss", max_accuracy_loss)) if v]
         given += ["--metric"] if metric else []
+        given += ["--preprocess"] if preprocess else []
         if given:
             verb = "apply" if len(given) > 1 else "applies"
             raise PrecisionPlanError(f"{', '.join(given)} only {verb} with --precision auto; add --precision auto")
@@ -85,7 +92,8 @@ def request_from_flags(
         )
     if not calibration.exists():
         raise PrecisionPlanError(f"--calibration {calibration}: no such file or folder")
-    return PrecisionRequest(calibration, parse_budget(max_accuracy_loss or "1%"), metric or "relerr")
+    spec = parse_preprocess(preprocess) if preprocess else None
+    return PrecisionRequest(calibration, parse_budget(max_accuracy_loss or "1%"), metric or "relerr", spec)
 
 
 def parse_budget(text: str) -> float:
@@ -100,12 +108,18 @@ def parse_budget(text: str) -> float:
     return value
 
 
-def load_frames(path: Path, loaded: LoadedModel) -> list[dict[str, np.ndarray]]:
+def load_frames(path: Path, loaded: LoadedModel, preprocess: Preprocess | None = None) -> list[dict[str, np.ndarray]]:
     """Frames for the model's inputs from an .npz (one array per input: one frame, or frames stacked on a
-    new first axis, or along a batch axis of 1) or from every .npz of a folder, in name order."""
+    new first axis, or along a batch axis of 1) or from every .npz of a folder, in name order; a folder of
+    images (and no .npz) feeds the model's image input through ``preprocess`` (``parapipe.preprocess``)."""
     files = sorted(path.glob("*.npz")) if path.is_dir() else [path]
+    if not files and path.is_dir() and image_files(path):
+        try:
+            return image_frames(path, preprocess, loaded.inputs)
+        except PreprocessError as exc:
+            raise PrecisionPlanError(f"--calibration {exc}") from None
     if not files:
-        raise PrecisionPlanError(f"--calibration {path}: the folder holds no .npz file")
+        raise PrecisionPlanError(f"--calibration {path}: the folder holds no .npz file and no image")
     frames: list[dict[str, np.ndarray]] = []
     for f in files:
         try:
@@ -196,7 +210,7 @@ def measure(
     if request.metric not in METRICS:
         raise PrecisionPlanError(f"--metric must be one of {', '.join(METRICS)}, not {request.metric!r}")
     if frames is None:
-        given = load_frames(request.calibration, loaded)
+        given = load_frames(request.calibration, loaded, request.preprocess)
         if len(given) < 2:
             raise PrecisionPlanError(
                 f"--calibration {request.calibration}: {len(given)} frame(s); give at least 2 (a quarter is held "

@@ -176,7 +176,17 @@ class PrecisionFlags:
         typer.Option(
             "--calibration",
             help="Sample inputs for --precision auto: an .npz with one array per model input (frames stacked on "
-            "the first axis), or a folder of them. A quarter is held back to check each plan.",
+            "the first axis), a folder of them, or a folder of images (with --preprocess). A quarter is held back "
+            "to check each plan.",
+        ),
+    ] = None
+    preprocess: Annotated[
+        str | None,
+        typer.Option(
+            "--preprocess",
+            help="How images in a --calibration folder become the model's image input: a TOML file or inline TOML "
+            "with ';' between keys, e.g. 'size = [224, 224]; mean = [0.485, 0.456, 0.406]; std = [0.229, 0.224, "
+            "0.225]' (keys: size, resize stretch|crop, channels rgb|bgr|gray, layout nchw|nhwc, scale, mean, std).",
         ),
     ] = None
     max_accuracy_loss: Annotated[
@@ -218,7 +228,11 @@ def plan(
     objective, max_stages = flags.objective, flags.max_stages
     parse_objective(objective, allow_pareto=True)
     request = request_from_flags(
-        precision.precision, precision.calibration, precision.max_accuracy_loss, precision.metric
+        precision.precision,
+        precision.calibration,
+        precision.max_accuracy_loss,
+        precision.metric,
+        precision.preprocess,
     )
     profile, graph, blocks, cost, loaded = _load_inputs(
         model, device, costs, flags.granularity, input_shape, input_data
@@ -545,7 +559,11 @@ def compare(
     from planner.select import ratios
 
     request = request_from_flags(
-        precision.precision, precision.calibration, precision.max_accuracy_loss, precision.metric
+        precision.precision,
+        precision.calibration,
+        precision.max_accuracy_loss,
+        precision.metric,
+        precision.preprocess,
     )
     profile, graph, blocks, cost, loaded = _load_inputs(
         model, device, costs, flags.granularity, input_shape, input_data

@@ -148,3 +148,39 @@ def test_a_plan_over_budget_on_held_back_frames_is_repaired_before_it_is_offered
         assert dict(fixed.precision.measured)["relerr"] == pytest.approx(check.loss, rel=1e-6)
         assert fixed.precision.held_out_frames == len(held)
         assert set(fixed.precision.int8_ms) == set(fixed.int8)
+
+
+def _photographs(folder: Path, names: tuple[str, ...]) -> Path:
+    from PIL import Image
+
+    from tests.support.images import image
+
+    folder.mkdir()
+    for name in names:
+        Image.fromarray((image(name) * 255).round().astype(np.uint8)).save(folder / f"{name}.jpg")
+    return folder
+
+
+def test_a_folder_of_photographs_calibrates_through_a_preprocessing_spec(tiny: LoadedModel, tmp_path: Path) -> None:
+    from parapipe.preprocess import parse_preprocess
+
+    photos = _photographs(tmp_path / "photos", ("astronaut", "coffee", "chelsea", "rocket"))
+    spec = parse_preprocess("mean = [0.485, 0.456, 0.406]; std = [0.229, 0.224, 0.225]; resize = 'crop'")
+    frames = load_frames(photos, tiny, spec)
+    assert len(frames) == 4 and all(f["x"].shape == SHAPE and f["x"].dtype == np.float32 for f in frames)
+    assert len({f["x"].tobytes() for f in frames}) == 4
+    with pytest.raises(PrecisionPlanError, match="--preprocess"):
+        load_frames(photos, tiny)
+    done = run_cli("plan", str(tiny.path), "--device", "local", "--precision", "auto", "--calibration", str(photos),
+                   home=tmp_path)  # fmt: skip
+    assert done.returncode == 2 and "--preprocess" in done.stderr and "Traceback" not in done.stderr, done.stderr
+    done = run_cli("plan", str(tiny.path), "--device", "local", "--preprocess", "scale = 1.0", home=tmp_path)
+    assert done.returncode == 2 and "only applies with --precision auto" in done.stderr, done.stderr
+    done = run_cli("plan", str(tiny.path), "--device", "local", "--precision", "auto", "--calibration", str(photos),
+                   "--preprocess", "mean = [0.5]; std = [0.25]", "--objective", "latency", "--time-limit", "2",
+                   "-o", str(tmp_path / "plans"), "--json", home=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    import json
+
+    precision = json.loads(done.stdout)["precision"]
+    assert precision["calibration_frames"] + precision["held_out_frames"] == 4
