@@ -11,10 +11,12 @@ from models.graph import build_graph
 from models.onnx_io import load_onnx
 from models.zoo import CORE as ZOO
 from planner import heuristics as H
+from planner.build import priced
 from planner.costmodel import CostModel
 from planner.plan import validate
 from planner.problem import Unit, build_problem, toy_problem
 from planner.search import SearchOptions, baselines, best_plan, key
+from planner.simulate import simulate
 from profiler.costtable import Conditions, CostEntry, CostTable, entry_key
 
 PROFILES = [n for n in shipped_names() if n != "local-biglittle"] + ["local-biglittle"]
@@ -114,8 +116,12 @@ def test_the_plan_of_each_objective_is_never_worse_than_any_baseline(exported, n
         plan = best_plan(blocks, graph, cost, objective, SearchOptions(time_limit=0.3), problem=problem)
         validate(plan, graph, profile)
         assert plan.predicted is not None and plan.simulated is not None
-        # the simulator runs the plan as the executor does (units by frame + lag): at the analytic throughput
-        assert plan.simulated.throughput_fps == pytest.approx(plan.predicted.throughput_fps, rel=0.02), objective
+        # the simulator runs the plan as the executor does (units by frame + lag): at the analytic throughput in
+        # steady state (240 frames may still see the fill's transient: then 1,000 frames must agree)
+        simulated = plan.simulated.throughput_fps
+        if abs(simulated / plan.predicted.throughput_fps - 1) > 0.02:
+            simulated = simulate(priced(plan, graph, cost), 1000).throughput_fps
+        assert simulated == pytest.approx(plan.predicted.throughput_fps, rel=0.02), objective
         for other, theirs in base.items():
             assert key(plan, objective) <= key(theirs, objective) * (1 + 1e-9), (objective, other)
         if plan.provenance.method == "ilp" and plan.provenance.status == "optimal":
