@@ -438,7 +438,7 @@ class Cuts:
 
 
 def _formulate(
-    problem: Problem, objective: str, bounds: Bounds = NO_BOUNDS, cuts: Cuts = Cuts()
+    problem: Problem, objective: str, bounds: Bounds = NO_BOUNDS, cuts: Cuts = Cuts(), ordering: bool = True
 ) -> tuple[pulp.LpProblem, dict]:
     max_l, max_p, max_e = bounds.max_latency_ms, bounds.max_period_ms, bounds.max_energy_mj
     m = _variables(problem, objective == "latency" or max_l is not None)
@@ -450,10 +450,14 @@ def _formulate(
     _symmetry_rows(m)
     _flow_rows(m, dur)
     if m.timed:
-        _order_rows(m, dur, _big_m(m, cuts.horizon))
+        if ordering:
+            _order_rows(m, dur, _big_m(m, cuts.horizon))
         _region_rows(m, dur)
+        _section_rows(m, dur)
         _latency_rows(m, dur, cuts.upper_latency if objective == "latency" else None)
         _segment_rows(m, cuts.segments)
+        _chain_rows(m)
+        _path_rows(m)
     _load_rows(m, cuts.upper_load)
     _link_and_memory_rows(m)
     _energy_row(m)
@@ -662,6 +666,40 @@ def _region_rows(m: _Model, dur: dict[int, pulp.LpAffineExpression]) -> None:
                 lp += m.t[y] >= m.t[x] + dur[x] + work, f"region_{x}_{y}_{u}"
 
 
+def _sections(problem: Problem) -> tuple[tuple[int, int, tuple[int, ...]], ...]:
+    """The stretches between consecutive articulation blocks (x, y, the blocks strictly between them): every
+    block between runs after x ends and ends before y starts. x = -1 stands for the frame's arrival, y = n for
+    its departure; only stretches with blocks that may run beside each other."""
+    n = len(problem.blocks)
+    cuts = problem.articulations()
+    ends = [-1, *cuts, n]
+    return tuple((x, y, tuple(range(x + 1, y))) for x, y in itertools.pairwise(ends) if y - x > 2)
+
+
+def _section_rows(m: _Model, dur: dict[int, pulp.LpAffineExpression]) -> None:
+    """Cut: between two consecutive articulation blocks (or the frame's arrival and departure) the time is at
+    least what any one unit runs there, and a CPU cluster's cores deliver at most their number of core-ms per
+    ms of it (units of one cluster have cores of their own). Fork/join regions say the first within a module;
+    this says both for the stretches no fork opens (the independent sources of a multi-view model)."""
+    problem, lp = m.problem, m.lp
+    for x, y, between in _sections(problem):
+        early = (m.t[x] + dur[x]) if x >= 0 else 0
+        late = m.t[y] if y < m.n else m.L
+        work: dict[int, pulp.LpAffineExpression] = {}
+        for u in range(len(problem.units)):
+            inside = [(b, u) for b in between if (b, u) in m.a]
+            if len(inside) >= 2:
+                work[u] = pulp.lpSum(
+                    m.work(*k) + (problem.unit_overhead[u] * m.z[k] if k in m.z else 0) for k in inside
+                )
+                lp += late >= early + work[u], f"section_{x}_{y}_{u}"
+        for p, cores in problem.cluster_cores.items():
+            mine = [u for u in m.units_of_pu[p] if u in work]
+            if mine:
+                core_time = pulp.lpSum(problem.units[u].cores * work[u] for u in mine)
+                lp += core_time <= cores * (late - early), f"section_cluster_{x}_{y}_{p}"
+
+
 def _latency_rows(m: _Model, dur: dict[int, pulp.LpAffineExpression], upper: float | None) -> None:
     """A frame leaves when its last block ends; no worse than the warm start (``upper``) when given."""
     for b in range(m.n):
@@ -677,6 +715,126 @@ def _segment_rows(m: _Model, segments: tuple[tuple[int, int, float], ...]) -> No
         early = m.t[x] if x >= 0 else 0
         late = m.t[y] if y < m.n else m.L
         m.lp += late >= early + span, f"segment_{x}_{y}"
+
+
+def chain_spans(problem: Problem) -> tuple[tuple[int, int, tuple[float, ...]], ...]:
+    """For every run of consecutive articulation blocks k..m (a chain: each block's only input from the run is
+    the one before it, and all run one after the other), and every later block j of it: (k, j, s) with s[u]
+    the least time from k's start to j's start when j runs on unit u (a shortest path over the units of
+    k..j-1: each block's time there, the transfer and handoff delay where consecutive blocks change PU).
+    A relaxation: no partition overhead, no gRPC CPU time, no other edges into the run. Computed once per
+    problem. The ordering rows leave a chain's transfers to the LP's fractional assignment, which pays none."""
+    if "chain_spans" in problem.derived:
+        return problem.derived["chain_spans"]
+    edge = {(i, j): ei for ei, (i, j, _) in enumerate(problem.edges)}
+    units = range(len(problem.units))
+    cuts = problem.articulations()
+    out: list[tuple[int, int, tuple[float, ...]]] = []
+    runs: list[list[int]] = []
+    for b in cuts:
+        if runs and runs[-1][-1] == b - 1 and (b - 1, b) in edge:
+            runs[-1].append(b)
+        else:
+            runs.append([b])
+    for run in (r for r in runs if len(r) >= 3):
+        k = run[0]
+        # finish[u]: the least time from k's start to the end of the latest block of the run on unit u
+        finish = [_least(problem, k, u) for u in units]
+        for j in run[1:]:
+            ei = edge[(j - 1, j)]
+            arrive = []
+            for v in units:
+                q = problem.units[v].pu
+                arrive.append(
+                    min(
+                        (
+                            f
+                            if problem.units[u].pu == q
+                            else f
+                            + problem.transfer[(ei, problem.units[u].pu, q)]
+                            + problem.handoff_delay.get((ei, problem.units[u].pu, q), 0.0)
+                        )
+                        for u, f in zip(units, finish, strict=True)
+                    )
+                )
+            if j - k >= 2:
+                out.append((k, j, tuple(arrive)))
+            finish = [a + _least(problem, j, v) for v, a in enumerate(arrive)]
+    problem.derived["chain_spans"] = tuple(out)
+    return problem.derived["chain_spans"]
+
+
+def _chain_rows(m: _Model) -> None:
+    """Cut: along a chain of articulation blocks, a block starts no earlier than the shortest path from the
+    chain's first block to it on the unit that runs it (``chain_spans``)."""
+    for k, j, spans in chain_spans(m.problem):
+        least = min(spans)
+        terms = [(m.t[j], 1.0), (m.t[k], -1.0)]
+        terms += [(m.a[(j, u)], -(s - least)) for u, s in enumerate(spans) if (j, u) in m.a and s > least]
+        row = pulp.LpConstraint(pulp.LpAffineExpression(terms), pulp.LpConstraintGE, rhs=least)
+        m.lp.addConstraint(row, f"chain_{k}_{j}")
+
+
+def path_bounds(problem: Problem) -> tuple[tuple[tuple[float, ...], ...], tuple[tuple[float, ...], ...]]:
+    """Per block b and unit u (inf where u cannot run b): the least time before b can start on u (head) and
+    the least time from b's end on u to the frame's departure (tail), over every path into and out of b, each
+    block of it on the unit that serves the bound best, with the transfer and handoff delay wherever the
+    path changes PU. A relaxation: no partition overhead, no gRPC CPU time, no unit busy with anything else.
+    The LP's fractional assignment pays no transfers; these pay the ones a path cannot avoid."""
+    if "path_bounds" in problem.derived:
+        return problem.derived["path_bounds"]
+    n, units = len(problem.blocks), range(len(problem.units))
+    pu = [x.pu for x in problem.units]
+
+    def comm(ei: int, p: str, q: str) -> float:
+        return 0.0 if p == q else problem.transfer[(ei, p, q)] + problem.handoff_delay.get((ei, p, q), 0.0)
+
+    ms = [[_least(problem, b, u) for u in units] for b in range(n)]
+    preds, succs = predecessors(problem), [[] for _ in range(n)]
+    for ei, (i, j, _) in enumerate(problem.edges):
+        succs[i].append((j, ei))
+    head = [[0.0] * len(units) for _ in range(n)]
+    for b in range(n):
+        for u in units:
+            if ms[b][u] == math.inf:
+                head[b][u] = math.inf
+                continue
+            head[b][u] = max(
+                (min(head[i][v] + ms[i][v] + comm(ei, pu[v], pu[u]) for v in units) for i, ei in preds[b]),
+                default=0.0,
+            )
+    tail = [[0.0] * len(units) for _ in range(n)]
+    for b in reversed(range(n)):
+        for u in units:
+            if ms[b][u] == math.inf:
+                tail[b][u] = math.inf
+                continue
+            tail[b][u] = max(
+                (min(comm(ei, pu[u], pu[v]) + ms[j][v] + tail[j][v] for v in units) for j, ei in succs[b]),
+                default=0.0,
+            )
+    problem.derived["path_bounds"] = (tuple(map(tuple, head)), tuple(map(tuple, tail)))
+    return problem.derived["path_bounds"]
+
+
+def _path_rows(m: _Model) -> None:
+    """Cut: every block starts no earlier than its head on the unit that runs it, and the frame leaves no
+    earlier than its start, its time there and its tail (``path_bounds``)."""
+    head, tail = path_bounds(m.problem)
+    ge = pulp.LpConstraintGE
+    for b in range(m.n):
+        on = [u for u in m.allowed[b]]
+        if any(head[b][u] > 0 for u in on):
+            terms = [(m.t[b], 1.0)] + [(m.a[(b, u)], -head[b][u]) for u in on if head[b][u] > 0]
+            m.lp.addConstraint(pulp.LpConstraint(pulp.LpAffineExpression(terms), ge, rhs=0.0), f"head_{b}")
+        terms = [(m.L, 1.0), (m.t[b], -1.0)] + [(m.a[(b, u)], -(tail[b][u] + _least(m.problem, b, u))) for u in on]
+        m.lp.addConstraint(pulp.LpConstraint(pulp.LpAffineExpression(terms), ge, rhs=0.0), f"tail_{b}")
+
+
+def _least(problem: Problem, b: int, u: int) -> float:
+    """Block b's time on unit u in its faster precision there; inf where u cannot run it."""
+    times = [t for t in (problem.cost.get((b, u)), problem.int8_cost.get((b, u))) if t is not None]
+    return min(times, default=math.inf)
 
 
 def segment_bounds(problem: Problem, budget: float) -> tuple[tuple[int, int, float], ...]:
