@@ -382,6 +382,8 @@ class _Model:
     # of a copy of the expression in each (wide graphs have 10^5 pairs)
     d: dict[int, pulp.LpVariable] = field(default_factory=dict)
     dur: dict[int, pulp.LpAffineExpression] = field(default_factory=dict)
+    # used[x,y,u]: unit u runs a block of the stretch between articulation blocks x and y (``_section_rows``)
+    used: dict[tuple[int, int, int], pulp.LpVariable] = field(default_factory=dict)
 
     @property
     def n(self) -> int:
@@ -422,6 +424,7 @@ class _Model:
             "q": self.q,
             "d": self.d,
             "dur": self.dur,
+            "used": self.used,
         }
 
 
@@ -676,13 +679,66 @@ def _sections(problem: Problem) -> tuple[tuple[int, int, tuple[int, ...]], ...]:
     return tuple((x, y, tuple(range(x + 1, y))) for x, y in itertools.pairwise(ends) if y - x > 2)
 
 
+def section_gaps(problem: Problem) -> tuple[tuple[tuple[float, float], ...], ...]:
+    """Per stretch (``_sections``) and unit u: the least time from the stretch's start (x's end) before any
+    block of it can start on u, and from any block's end on u to the stretch's end (y's start, the frame's
+    departure): shortest paths within the stretch as in ``path_bounds``, each block on the unit that serves
+    the bound best, a transfer wherever the path changes PU. An input from before x adds nothing (it was there
+    when x ran), nor an output past y. Computed once per problem."""
+    if "section_gaps" in problem.derived:
+        return problem.derived["section_gaps"]
+    n, units = len(problem.blocks), range(len(problem.units))
+    pu = [x.pu for x in problem.units]
+
+    def comm(ei: int, p: str, q: str) -> float:
+        return 0.0 if p == q else problem.transfer[(ei, p, q)] + problem.handoff_delay.get((ei, p, q), 0.0)
+
+    preds, succs = predecessors(problem), [[] for _ in range(n)]
+    for ei, (i, j, _) in enumerate(problem.edges):
+        succs[i].append((j, ei))
+    ms = {b: [_least(problem, b, u) for u in units] for b in range(n)}
+    out = []
+    for x, y, between in _sections(problem):
+        inside = set(between)
+        head: dict[int, list[float]] = {}
+        for b in between:
+            head[b] = []
+            for u in units:
+                waits = [0.0]
+                for i, ei in preds[b]:
+                    if i == x:
+                        waits.append(min(comm(ei, pu[v], pu[u]) for v in units if ms[x][v] < math.inf))
+                    elif i in inside:
+                        waits.append(min(head[i][v] + ms[i][v] + comm(ei, pu[v], pu[u]) for v in units))
+                head[b].append(max(waits) if ms[b][u] < math.inf else math.inf)
+        tail: dict[int, list[float]] = {}
+        for b in reversed(between):
+            tail[b] = []
+            for u in units:
+                waits = [0.0]
+                for j, ei in succs[b]:
+                    if j == y:
+                        waits.append(min(comm(ei, pu[u], pu[v]) for v in units if ms[y][v] < math.inf))
+                    elif j in inside:
+                        waits.append(min(comm(ei, pu[u], pu[v]) + ms[j][v] + tail[j][v] for v in units))
+                tail[b].append(max(waits) if ms[b][u] < math.inf else math.inf)
+        out.append(
+            tuple(
+                (min((head[b][u] for b in between), default=0.0), min((tail[b][u] for b in between), default=0.0))
+                for u in units
+            )
+        )
+    problem.derived["section_gaps"] = tuple(out)
+    return problem.derived["section_gaps"]
+
+
 def _section_rows(m: _Model, dur: dict[int, pulp.LpAffineExpression]) -> None:
     """Cut: between two consecutive articulation blocks (or the frame's arrival and departure) the time is at
     least what any one unit runs there, and a CPU cluster's cores deliver at most their number of core-ms per
     ms of it (units of one cluster have cores of their own). Fork/join regions say the first within a module;
     this says both for the stretches no fork opens (the independent sources of a multi-view model)."""
     problem, lp = m.problem, m.lp
-    for x, y, between in _sections(problem):
+    for (x, y, between), gaps in zip(_sections(problem), section_gaps(problem), strict=True):
         early = (m.t[x] + dur[x]) if x >= 0 else 0
         late = m.t[y] if y < m.n else m.L
         work: dict[int, pulp.LpAffineExpression] = {}
@@ -692,7 +748,15 @@ def _section_rows(m: _Model, dur: dict[int, pulp.LpAffineExpression]) -> None:
                 work[u] = pulp.lpSum(
                     m.work(*k) + (problem.unit_overhead[u] * m.z[k] if k in m.z else 0) for k in inside
                 )
-                lp += late >= early + work[u], f"section_{x}_{y}_{u}"
+                idle = gaps[u][0] + gaps[u][1]
+                if idle > 0:  # used[u]: u runs a block of the stretch (1 in every plan where it does)
+                    used = pulp.LpVariable(f"used_{x + 1}_{u}", 0, 1)
+                    for k in inside:
+                        lp += used >= m.a[k], f"used_{x + 1}_{k[0]}_{u}"
+                    lp += late >= early + work[u] + idle * used, f"section_{x}_{y}_{u}"
+                    m.used[(x, y, u)] = used
+                else:
+                    lp += late >= early + work[u], f"section_{x}_{y}_{u}"
         for p, cores in problem.cluster_cores.items():
             mine = [u for u in m.units_of_pu[p] if u in work]
             if mine:
@@ -974,6 +1038,8 @@ def _set_warm_start(problem: Problem, v: dict, warm: Assignment) -> None:
         i, j, _ = problem.edges[ei]
         moved = problem.units[warm.block_unit[i]].pu == p and problem.units[warm.block_unit[j]].pu == q
         var.setInitialValue(1 if moved else 0)
+    for (x, y, u), var in v["used"].items():
+        var.setInitialValue(1 if u in warm.block_unit[x + 1 : y] else 0)
     for b, var in v["d"].items():  # after every variable its expression reads
         var.setInitialValue(v["dur"][b].value())
     v["L"].setInitialValue(figures.latency_ms)
