@@ -154,6 +154,82 @@ def canonical(problem: Problem, assignment: Assignment) -> Assignment:
     return Assignment(tuple(relabel[u] for u in unit_of), assignment.order, assignment.int8)
 
 
+def twin_branches(problem: Problem) -> tuple[tuple[tuple[int, ...], ...], ...]:
+    """Classes of interchangeable branches: within a stretch between articulation blocks (``_sections``), the
+    connected parts that are copies of each other (the same costs, memory, sensitivities and edges, block by
+    block in index order, and the same edges to the same blocks outside). Swapping two of them changes no
+    figure of any plan. Each class lists its branches in index order, each branch its blocks in index order."""
+    if "twin_branches" in problem.derived:
+        return problem.derived["twin_branches"]
+    units = range(len(problem.units))
+    by_edge: dict[int, list[tuple]] = {}
+    for d in (problem.transfer, problem.transfer_mj, problem.handoff_cpu, problem.handoff_delay):
+        for (ei, p, q), v in sorted(d.items()):
+            by_edge.setdefault(ei, []).append((p, q, v))
+    classes = []
+    for _, _, between in _sections(problem):
+        inside = set(between)
+        parent = {b: b for b in between}
+        for i, j, _ in problem.edges:
+            if i in inside and j in inside:
+                parent[_root(parent, j)] = _root(parent, i)
+        parts: dict[int, list[int]] = {}
+        for b in between:
+            parts.setdefault(_root(parent, b), []).append(b)
+        groups: dict[tuple, list[tuple[int, ...]]] = {}
+        for part in parts.values():
+            pos = {b: k for k, b in enumerate(part)}
+            blocks = tuple(
+                (
+                    tuple(problem.cost.get((b, u)) for u in units),
+                    tuple(problem.int8_cost.get((b, u)) for u in units),
+                    problem.held_bytes(b),
+                    problem.sensitivity.get(b),
+                    tuple(sorted((m, v) for (c, m), v in problem.traffic.items() if c == b)),
+                )
+                for b in part
+            )
+            edges = tuple(
+                (
+                    pos[i] if i in pos else ("out", i),
+                    pos[j] if j in pos else ("out", j),
+                    nbytes,
+                    tuple(by_edge.get(ei, ())),
+                )
+                for ei, (i, j, nbytes) in enumerate(problem.edges)
+                if i in pos or j in pos
+            )
+            groups.setdefault((blocks, edges), []).append(tuple(part))
+        classes += [tuple(members) for members in groups.values() if len(members) >= 2]
+    problem.derived["twin_branches"] = tuple(classes)
+    return problem.derived["twin_branches"]
+
+
+def _root(parent: dict[int, int], b: int) -> int:
+    while parent[b] != b:
+        b = parent[b]
+    return b
+
+
+def sorted_branches(problem: Problem, assignment: Assignment) -> Assignment:
+    """The same plan with twin branches (``twin_branches``) swapped so that, within each class, their first
+    blocks start in index order (what the ILP's branch symmetry rows ask for). Every figure stays the same."""
+    classes = twin_branches(problem)
+    if not classes:
+        return assignment
+    starts = schedule(problem, assignment).starts
+    where: dict[int, int] = {}  # block -> the block whose place it takes
+    for members in classes:
+        ranked = sorted(members, key=lambda part: (round(starts[part[0]], 9), part[0]))
+        for slot, part in zip(members, ranked, strict=True):
+            where.update(zip(part, slot, strict=True))
+    unit_of = list(assignment.block_unit)
+    for b, to in where.items():
+        unit_of[to] = assignment.block_unit[b]
+    order = tuple(where.get(b, b) for b in assignment.order)
+    return Assignment(tuple(unit_of), order, frozenset(where.get(b, b) for b in assignment.int8))
+
+
 def fits(problem: Problem, assignment: Assignment) -> bool:
     """The ILP's memory rows for a fixed assignment: on every PU, weights and activations fit its memory."""
     held: dict[str, int] = {}
@@ -246,7 +322,8 @@ def solve(
     if warm is not None and not fits(problem, warm):
         warm = None  # a start that does not fit memory is no plan to keep
     if warm is not None:
-        warm = canonical(problem, warm)  # else the symmetry rows make it infeasible and HiGHS drops it
+        # else the symmetry rows make it infeasible and HiGHS drops it
+        warm = canonical(problem, sorted_branches(problem, warm) if objective == "latency" or max_latency_ms else warm)
     start = schedule(problem, warm) if warm is not None else None
     timed = objective == "latency" or max_latency_ms is not None
     if timed and warm is not None and start is not None and ordering_rows(problem) > rows_within(time_limit):
@@ -461,6 +538,7 @@ def _formulate(
         _segment_rows(m, cuts.segments)
         _chain_rows(m)
         _path_rows(m)
+        _branch_symmetry_rows(m)
     _load_rows(m, cuts.upper_load)
     _link_and_memory_rows(m)
     _energy_row(m)
@@ -762,6 +840,15 @@ def _section_rows(m: _Model, dur: dict[int, pulp.LpAffineExpression]) -> None:
             if mine:
                 core_time = pulp.lpSum(problem.units[u].cores * work[u] for u in mine)
                 lp += core_time <= cores * (late - early), f"section_cluster_{x}_{y}_{p}"
+
+
+def _branch_symmetry_rows(m: _Model) -> None:
+    """Of twin branches (``twin_branches``), each starts no earlier than the one before it in index order: any
+    plan is one with its twin branches swapped into that order (``sorted_branches``), so this cuts off no
+    figure, only copies of plans (k! of them for k twins)."""
+    for members in twin_branches(m.problem):
+        for k, (one, two) in enumerate(itertools.pairwise(members)):
+            m.lp += m.t[two[0]] >= m.t[one[0]], f"branch_symmetry_{members[0][0]}_{k}"
 
 
 def _latency_rows(m: _Model, dur: dict[int, pulp.LpAffineExpression], upper: float | None) -> None:

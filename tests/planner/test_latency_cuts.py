@@ -1,5 +1,5 @@
 """The latency ILP's cuts (stretches between articulation blocks, chains of them, per-block head and tail
-paths) cut off no plan: every schedule of every assignment meets them, and the solver's optimum with them is
+paths, twin branches in start order) cut off no plan: every schedule of every assignment meets them, and the solver's optimum with them is
 the best plan there is, found by enumerating every assignment and every order."""
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from planner.ilp import (
     path_bounds,
     schedule,
     solve,
+    sorted_branches,
+    twin_branches,
 )
 from planner.problem import Problem, Unit, toy_problem
 
@@ -101,16 +103,16 @@ def _plans(problem: Problem):
             yield Assignment(units, order, int8)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problems(), st.randoms(use_true_random=False))
 def test_the_cuts_cut_off_no_plan_and_the_optimum_is_the_best_plan(problem, rng) -> None:
     plans = list(_plans(problem))
     best = min(schedule(problem, a).latency_ms for a in plans)
-    # every plan's schedule meets every row (the cuts included), so the solver could take it: a sample of them
-    # (writing the model is the slow part)
+    # every plan's schedule meets every row (the cuts included), so the solver could take it, once its twin
+    # branches are in start order: a sample of them (writing the model is the slow part)
     for a in [*rng.sample(plans, min(4, len(plans))), min(plans, key=lambda a: schedule(problem, a).latency_ms)]:
         lp, v = _formulate(problem, "latency", cuts=Cuts())
-        _set_warm_start(problem, v, canonical(problem, a))
+        _set_warm_start(problem, v, canonical(problem, sorted_branches(problem, a)))  # as ``solve`` hands it over
         broken = [name for name, row in lp.constraints.items() if not row.valid(1e-6)]
         assert not broken, f"{a} breaks {broken[:5]}"
     solution = solve(problem, "latency", time_limit=20, gap=1e-9)
@@ -156,3 +158,64 @@ def test_a_chain_of_blocks_pays_the_transfers_no_assignment_avoids() -> None:
     lp.solve(pulp.HiGHS(msg=False))
     assert v["L"].value() == pytest.approx(6.0, rel=1e-6)  # the optimum, at the root
     assert solve(problem, "latency", gap=1e-9).best == pytest.approx(6.0)
+
+
+@st.composite
+def twins(draw) -> Problem:
+    """Copies of one branch (2 or 3, of 1 or 2 blocks) side by side, from a fork or from the frame's arrival,
+    into a join: the branch symmetry rows order them."""
+    copies, length = draw(st.sampled_from([(2, 1), (2, 2), (3, 1)]))
+    fork = draw(st.booleans())
+    branch = draw(st.lists(st.floats(0.5, 8.0), min_size=length, max_size=length))
+    gpu = draw(st.lists(st.one_of(st.none(), st.floats(0.2, 6.0)), min_size=length, max_size=length))
+    ends = draw(st.lists(st.floats(0.2, 3.0), min_size=2, max_size=2))
+    base: list[float] = []
+    on_gpu: list[float | None] = []
+    edges: list[tuple[int, int]] = []
+    if fork:
+        base.append(ends[0])
+        on_gpu.append(None)
+    for _ in range(copies):
+        first = len(base)
+        base += branch
+        on_gpu += gpu
+        if fork:
+            edges.append((0, first))
+        edges += [(first + k, first + k + 1) for k in range(length - 1)]
+    join = len(base)
+    base.append(ends[1])
+    on_gpu.append(draw(st.one_of(st.none(), st.floats(0.2, 3.0))))
+    edges += [(first + length - 1, join) for first in range(int(fork), join, length)]
+    units = UNITS[:4]
+    cost = {(b, u): base[b] * 2 / units[u].cores for b in range(len(base)) for u in (0, 1, 2)}
+    cost |= {(b, 3): g for b, g in enumerate(on_gpu) if g is not None}
+    return toy_problem(units, cost, edges, transfer_ms=draw(st.sampled_from([0.0, 0.4])))
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(twins())
+def test_twin_branches_in_start_order_cut_off_no_figure(problem) -> None:
+    classes = twin_branches(problem)
+    assert len(classes) == 1 and len(classes[0]) >= 2
+    plans = [a for a in _plans(problem) if all(u < 4 for u in a.block_unit)]
+    best = min(schedule(problem, a).latency_ms for a in plans)
+    for a in plans[:: max(1, len(plans) // 5)]:
+        twin = sorted_branches(problem, a)
+        f, g = schedule(problem, a), schedule(problem, twin)
+        assert (f.latency_ms, f.period_ms, f.energy_mj) == pytest.approx((g.latency_ms, g.period_ms, g.energy_mj))
+        lp, v = _formulate(problem, "latency", cuts=Cuts())
+        _set_warm_start(problem, v, canonical(problem, twin))
+        broken = [name for name, row in lp.constraints.items() if not row.valid(1e-6)]
+        assert not broken, f"{twin} breaks {broken[:5]}"
+    solution = solve(problem, "latency", time_limit=20, gap=1e-9)
+    assert solution.status == "optimal"
+    assert solution.best == pytest.approx(best, rel=1e-6)
+
+
+def test_branches_that_hold_other_weights_are_no_twins() -> None:
+    units = UNITS[:4]
+    cost = {(b, u): 1.0 for b in range(3) for u in range(4)}
+    problem = toy_problem(units, cost, [(0, 2), (1, 2)])
+    assert twin_branches(problem) == (((0,), (1,)),)
+    heavier = dataclasses.replace(problem, param_bytes={**problem.param_bytes, "b0": 1 << 20}, derived={})
+    assert twin_branches(heavier) == ()
