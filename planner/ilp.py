@@ -230,6 +230,13 @@ def sorted_branches(problem: Problem, assignment: Assignment) -> Assignment:
     return Assignment(tuple(unit_of), order, frozenset(where.get(b, b) for b in assignment.int8))
 
 
+def as_start(problem: Problem, warm: Assignment, timed: bool) -> Assignment:
+    """The same plan as the solver is handed it: identical units relabelled (``canonical``) and, when the
+    scheduling part is built, twin branches in start order (``sorted_branches``); else the symmetry rows make
+    it infeasible and HiGHS drops it."""
+    return canonical(problem, sorted_branches(problem, warm) if timed else warm)
+
+
 def fits(problem: Problem, assignment: Assignment) -> bool:
     """The ILP's memory rows for a fixed assignment: on every PU, weights and activations fit its memory."""
     held: dict[str, int] = {}
@@ -322,8 +329,7 @@ def solve(
     if warm is not None and not fits(problem, warm):
         warm = None  # a start that does not fit memory is no plan to keep
     if warm is not None:
-        # else the symmetry rows make it infeasible and HiGHS drops it
-        warm = canonical(problem, sorted_branches(problem, warm) if objective == "latency" or max_latency_ms else warm)
+        warm = as_start(problem, warm, objective == "latency" or max_latency_ms is not None)
     start = schedule(problem, warm) if warm is not None else None
     timed = objective == "latency" or max_latency_ms is not None
     if timed and warm is not None and start is not None and ordering_rows(problem) > rows_within(time_limit):
