@@ -537,7 +537,7 @@ class Cuts:
 
 
 def _formulate(
-    problem: Problem, objective: str, bounds: Bounds = NO_BOUNDS, cuts: Cuts = Cuts(), ordering: bool = True
+    problem: Problem, objective: str, bounds: Bounds = NO_BOUNDS, cuts: Cuts = Cuts()
 ) -> tuple[pulp.LpProblem, dict]:
     max_l, max_p, max_e = bounds.max_latency_ms, bounds.max_period_ms, bounds.max_energy_mj
     m = _variables(problem, objective == "latency" or max_l is not None)
@@ -549,8 +549,7 @@ def _formulate(
     _symmetry_rows(m)
     _flow_rows(m, dur)
     if m.timed:
-        if ordering:
-            _order_rows(m, dur, _big_m(m, cuts.horizon))
+        _order_rows(m, dur, _big_m(m, cuts.horizon))
         _region_rows(m, dur)
         _section_rows(m, dur)
         _latency_rows(m, dur, cuts.upper_latency if objective == "latency" else None)
