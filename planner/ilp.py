@@ -154,6 +154,89 @@ def canonical(problem: Problem, assignment: Assignment) -> Assignment:
     return Assignment(tuple(relabel[u] for u in unit_of), assignment.order, assignment.int8)
 
 
+def twin_branches(problem: Problem) -> tuple[tuple[tuple[int, ...], ...], ...]:
+    """Classes of interchangeable branches: within a stretch between articulation blocks (``_sections``), the
+    connected parts that are copies of each other (the same costs, memory, sensitivities and edges, block by
+    block in index order, and the same edges to the same blocks outside). Swapping two of them changes no
+    figure of any plan. Each class lists its branches in index order, each branch its blocks in index order."""
+    if "twin_branches" in problem.derived:
+        return problem.derived["twin_branches"]
+    units = range(len(problem.units))
+    by_edge: dict[int, list[tuple]] = {}
+    for d in (problem.transfer, problem.transfer_mj, problem.handoff_cpu, problem.handoff_delay):
+        for (ei, p, q), v in sorted(d.items()):
+            by_edge.setdefault(ei, []).append((p, q, v))
+    classes = []
+    for _, _, between in _sections(problem):
+        inside = set(between)
+        parent = {b: b for b in between}
+        for i, j, _ in problem.edges:
+            if i in inside and j in inside:
+                parent[_root(parent, j)] = _root(parent, i)
+        parts: dict[int, list[int]] = {}
+        for b in between:
+            parts.setdefault(_root(parent, b), []).append(b)
+        groups: dict[tuple, list[tuple[int, ...]]] = {}
+        for part in parts.values():
+            pos = {b: k for k, b in enumerate(part)}
+            blocks = tuple(
+                (
+                    tuple(problem.cost.get((b, u)) for u in units),
+                    tuple(problem.int8_cost.get((b, u)) for u in units),
+                    problem.held_bytes(b),
+                    problem.sensitivity.get(b),
+                    tuple(sorted((m, v) for (c, m), v in problem.traffic.items() if c == b)),
+                )
+                for b in part
+            )
+            edges = tuple(
+                (
+                    pos[i] if i in pos else ("out", i),
+                    pos[j] if j in pos else ("out", j),
+                    nbytes,
+                    tuple(by_edge.get(ei, ())),
+                )
+                for ei, (i, j, nbytes) in enumerate(problem.edges)
+                if i in pos or j in pos
+            )
+            groups.setdefault((blocks, edges), []).append(tuple(part))
+        classes += [tuple(members) for members in groups.values() if len(members) >= 2]
+    problem.derived["twin_branches"] = tuple(classes)
+    return problem.derived["twin_branches"]
+
+
+def _root(parent: dict[int, int], b: int) -> int:
+    while parent[b] != b:
+        b = parent[b]
+    return b
+
+
+def sorted_branches(problem: Problem, assignment: Assignment) -> Assignment:
+    """The same plan with twin branches (``twin_branches``) swapped so that, within each class, their first
+    blocks start in index order (what the ILP's branch symmetry rows ask for). Every figure stays the same."""
+    classes = twin_branches(problem)
+    if not classes:
+        return assignment
+    starts = schedule(problem, assignment).starts
+    where: dict[int, int] = {}  # block -> the block whose place it takes
+    for members in classes:
+        ranked = sorted(members, key=lambda part: (round(starts[part[0]], 9), part[0]))
+        for slot, part in zip(members, ranked, strict=True):
+            where.update(zip(part, slot, strict=True))
+    unit_of = list(assignment.block_unit)
+    for b, to in where.items():
+        unit_of[to] = assignment.block_unit[b]
+    order = tuple(where.get(b, b) for b in assignment.order)
+    return Assignment(tuple(unit_of), order, frozenset(where.get(b, b) for b in assignment.int8))
+
+
+def as_start(problem: Problem, warm: Assignment, timed: bool) -> Assignment:
+    """The same plan as the solver is handed it: identical units relabelled (``canonical``) and, when the
+    scheduling part is built, twin branches in start order (``sorted_branches``); else the symmetry rows make
+    it infeasible and HiGHS drops it."""
+    return canonical(problem, sorted_branches(problem, warm) if timed else warm)
+
+
 def fits(problem: Problem, assignment: Assignment) -> bool:
     """The ILP's memory rows for a fixed assignment: on every PU, weights and activations fit its memory."""
     held: dict[str, int] = {}
@@ -247,7 +330,7 @@ def solve(
     if warm is not None and not fits(problem, warm):
         warm = None  # a start that does not fit memory is no plan to keep
     if warm is not None:
-        warm = canonical(problem, warm)  # else the symmetry rows make it infeasible and HiGHS drops it
+        warm = as_start(problem, warm, objective == "latency" or max_latency_ms is not None)
     start = schedule(problem, warm) if warm is not None else None
     timed = objective == "latency" or max_latency_ms is not None
     if timed and warm is not None and start is not None and ordering_rows(problem) > rows_within(time_limit):
@@ -271,7 +354,12 @@ def solve(
     if warm is not None:
         _set_warm_start(problem, v, warm)
     remaining = max(time_limit - (time.perf_counter() - started), 0.1 * time_limit)
-    backend = _run_solver(lp, solver, remaining, time_limit, gap, warm is not None)
+    # HiGHS's primal heuristics at 0.3 of its effort (default 0.05) for throughput: googlenet on
+    # khadas-vim3-armcl closes in 27 nodes instead of 499; of 18 throughput solves (7 zoo models, 3 boards)
+    # the others close at the root either way, bert_small takes as many nodes, multiview_bev on
+    # khadas-vim3-armcl 511 instead of 441 (in less time)
+    effort = 0.3 if objective == "throughput" and not timed else None
+    backend = _run_solver(lp, solver, remaining, time_limit, gap, warm is not None, effort)
     seconds = time.perf_counter() - started
     status, mip_gap, bound = _status(lp, backend)
     if status == "no solution" and warm is not None and start is not None:
@@ -298,9 +386,17 @@ def solve(
     return Solution(assign, schedule(problem, assign), backend.name, status, mip_gap, bound, seconds, objective, value)
 
 
-def _run_solver(lp: pulp.LpProblem, solver: str, remaining: float, time_limit: float, gap: float, warm: bool):
+def _run_solver(
+    lp: pulp.LpProblem,
+    solver: str,
+    remaining: float,
+    time_limit: float,
+    gap: float,
+    warm: bool,
+    effort: float | None = None,
+):
     """Solve ``lp`` in place; returns the backend (its status is read from it). Solver crashes are PlanErrors."""
-    backend = _solver(solver, remaining, gap, warm)
+    backend = _solver(solver, remaining, gap, warm, effort)
     try:
         with _quiet():
             lp.solve(backend)
@@ -383,6 +479,8 @@ class _Model:
     # of a copy of the expression in each (wide graphs have 10^5 pairs)
     d: dict[int, pulp.LpVariable] = field(default_factory=dict)
     dur: dict[int, pulp.LpAffineExpression] = field(default_factory=dict)
+    # used[x,y,u]: unit u runs a block of the stretch between articulation blocks x and y (``_section_rows``)
+    used: dict[tuple[int, int, int], pulp.LpVariable] = field(default_factory=dict)
 
     @property
     def n(self) -> int:
@@ -423,6 +521,7 @@ class _Model:
             "q": self.q,
             "d": self.d,
             "dur": self.dur,
+            "used": self.used,
         }
 
 
@@ -453,8 +552,12 @@ def _formulate(
     if m.timed:
         _order_rows(m, dur, _big_m(m, cuts.horizon))
         _region_rows(m, dur)
+        _section_rows(m, dur)
         _latency_rows(m, dur, cuts.upper_latency if objective == "latency" else None)
         _segment_rows(m, cuts.segments)
+        _chain_rows(m)
+        _path_rows(m)
+        _branch_symmetry_rows(m)
     _load_rows(m, cuts.upper_load)
     _link_and_memory_rows(m)
     _energy_row(m)
@@ -663,6 +766,110 @@ def _region_rows(m: _Model, dur: dict[int, pulp.LpAffineExpression]) -> None:
                 lp += m.t[y] >= m.t[x] + dur[x] + work, f"region_{x}_{y}_{u}"
 
 
+def _sections(problem: Problem) -> tuple[tuple[int, int, tuple[int, ...]], ...]:
+    """The stretches between consecutive articulation blocks (x, y, the blocks strictly between them): every
+    block between runs after x ends and ends before y starts. x = -1 stands for the frame's arrival, y = n for
+    its departure; only stretches with blocks that may run beside each other."""
+    n = len(problem.blocks)
+    cuts = problem.articulations()
+    ends = [-1, *cuts, n]
+    return tuple((x, y, tuple(range(x + 1, y))) for x, y in itertools.pairwise(ends) if y - x > 2)
+
+
+def section_gaps(problem: Problem) -> tuple[tuple[tuple[float, float], ...], ...]:
+    """Per stretch (``_sections``) and unit u: the least time from the stretch's start (x's end) before any
+    block of it can start on u, and from any block's end on u to the stretch's end (y's start, the frame's
+    departure): shortest paths within the stretch as in ``path_bounds``, each block on the unit that serves
+    the bound best, a transfer wherever the path changes PU. An input from before x adds nothing (it was there
+    when x ran), nor an output past y. Computed once per problem."""
+    if "section_gaps" in problem.derived:
+        return problem.derived["section_gaps"]
+    n, units = len(problem.blocks), range(len(problem.units))
+    pu = [x.pu for x in problem.units]
+
+    def comm(ei: int, p: str, q: str) -> float:
+        return 0.0 if p == q else problem.transfer[(ei, p, q)] + problem.handoff_delay.get((ei, p, q), 0.0)
+
+    preds, succs = predecessors(problem), [[] for _ in range(n)]
+    for ei, (i, j, _) in enumerate(problem.edges):
+        succs[i].append((j, ei))
+    ms = {b: [_least(problem, b, u) for u in units] for b in range(n)}
+    out = []
+    for x, y, between in _sections(problem):
+        inside = set(between)
+        head: dict[int, list[float]] = {}
+        for b in between:
+            head[b] = []
+            for u in units:
+                waits = [0.0]
+                for i, ei in preds[b]:
+                    if i == x:
+                        waits.append(min(comm(ei, pu[v], pu[u]) for v in units if ms[x][v] < math.inf))
+                    elif i in inside:
+                        waits.append(min(head[i][v] + ms[i][v] + comm(ei, pu[v], pu[u]) for v in units))
+                head[b].append(max(waits) if ms[b][u] < math.inf else math.inf)
+        tail: dict[int, list[float]] = {}
+        for b in reversed(between):
+            tail[b] = []
+            for u in units:
+                waits = [0.0]
+                for j, ei in succs[b]:
+                    if j == y:
+                        waits.append(min(comm(ei, pu[u], pu[v]) for v in units if ms[y][v] < math.inf))
+                    elif j in inside:
+                        waits.append(min(comm(ei, pu[u], pu[v]) + ms[j][v] + tail[j][v] for v in units))
+                tail[b].append(max(waits) if ms[b][u] < math.inf else math.inf)
+        out.append(
+            tuple(
+                (min((head[b][u] for b in between), default=0.0), min((tail[b][u] for b in between), default=0.0))
+                for u in units
+            )
+        )
+    problem.derived["section_gaps"] = tuple(out)
+    return problem.derived["section_gaps"]
+
+
+def _section_rows(m: _Model, dur: dict[int, pulp.LpAffineExpression]) -> None:
+    """Cut: between two consecutive articulation blocks (or the frame's arrival and departure) the time is at
+    least what any one unit runs there, and a CPU cluster's cores deliver at most their number of core-ms per
+    ms of it (units of one cluster have cores of their own). Fork/join regions say the first within a module;
+    this says both for the stretches no fork opens (the independent sources of a multi-view model)."""
+    problem, lp = m.problem, m.lp
+    for (x, y, between), gaps in zip(_sections(problem), section_gaps(problem), strict=True):
+        early = (m.t[x] + dur[x]) if x >= 0 else 0
+        late = m.t[y] if y < m.n else m.L
+        work: dict[int, pulp.LpAffineExpression] = {}
+        for u in range(len(problem.units)):
+            inside = [(b, u) for b in between if (b, u) in m.a]
+            if len(inside) >= 2:
+                work[u] = pulp.lpSum(
+                    m.work(*k) + (problem.unit_overhead[u] * m.z[k] if k in m.z else 0) for k in inside
+                )
+                idle = gaps[u][0] + gaps[u][1]
+                if idle > 0:  # used[u]: u runs a block of the stretch (1 in every plan where it does)
+                    used = pulp.LpVariable(f"used_{x + 1}_{u}", 0, 1)
+                    for k in inside:
+                        lp += used >= m.a[k], f"used_{x + 1}_{k[0]}_{u}"
+                    lp += late >= early + work[u] + idle * used, f"section_{x}_{y}_{u}"
+                    m.used[(x, y, u)] = used
+                else:
+                    lp += late >= early + work[u], f"section_{x}_{y}_{u}"
+        for p, cores in problem.cluster_cores.items():
+            mine = [u for u in m.units_of_pu[p] if u in work]
+            if mine:
+                core_time = pulp.lpSum(problem.units[u].cores * work[u] for u in mine)
+                lp += core_time <= cores * (late - early), f"section_cluster_{x}_{y}_{p}"
+
+
+def _branch_symmetry_rows(m: _Model) -> None:
+    """Of twin branches (``twin_branches``), each starts no earlier than the one before it in index order: any
+    plan is one with its twin branches swapped into that order (``sorted_branches``), so this cuts off no
+    figure, only copies of plans (k! of them for k twins)."""
+    for members in twin_branches(m.problem):
+        for k, (one, two) in enumerate(itertools.pairwise(members)):
+            m.lp += m.t[two[0]] >= m.t[one[0]], f"branch_symmetry_{members[0][0]}_{k}"
+
+
 def _latency_rows(m: _Model, dur: dict[int, pulp.LpAffineExpression], upper: float | None) -> None:
     """A frame leaves when its last block ends; no worse than the warm start (``upper``) when given."""
     for b in range(m.n):
@@ -678,6 +885,126 @@ def _segment_rows(m: _Model, segments: tuple[tuple[int, int, float], ...]) -> No
         early = m.t[x] if x >= 0 else 0
         late = m.t[y] if y < m.n else m.L
         m.lp += late >= early + span, f"segment_{x}_{y}"
+
+
+def chain_spans(problem: Problem) -> tuple[tuple[int, int, tuple[float, ...]], ...]:
+    """For every run of consecutive articulation blocks k..m (a chain: each block's only input from the run is
+    the one before it, and all run one after the other), and every later block j of it: (k, j, s) with s[u]
+    the least time from k's start to j's start when j runs on unit u (a shortest path over the units of
+    k..j-1: each block's time there, the transfer and handoff delay where consecutive blocks change PU).
+    A relaxation: no partition overhead, no gRPC CPU time, no other edges into the run. Computed once per
+    problem. The ordering rows leave a chain's transfers to the LP's fractional assignment, which pays none."""
+    if "chain_spans" in problem.derived:
+        return problem.derived["chain_spans"]
+    edge = {(i, j): ei for ei, (i, j, _) in enumerate(problem.edges)}
+    units = range(len(problem.units))
+    cuts = problem.articulations()
+    out: list[tuple[int, int, tuple[float, ...]]] = []
+    runs: list[list[int]] = []
+    for b in cuts:
+        if runs and runs[-1][-1] == b - 1 and (b - 1, b) in edge:
+            runs[-1].append(b)
+        else:
+            runs.append([b])
+    for run in (r for r in runs if len(r) >= 3):
+        k = run[0]
+        # finish[u]: the least time from k's start to the end of the latest block of the run on unit u
+        finish = [_least(problem, k, u) for u in units]
+        for j in run[1:]:
+            ei = edge[(j - 1, j)]
+            arrive = []
+            for v in units:
+                q = problem.units[v].pu
+                arrive.append(
+                    min(
+                        (
+                            f
+                            if problem.units[u].pu == q
+                            else f
+                            + problem.transfer[(ei, problem.units[u].pu, q)]
+                            + problem.handoff_delay.get((ei, problem.units[u].pu, q), 0.0)
+                        )
+                        for u, f in zip(units, finish, strict=True)
+                    )
+                )
+            if j - k >= 2:
+                out.append((k, j, tuple(arrive)))
+            finish = [a + _least(problem, j, v) for v, a in enumerate(arrive)]
+    problem.derived["chain_spans"] = tuple(out)
+    return problem.derived["chain_spans"]
+
+
+def _chain_rows(m: _Model) -> None:
+    """Cut: along a chain of articulation blocks, a block starts no earlier than the shortest path from the
+    chain's first block to it on the unit that runs it (``chain_spans``)."""
+    for k, j, spans in chain_spans(m.problem):
+        least = min(spans)
+        terms = [(m.t[j], 1.0), (m.t[k], -1.0)]
+        terms += [(m.a[(j, u)], -(s - least)) for u, s in enumerate(spans) if (j, u) in m.a and s > least]
+        row = pulp.LpConstraint(pulp.LpAffineExpression(terms), pulp.LpConstraintGE, rhs=least)
+        m.lp.addConstraint(row, f"chain_{k}_{j}")
+
+
+def path_bounds(problem: Problem) -> tuple[tuple[tuple[float, ...], ...], tuple[tuple[float, ...], ...]]:
+    """Per block b and unit u (inf where u cannot run b): the least time before b can start on u (head) and
+    the least time from b's end on u to the frame's departure (tail), over every path into and out of b, each
+    block of it on the unit that serves the bound best, with the transfer and handoff delay wherever the
+    path changes PU. A relaxation: no partition overhead, no gRPC CPU time, no unit busy with anything else.
+    The LP's fractional assignment pays no transfers; these pay the ones a path cannot avoid."""
+    if "path_bounds" in problem.derived:
+        return problem.derived["path_bounds"]
+    n, units = len(problem.blocks), range(len(problem.units))
+    pu = [x.pu for x in problem.units]
+
+    def comm(ei: int, p: str, q: str) -> float:
+        return 0.0 if p == q else problem.transfer[(ei, p, q)] + problem.handoff_delay.get((ei, p, q), 0.0)
+
+    ms = [[_least(problem, b, u) for u in units] for b in range(n)]
+    preds, succs = predecessors(problem), [[] for _ in range(n)]
+    for ei, (i, j, _) in enumerate(problem.edges):
+        succs[i].append((j, ei))
+    head = [[0.0] * len(units) for _ in range(n)]
+    for b in range(n):
+        for u in units:
+            if ms[b][u] == math.inf:
+                head[b][u] = math.inf
+                continue
+            head[b][u] = max(
+                (min(head[i][v] + ms[i][v] + comm(ei, pu[v], pu[u]) for v in units) for i, ei in preds[b]),
+                default=0.0,
+            )
+    tail = [[0.0] * len(units) for _ in range(n)]
+    for b in reversed(range(n)):
+        for u in units:
+            if ms[b][u] == math.inf:
+                tail[b][u] = math.inf
+                continue
+            tail[b][u] = max(
+                (min(comm(ei, pu[u], pu[v]) + ms[j][v] + tail[j][v] for v in units) for j, ei in succs[b]),
+                default=0.0,
+            )
+    problem.derived["path_bounds"] = (tuple(map(tuple, head)), tuple(map(tuple, tail)))
+    return problem.derived["path_bounds"]
+
+
+def _path_rows(m: _Model) -> None:
+    """Cut: every block starts no earlier than its head on the unit that runs it, and the frame leaves no
+    earlier than its start, its time there and its tail (``path_bounds``)."""
+    head, tail = path_bounds(m.problem)
+    ge = pulp.LpConstraintGE
+    for b in range(m.n):
+        on = [u for u in m.allowed[b]]
+        if any(head[b][u] > 0 for u in on):
+            terms = [(m.t[b], 1.0)] + [(m.a[(b, u)], -head[b][u]) for u in on if head[b][u] > 0]
+            m.lp.addConstraint(pulp.LpConstraint(pulp.LpAffineExpression(terms), ge, rhs=0.0), f"head_{b}")
+        terms = [(m.L, 1.0), (m.t[b], -1.0)] + [(m.a[(b, u)], -(tail[b][u] + _least(m.problem, b, u))) for u in on]
+        m.lp.addConstraint(pulp.LpConstraint(pulp.LpAffineExpression(terms), ge, rhs=0.0), f"tail_{b}")
+
+
+def _least(problem: Problem, b: int, u: int) -> float:
+    """Block b's time on unit u in its faster precision there; inf where u cannot run it."""
+    times = [t for t in (problem.cost.get((b, u)), problem.int8_cost.get((b, u))) if t is not None]
+    return min(times, default=math.inf)
 
 
 def segment_bounds(problem: Problem, budget: float) -> tuple[tuple[int, int, float], ...]:
@@ -823,6 +1150,8 @@ def _set_warm_start(problem: Problem, v: dict, warm: Assignment) -> None:
         i, j, _ = problem.edges[ei]
         moved = problem.units[warm.block_unit[i]].pu == p and problem.units[warm.block_unit[j]].pu == q
         var.setInitialValue(1 if moved else 0)
+    for (x, y, u), var in v["used"].items():
+        var.setInitialValue(1 if u in warm.block_unit[x + 1 : y] else 0)
     for b, var in v["d"].items():  # after every variable its expression reads
         var.setInitialValue(v["dur"][b].value())
     v["L"].setInitialValue(figures.latency_ms)
@@ -849,9 +1178,12 @@ class _WarmHiGHS(pulp.HiGHS):
         lp.solverModel.run()
 
 
-def _solver(name: str, time_limit: float, gap: float, warm: bool):
+def _solver(name: str, time_limit: float, gap: float, warm: bool, effort: float | None = None):
+    """The backend; ``effort``: HiGHS's share of its time for primal heuristics (None: its default)."""
     if name == "highs":
         solver = _WarmHiGHS(warm, msg=False, timeLimit=time_limit, gapRel=gap, threads=1)
+        if effort is not None:
+            solver.optionsDict["mip_heuristic_effort"] = effort
         solver.name = "highs"
         return solver
     if name == "cbc":

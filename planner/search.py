@@ -85,14 +85,40 @@ def warm_candidates(problem: Problem, objective: str) -> list[Candidate]:
     return cands
 
 
-def warm_start(problem: Problem, objective: str, cands: list[Candidate]) -> Candidate:
-    """The candidate that fits memory and predicts best for the objective in the ILP's model."""
+def warm_start(problem: Problem, objective: str, cands: list[Candidate], bounds: Constraints = UNBOUNDED) -> Candidate:
+    """The candidate that fits memory, meets the bounds (where one does) and predicts best for the objective
+    in the ILP's model."""
     measure = {
         "latency": lambda a: schedule(problem, a).latency_ms,
         "throughput": lambda a: schedule(problem, a).period_ms,
         "energy": lambda a: schedule(problem, a).energy_mj,
     }[objective]
-    return min(cands, key=lambda c: (not fits(problem, c.assignment), measure(c.assignment)))
+    max_period = 1000.0 / bounds.min_fps if bounds.min_fps else None
+    return min(
+        cands,
+        key=lambda c: (
+            not fits(problem, c.assignment),
+            not _meets(problem, c.assignment, bounds.max_latency_ms, max_period, bounds.max_mj),
+            measure(c.assignment),
+        ),
+    )
+
+
+def bounded_candidates(problem: Problem, objective: str, bounds: Constraints) -> list[Candidate]:
+    """The warm candidates for ``objective``; under bounds, those built for the other objectives too (computed
+    once per problem): a floor on throughput is met by the load-balanced start before any latency start, a
+    ceiling on latency by the latency start, and a solve without a start that meets its bounds may find no
+    plan in its time (a Pareto sweep's bounded solves)."""
+    cands = warm_candidates(problem, objective)
+    if bounds == UNBOUNDED:
+        return cands
+    names = {c.name for c in cands}
+    for other in OBJECTIVES:
+        for c in warm_candidates(problem, other):
+            if c.name not in names:
+                names.add(c.name)
+                cands.append(c)
+    return cands
 
 
 def baselines(
@@ -167,7 +193,7 @@ def best_plan(
         blocks, graph, cost, objective, bounds, problem or build_problem(blocks, graph, cost, search.max_stages)
     )
     cands = warm_candidates(goal.problem, objective)
-    warm = warm_start(goal.problem, objective, cands)
+    warm = warm_start(goal.problem, objective, bounded_candidates(goal.problem, objective, bounds), bounds)
     solution = goal.solve(search, warm)
     provenance = Provenance(
         method=f"heuristic:{warm.name}" if solution.warm_kept else "ilp",
@@ -184,8 +210,9 @@ def best_plan(
         plan = dataclasses.replace(
             plan, notes=(f"{warm.name}, given to the solver as a start, predicts better than the solver's incumbent",)
         )
-    # Never return less than a plan inside the ILP's space: evaluate every candidate the same way.
-    for c in cands:
+    # Never return less than a plan inside the ILP's space: evaluate every candidate the same way (the start
+    # the solver was given was one, or is one the solver's plan was held to)
+    for c in cands if warm in cands else [*cands, warm]:
         other = goal.plan_of(c.assignment, dataclasses.replace(provenance, method=f"heuristic:{c.name}"))
         if goal.better(other, plan):
             plan = dataclasses.replace(

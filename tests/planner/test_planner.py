@@ -174,3 +174,22 @@ def test_latency_of_the_solver_and_of_the_lowered_plan_agree_on_googlenet(export
             assert schedule(problem, assignment).latency_ms == pytest.approx(analytic_ms(assignment), rel=0.01)
     solution = solve(problem, "latency", time_limit=5)
     assert solution.best == pytest.approx(analytic_ms(solution.assignment), rel=0.01)
+
+
+def test_a_bounded_solve_starts_from_a_warm_start_that_meets_its_bounds(exported) -> None:
+    """A Pareto sweep's latency solve under a throughput floor: the latency warm starts are too slow for the
+    floor, the throughput one meets it; with no time to find a plan of its own, the solver returns that one
+    (before, it had no start, found nothing and the sweep lost the point)."""
+    from planner.search import warm_candidates, warm_start
+
+    graph, blocks = _load(exported, "googlenet")
+    cost = CostModel(load_profile("khadas-vim3"), graph)
+    problem = build_problem(blocks, graph, cost, 4)
+    fastest = warm_start(problem, "latency", warm_candidates(problem, "latency"))
+    balanced = warm_start(problem, "throughput", warm_candidates(problem, "throughput"))
+    slow, quick = schedule(problem, fastest.assignment).period_ms, schedule(problem, balanced.assignment).period_ms
+    assert quick < slow
+    floor = Constraints(min_fps=1000.0 / ((slow + quick) / 2))
+    plan = best_plan(blocks, graph, cost, "latency", SearchOptions(time_limit=0.01), floor, problem)
+    assert plan.predicted.throughput_fps >= floor.min_fps
+    assert plan.provenance.method.startswith("heuristic:"), plan.provenance
