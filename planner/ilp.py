@@ -365,6 +365,10 @@ def solve(
     if status == "no solution" and warm is not None and start is not None:
         # the solver ran out of time before it had a solution of its own: the warm start stands
         return _kept(warm, start, backend.name, "time-limit (warm start kept)", bound, started, objective)
+    if status == "infeasible" and warm is not None and start is not None and _within(start, bounds):
+        # a plan that fits and meets the bounds exists, so the model is not infeasible: CBC starved of CPU
+        # before its time limit says so (seen with the cores taken by real-time work); the warm start stands
+        return _kept(warm, start, backend.name, "no verdict (warm start kept)", None, started, objective)
     if status in ("infeasible", "no solution"):
         raise PlanError(_infeasible_message(problem, bounds, status))
     assign = _extract(problem, v)
@@ -411,6 +415,16 @@ def _run_solver(
         except pulp.PulpSolverError as again:
             raise PlanError(f"the solver failed: {again}; try --solver highs") from None
     return backend
+
+
+def _within(figures: Figures, bounds: Bounds) -> bool:
+    """Whether a plan's figures meet the bounds (to the solver's tolerance)."""
+    pairs = (
+        (figures.latency_ms, bounds.max_latency_ms),
+        (figures.period_ms, bounds.max_period_ms),
+        (figures.energy_mj, bounds.max_energy_mj),
+    )
+    return all(limit is None or value <= limit * (1 + 1e-6) for value, limit in pairs)
 
 
 def _kept(

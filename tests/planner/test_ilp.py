@@ -35,6 +35,7 @@ from planner.ilp import (
     segment_bounds,
     solve,
 )
+from planner.plan import PlanError
 from planner.problem import Problem, Unit, build_problem, toy_problem
 from planner.search import SearchOptions, _candidates, best_plan, key
 from planner.simulate import PlanModel, analytic
@@ -210,6 +211,22 @@ def test_status_is_not_optimal_after_a_time_limit(exported, backend: str) -> Non
     solution = solve(problem, "latency", time_limit=0.5, warm=warm, solver=backend)
     assert solution.status != "optimal", solution.status
     assert pulp.LpStatus  # the solver ran for real
+
+
+def test_an_infeasible_verdict_against_a_feasible_warm_start_keeps_the_start(exported, monkeypatch) -> None:
+    """A solver starved of CPU before its time limit may call the model infeasible; a warm start that fits and
+    meets the bounds proves it is not: the start stands. One that breaks a bound proves nothing: the bound is
+    named."""
+    import planner.ilp as ilp
+
+    graph, blocks = _load(exported, "googlenet")
+    problem = build_problem(blocks, graph, CostModel(load_profile("khadas-vim3"), graph), 4)
+    warm = Assignment(tuple(0 for _ in problem.blocks))
+    monkeypatch.setattr(ilp, "_status", lambda lp, backend: ("infeasible", None, None))
+    kept = solve(problem, "latency", time_limit=1, warm=warm)
+    assert "warm start kept" in kept.status and kept.assignment.block_unit == warm.block_unit
+    with pytest.raises(PlanError, match="no plan meets --max-latency-ms"):
+        solve(problem, "energy", 1, Bounds(max_latency_ms=1e-3), warm=warm)
 
 
 @st.composite
