@@ -9,6 +9,7 @@ epsilon constraints and keeps the non-dominated, deduplicated plans.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -171,10 +172,16 @@ def _ort_all_cores(blocks: OpGraph, profile: DeviceProfile) -> Plan | None:
 class SearchOptions:
     """How hard to search: what the solver gets per objective and what the problem allows."""
 
-    time_limit: float = 10.0  # seconds per solve
+    time_limit: float = 10.0  # seconds per objective: its warm start, then the solve in what is left
     max_stages: int = 4
     solver: str = "highs"
     progress: Progress | None = None
+
+
+def solve_limit(time_limit: float, started: float) -> float:
+    """What the solve gets of an objective's ``time_limit`` once its warm start (built since ``started``) took
+    its share; never below half of it, so a slow warm start does not leave the solver nothing."""
+    return max(time_limit - (time.perf_counter() - started), time_limit / 2)
 
 
 def best_plan(
@@ -192,9 +199,10 @@ def best_plan(
     goal = _Goal(
         blocks, graph, cost, objective, bounds, problem or build_problem(blocks, graph, cost, search.max_stages)
     )
+    started = time.perf_counter()
     cands = warm_candidates(goal.problem, objective)
     warm = warm_start(goal.problem, objective, bounded_candidates(goal.problem, objective, bounds), bounds)
-    solution = goal.solve(search, warm)
+    solution = goal.solve(dataclasses.replace(search, time_limit=solve_limit(search.time_limit, started)), warm)
     provenance = Provenance(
         method=f"heuristic:{warm.name}" if solution.warm_kept else "ilp",
         solver=solution.solver,

@@ -127,7 +127,10 @@ class PlanFlags:
     time_limit: Annotated[
         float,
         typer.Option(
-            "--time-limit", min=0.1, help="Seconds per ILP solve (pareto: the sweep's bounded solves get a third)."
+            "--time-limit",
+            min=0.1,
+            help="Seconds per objective: its warm start, then the ILP solve in what is left (at least half) "
+            "(pareto: the sweep's bounded solves get a third).",
         ),
     ] = 10.0
     solver: Annotated[str, typer.Option("--solver", help="highs (default) or cbc.")] = "highs"

@@ -193,3 +193,14 @@ def test_a_bounded_solve_starts_from_a_warm_start_that_meets_its_bounds(exported
     plan = best_plan(blocks, graph, cost, "latency", SearchOptions(time_limit=0.01), floor, problem)
     assert plan.predicted.throughput_fps >= floor.min_fps
     assert plan.provenance.method.startswith("heuristic:"), plan.provenance
+
+
+def test_an_objectives_time_limit_covers_its_warm_start() -> None:
+    """The solve gets what the warm start left of the objective's limit, never less than half of it."""
+    import time
+
+    from planner.search import solve_limit
+
+    now = time.perf_counter()
+    assert solve_limit(30.0, now - 2.0) == pytest.approx(28.0, abs=0.1)
+    assert solve_limit(30.0, now - 25.0) == 15.0
