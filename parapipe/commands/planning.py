@@ -7,13 +7,16 @@ import io
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
 
 from models.names import safe_name
 from parapipe.app import DataOpt, JsonFlag, ShapeOpt, app, err, fails_cleanly, option_groups, out, print_json
+
+if TYPE_CHECKING:
+    from parapipe.precision_auto import PrecisionRequest
 
 
 def _load_inputs(
@@ -201,6 +204,14 @@ class PrecisionFlags:
         typer.Option("--metric", help="top1, cosine or relerr (default relerr): how the loss is measured."),
     ] = None
 
+    def request(self) -> PrecisionRequest | None:
+        """The flags checked (``request_from_flags``): None for fp32 plans."""
+        from parapipe.precision_auto import request_from_flags
+
+        return request_from_flags(
+            self.precision, self.calibration, self.max_accuracy_loss, self.metric, self.preprocess
+        )
+
 
 @app.command()
 @fails_cleanly
@@ -223,20 +234,13 @@ def plan(
     Each plan records the input shapes and dtypes it was made for; compile, run, deploy and tune use them.
     """
     from parapipe.intake import generated_note
-    from parapipe.precision_auto import request_from_flags
     from planner.objective import parse_objective
     from planner.problem import build_problem
     from planner.search import SearchOptions, baselines, best_plan, pareto_set
 
     objective, max_stages = flags.objective, flags.max_stages
     parse_objective(objective, allow_pareto=True)
-    request = request_from_flags(
-        precision.precision,
-        precision.calibration,
-        precision.max_accuracy_loss,
-        precision.metric,
-        precision.preprocess,
-    )
+    request = precision.request()
     profile, graph, blocks, cost, loaded = _load_inputs(
         model, device, costs, flags.granularity, input_shape, input_data
     )
@@ -555,19 +559,12 @@ def compare(
     as_json: JsonFlag = False,
 ) -> None:
     """Our best plan per objective against every baseline, with ratios (>1 means ours is better)."""
-    from parapipe.precision_auto import request_from_flags
     from planner.objective import Objective
     from planner.problem import build_problem
     from planner.search import SearchOptions, baselines, best_plan
     from planner.select import ratios
 
-    request = request_from_flags(
-        precision.precision,
-        precision.calibration,
-        precision.max_accuracy_loss,
-        precision.metric,
-        precision.preprocess,
-    )
+    request = precision.request()
     profile, graph, blocks, cost, loaded = _load_inputs(
         model, device, costs, flags.granularity, input_shape, input_data
     )
