@@ -375,15 +375,24 @@ def test_partitions_feed_back_their_one_at_a_time_time_where_a_shared_memory_hol
 
     from models.coarsen import coarsen
     from planner.baselines import flop_pipeline
+    from planner.plan import Assignment, Stage
     from planner.segments import lower
 
     graph, profile = _context(exported)
     _, real = tuned["last"][0]
     blocks = coarsen(graph, "coarse")
-    plans = [
-        flop_pipeline(blocks, profile, [("cpu", 1), ("cpu", 1)], "pipe"),  # a unit of one partition
-        tuned["last"][0][0],  # the tuned plan: units of several partitions
-    ]
+    pipe = flop_pipeline(blocks, profile, [("cpu", 1), ("cpu", 1)], "pipe")  # units of one partition
+    names = [b.name for b in blocks.nodes]
+    third = len(names) // 3
+    interleaved = Stage(  # core 0 runs the head and the tail around core 1's middle: several partitions
+        (
+            (
+                Assignment("cpu", 1, (*names[:third], *names[2 * third :]), (0,)),
+                Assignment("cpu", 1, tuple(names[third : 2 * third]), (1,)),
+            ),
+        )
+    )
+    plans = [pipe, dataclasses.replace(pipe, stages=(interleaved,), name="interleaved")]
     for plan in plans:
         segments = lower(plan, graph, profile)
         measured = dataclasses.replace(
@@ -402,8 +411,8 @@ def test_partitions_feed_back_their_one_at_a_time_time_where_a_shared_memory_hol
             for s in segments:
                 expect = 1.0 if shared else 2.0
                 assert fed[frozenset(s.members)] == pytest.approx(expect), (plan.name, s.name, shared)
-    tuned_units = [s.unit_key for s in lower(plans[1], graph, profile)]
-    assert any(tuned_units.count(k) > 1 for k in tuned_units), "the tuned plan has a unit of several partitions"
+    units = [s.unit_key for s in lower(plans[1], graph, profile)]
+    assert any(units.count(k) > 1 for k in units), "the interleaved plan has a unit of several partitions"
 
 
 def _big_cut_model(path: Path) -> Path:
