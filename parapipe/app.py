@@ -36,6 +36,9 @@ err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 F = TypeVar("F", bound=Callable[..., Any])
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
+ModelArg = Annotated[Path, typer.Argument(help="The .onnx model.")]
+DeviceOpt = Annotated[str, typer.Option("--device", help="Profile name or TOML path.")]
+CostsOpt = Annotated[Path | None, typer.Option("--costs", help="Cost table (default $PARAPIPE_HOME/costs.json).")]
 ShapeOpt = Annotated[
     list[str] | None,
     typer.Option(

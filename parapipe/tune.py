@@ -214,13 +214,13 @@ def fit_handoff(
     profile: DeviceProfile,
     ort_version: str,
 ) -> float | None:
-    """Learn the delay of a handoff between PUs from the measured latencies (one frame alone).
+    """Learn the delay of a handoff between two units of a host from the measured latencies (one frame alone).
 
     With the partitions' measured times in the table, what is left between predicted and
-    measured latency is mostly the cost of waking a worker on another PU (on a throttled
-    core: of waiting for its quota). The value on ``HANDOFF_GRID_MS`` with the least RMSPE
+    measured latency is mostly the cost of waking another unit's thread, on another PU or on
+    other cores of the same one (on a throttled core: of waiting for its quota). The value on ``HANDOFF_GRID_MS`` with the least RMSPE
     over this round's plans becomes the cost table's ``handoff`` calibration value. None when no plan
-    hands tensors between PUs.
+    hands tensors between units.
     """
     from planner.build import evaluate
 

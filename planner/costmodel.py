@@ -266,8 +266,10 @@ class CostModel:
         return fitted.gbps if fitted is not None else link.bandwidth_gbps.value
 
     def handoff_delay_ms(self, src_pu: str, dst_pu: str) -> float:
-        """Extra latency (not link occupancy) of a handoff between PUs of one host; 0 until calibrated."""
-        if src_pu == dst_pu or not self.calibration.handoff_ms:
+        """Extra latency (not link occupancy) of a handoff between two units of one host (waking the other
+        unit's thread): units on different PUs, or different units (cores) of one PU. 0 until calibrated;
+        a partition handing a tensor to a later partition of its own unit pays none (the caller's test)."""
+        if not self.calibration.handoff_ms:
             return 0.0
         hosts = {self.profile.pu(p).host for unit in (src_pu, dst_pu) for p in UnitName(unit).parts}
         return self.calibration.handoff_ms if len(hosts) == 1 else 0.0

@@ -278,7 +278,8 @@ def schedule(problem: Problem, assignment: Assignment) -> Figures:
             if p != q:
                 link_load[(p, q)] = link_load.get((p, q), 0.0) + comm
                 transfer_mj += problem.transfer_mj[(ei, p, q)]
-            start = max(start, finish[i] + comm + problem.handoff_delay.get((ei, p, q), 0.0))
+            delay = problem.handoff_delay.get((ei, p, q), 0.0) if unit_of[i] != u else 0.0
+            start = max(start, finish[i] + comm + delay)
         starts[b] = start
         finish[b] = start + dur[b]
         free[u] = finish[b]
@@ -484,6 +485,8 @@ class _Model:
     w: dict[tuple[int, int, int, str], pulp.LpVariable] = field(default_factory=dict)
     w_cost: dict[tuple[int, int, int, str], float] = field(default_factory=dict)
     r: dict[tuple[int, str, str], pulp.LpVariable] = field(default_factory=dict)
+    # s[e,p]: edge e's tensor passes between two different units of PU p (a handoff delay, when timed)
+    s: dict[tuple[int, str], pulp.LpVariable] = field(default_factory=dict)
     comm: dict[int, pulp.LpAffineExpression] = field(default_factory=dict)
     orders: dict[tuple[int, int], pulp.LpVariable] = field(default_factory=dict)
     sames: dict[tuple[int, int], pulp.LpVariable] = field(default_factory=dict)
@@ -530,6 +533,7 @@ class _Model:
             "P": self.P,
             "E": self.E,
             "r": self.r,
+            "s": self.s,
             "order": self.orders,
             "same": self.sames,
             "q": self.q,
@@ -716,8 +720,29 @@ def _flow_rows(m: _Model, dur: dict[int, pulp.LpAffineExpression]) -> None:
                 terms.append(problem.transfer[(ei, p, q)] * var)
                 waits.append((problem.transfer[(ei, p, q)] + delay) * var)
         m.comm[ei] = pulp.lpSum(terms)
+        if m.timed:
+            waits.extend(_same_pu_handoffs(m, ei, i, j))
         if m.timed:  # a block waits for its inputs: their transfers and the handoff delay
             lp += m.t[j] >= m.t[i] + dur[i] + pulp.lpSum(waits), f"precedence_{ei}"
+
+
+def _same_pu_handoffs(m: _Model, ei: int, i: int, j: int) -> list[pulp.LpAffineExpression]:
+    """The handoff delay where edge ei joins two different units of one PU: s >= 1 when i runs on unit u of
+    PU p and j on p but not on u (a partition handing on to a later one of its own unit pays none)."""
+    problem, lp = m.problem, m.lp
+    out = []
+    for p in problem.pus():
+        delay = problem.handoff_delay.get((ei, p, p), 0.0)
+        here = [u for u in m.units_of_pu[p] if (i, u) in m.a]
+        if not delay or not here or not any((j, u) in m.a for u in m.units_of_pu[p]):
+            continue
+        var = pulp.LpVariable(f"s_{ei}_{problem.pus().index(p)}", 0)
+        m.s[(ei, p)] = var
+        for u in here:
+            apart = m.on_pu(j, p) - (m.a[(j, u)] if (j, u) in m.a else 0)
+            lp += var >= m.a[(i, u)] + apart - 1, f"handoff_{ei}_{u}"
+        out.append(delay * var)
+    return out
 
 
 def _big_m(m: _Model, horizon: float | None) -> float:
@@ -728,7 +753,13 @@ def _big_m(m: _Model, horizon: float | None) -> float:
         + m.n * max(problem.unit_overhead.values(), default=0.0)
         + sum(sum(ends) for ends in problem.handoff_cpu.values())
         + sum(
-            max((v + problem.handoff_delay.get(k, 0.0) for k, v in problem.transfer.items() if k[0] == ei), default=0.0)
+            max(
+                (
+                    *(v + problem.handoff_delay.get(k, 0.0) for k, v in problem.transfer.items() if k[0] == ei),
+                    *(v for k, v in problem.handoff_delay.items() if k[0] == ei and k[1] == k[2]),
+                ),
+                default=0.0,
+            )
             for ei in range(len(problem.edges))
         )
     )
@@ -1164,6 +1195,10 @@ def _set_warm_start(problem: Problem, v: dict, warm: Assignment) -> None:
         i, j, _ = problem.edges[ei]
         moved = problem.units[warm.block_unit[i]].pu == p and problem.units[warm.block_unit[j]].pu == q
         var.setInitialValue(1 if moved else 0)
+    for (ei, p), var in v["s"].items():
+        i, j, _ = problem.edges[ei]
+        ui, uj = warm.block_unit[i], warm.block_unit[j]
+        var.setInitialValue(1 if ui != uj and problem.units[ui].pu == p == problem.units[uj].pu else 0)
     for (x, y, u), var in v["used"].items():
         var.setInitialValue(1 if u in warm.block_unit[x + 1 : y] else 0)
     for b, var in v["d"].items():  # after every variable its expression reads

@@ -295,6 +295,8 @@ def _links(edges: tuple[tuple[int, int, int], ...], pus: list[str], cost: CostMo
     links = _Links({}, {}, {}, {})
     for ei, (_, _, nbytes) in enumerate(edges):
         for p in pus:
+            if delay := cost.handoff_delay_ms(p, p):  # between two units of one PU (on different units only)
+                links.handoff_delay[(ei, p, p)] = delay
             for q in pus:
                 if p == q:
                     continue

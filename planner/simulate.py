@@ -337,7 +337,9 @@ class _Run:
             # behind each other (the executor hands a tensor to each consumer at once); a link's occupancy
             # per frame spaces the frames instead (``frame_traffic_ms``), as in the ILP
             t = model.flow_ms(parts, x, y)
-            delay = model.cost.handoff_delay_ms(x, y)  # latency only: it occupies no link
+            # latency only: it occupies no link; none to a later partition of the same unit
+            same_unit = self.seg_by_key[key].unit_key == self.seg_by_key[dst].unit_key
+            delay = 0.0 if same_unit else model.cost.handoff_delay_ms(x, y)
             self.extra_mj += model.cost.transfer_mj(nbytes, x, y) if t else 0.0
             self.push(now + t + delay, "arrive", (f, dst))
         self.done_count[f] += 1

@@ -11,8 +11,10 @@ import typer
 from rich.table import Table
 
 from parapipe.app import (
+    CostsOpt,
     DataOpt,
     JsonFlag,
+    ModelArg,
     ShapeOpt,
     app,
     err,
@@ -337,12 +339,10 @@ class TuneFlags:
 @fails_cleanly
 @option_groups(flags=TuneFlags)
 def tune(
-    model: Annotated[Path, typer.Argument(help="The .onnx model.")],
+    model: ModelArg,
     board: Annotated[str, typer.Option("--board", help="local, local-biglittle or an inventory board.")] = "local",
     flags: TuneFlags = TuneFlags(),
-    costs: Annotated[
-        Path | None, typer.Option("--costs", help="Cost table (default $PARAPIPE_HOME/costs.json).")
-    ] = None,
+    costs: CostsOpt = None,
     input_shape: ShapeOpt = None,
     input_data: DataOpt = None,
     as_json: JsonFlag = False,

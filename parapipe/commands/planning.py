@@ -13,7 +13,20 @@ import typer
 from rich.table import Table
 
 from models.names import safe_name
-from parapipe.app import DataOpt, JsonFlag, ShapeOpt, app, err, fails_cleanly, option_groups, out, print_json
+from parapipe.app import (
+    CostsOpt,
+    DataOpt,
+    DeviceOpt,
+    JsonFlag,
+    ModelArg,
+    ShapeOpt,
+    app,
+    err,
+    fails_cleanly,
+    option_groups,
+    out,
+    print_json,
+)
 
 if TYPE_CHECKING:
     from parapipe.precision_auto import PrecisionRequest
@@ -217,11 +230,9 @@ class PrecisionFlags:
 @fails_cleanly
 @option_groups(flags=PlanFlags, precision=PrecisionFlags)
 def plan(
-    model: Annotated[Path, typer.Argument(help="The .onnx model.")],
-    device: Annotated[str, typer.Option("--device", help="Profile name or TOML path.")],
-    costs: Annotated[
-        Path | None, typer.Option("--costs", help="Cost table (default $PARAPIPE_HOME/costs.json).")
-    ] = None,
+    model: ModelArg,
+    device: DeviceOpt,
+    costs: CostsOpt = None,
     flags: PlanFlags = PlanFlags(),
     precision: PrecisionFlags = PrecisionFlags(),
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Folder for the plan files.")] = None,
@@ -547,11 +558,9 @@ class CompareFlags:
 @fails_cleanly
 @option_groups(flags=CompareFlags, precision=PrecisionFlags)
 def compare(
-    model: Annotated[Path, typer.Argument(help="The .onnx model.")],
-    device: Annotated[str, typer.Option("--device", help="Profile name or TOML path.")],
-    costs: Annotated[
-        Path | None, typer.Option("--costs", help="Cost table (default $PARAPIPE_HOME/costs.json).")
-    ] = None,
+    model: ModelArg,
+    device: DeviceOpt,
+    costs: CostsOpt = None,
     flags: CompareFlags = CompareFlags(),
     precision: PrecisionFlags = PrecisionFlags(),
     input_shape: ShapeOpt = None,

@@ -13,7 +13,19 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from parapipe.app import DataOpt, JsonFlag, ShapeOpt, app, err, fails_cleanly, option_groups, out, print_json
+from parapipe.app import (
+    CostsOpt,
+    DataOpt,
+    DeviceOpt,
+    JsonFlag,
+    ShapeOpt,
+    app,
+    err,
+    fails_cleanly,
+    option_groups,
+    out,
+    print_json,
+)
 
 
 @dataclass(frozen=True)
@@ -174,10 +186,8 @@ def _summarise(table, sha: str, board: str, configs, graph) -> dict:
 def simulate(
     plan: Annotated[Path, typer.Argument(help="A plan JSON (solved or hand-written).")],
     model: Annotated[Path, typer.Argument(help="The .onnx model the plan is for.")],
-    device: Annotated[str, typer.Option("--device", help="Profile name or TOML path.")],
-    costs: Annotated[
-        Path | None, typer.Option("--costs", help="Cost table (default: $PARAPIPE_HOME/costs.json).")
-    ] = None,
+    device: DeviceOpt,
+    costs: CostsOpt = None,
     frames: Annotated[int, typer.Option("--frames", min=1, help="Frames to simulate.")] = 200,
     input_shape: ShapeOpt = None,
     as_json: JsonFlag = False,

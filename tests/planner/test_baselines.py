@@ -109,7 +109,7 @@ def test_the_plan_of_each_objective_is_never_worse_than_any_baseline(exported, n
         pytest.skip(str(exc))
     cost = CostModel(profile, graph)
     problem = build_problem(blocks, graph, cost, 4)
-    base = baselines(blocks, graph, cost, 4, problem)
+    base = baselines(blocks, graph, cost, 4, problem, frames=0)  # compared by their predictions
     for plan in base.values():
         validate(plan, graph, profile)
     for objective in ("latency", "throughput", "energy"):

@@ -43,7 +43,7 @@ NPU = 4
 @st.composite
 def problems(draw, overhead: float = 0.0) -> Problem:
     """Small DAGs with several sources and chains (where the cuts apply), blocks some PUs cannot run,
-    transfers and handoff delays between PUs, int8 variants; a per-partition overhead when given."""
+    transfers and handoff delays between PUs and between units of one PU, int8 variants; a per-partition overhead when given."""
     n = draw(st.integers(3, 5))
     sources = draw(st.integers(1, 2))
     edges: set[tuple[int, int]] = set()
@@ -72,8 +72,12 @@ def problems(draw, overhead: float = 0.0) -> Problem:
         accuracy_budget=None,
         overhead_ms=dict.fromkeys(range(len(UNITS)), overhead),
     )
+    delay: dict[tuple[int, str, str], float] = {}
     if draw(st.booleans()):  # a handoff delay between the GPU and the CPU (latency only)
-        delay = {k: 0.4 for k in problem.transfer if {"cpu", "gpu"} == {k[1], k[2]}}
+        delay |= {k: 0.4 for k in problem.transfer if {"cpu", "gpu"} == {k[1], k[2]}}
+    if draw(st.booleans()):  # and between two units of the CPU (threads on its cores)
+        delay |= {(ei, "cpu", "cpu"): 0.3 for ei in range(len(problem.edges))}
+    if delay:
         problem = dataclasses.replace(problem, handoff_delay=delay)
     return problem
 

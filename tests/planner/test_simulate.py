@@ -173,4 +173,19 @@ def test_a_learnt_handoff_delays_latency_but_occupies_no_link(googlenet) -> None
     # every path from input to output crosses from the first stage to the second once
     assert after.latency_ms == pytest.approx(before.latency_ms + 5.0, rel=1e-6)
     assert after.throughput_fps == pytest.approx(before.throughput_fps, rel=1e-9)
-    assert cost.handoff_delay_ms("a73", "a73") == 0.0
+
+
+def test_a_handoff_between_two_units_of_one_pu_is_delayed_and_within_one_unit_is_not(googlenet) -> None:
+    """Two units (threads) on the cores of one cluster wake each other per tensor like units on two PUs; a
+    partition handing on to a later partition of its own unit (one thread) does not."""
+    graph, blocks = googlenet
+    vim3 = load_profile("khadas-vim3")
+    plain = CostModel(vim3, graph)
+    delayed = plain.recalibrated(plain.calibration.with_handoff(5.0))
+    two_units = flop_pipeline(blocks, vim3, [("a73", 2), ("a73", 2)])
+    one_unit = flop_pipeline(blocks, vim3, [("a73", 2)])
+    assert len(two_units.stages) == 2 and len(one_unit.stages) == 1
+    for plan, added in ((two_units, 5.0), (one_unit, 0.0)):
+        before, after = analytic(PlanModel(plan, graph, plain)), analytic(PlanModel(plan, graph, delayed))
+        assert after.latency_ms == pytest.approx(before.latency_ms + added, rel=1e-6), plan.name
+        assert after.throughput_fps == pytest.approx(before.throughput_fps, rel=1e-9)
