@@ -16,7 +16,7 @@ demo: $(STAMP)
 	$(BIN)/parapipe demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 # The pure tests only: no agent processes, sshd, network namespaces, downloaded or exported models.
 test-fast: $(STAMP)
