@@ -172,3 +172,38 @@ def test_int8_blocks_move_fewer_bytes_through_a_shared_memory() -> None:
     mixed = solve(shared, "throughput", gap=1e-9)
     assert mixed.assignment.int8 == frozenset({0, 1}) and mixed.best == pytest.approx(4.0)  # (8 + 8) / 4
     assert schedule(shared, mixed.assignment).period_ms == pytest.approx(mixed.best)
+
+
+def test_one_int8_session_per_core_is_a_candidate_where_it_predicts_best(tmp_path) -> None:
+    """Where int8 saves time on one core but not in a session spanning both (onnxruntime's int8 kernels scale
+    worse over threads than its fp32 ones on some models), the throughput plan is the model in int8 on each core
+    (replicas), not fp32 replicas, not one session over both cores, not a pipeline."""
+    import numpy as np
+
+    from models.precision import tensor_ranges
+    from planner.plan import PlanPrecision
+    from planner.search import SearchOptions, best_plan
+    from tests.models.test_precision import SHAPE, _tiny_cnn
+
+    tiny = load_onnx(_tiny_cnn(tmp_path / "tiny.onnx"))
+    graph = build_graph(tiny.proto, tiny.sha256, "tiny")
+    blocks = coarsen(graph, "fine")
+    cost = CostModel(load_profile("local"), graph)
+    if len(cost.profile.pu("cpu").cores) < 2:
+        pytest.skip("needs a CPU cluster of at least two cores")
+    rng = np.random.default_rng(0)
+    frames = [{"x": rng.random(SHAPE, dtype=np.float32)} for _ in range(4)]
+    names = [b.name for b in blocks.nodes]
+    one_core = {(b.name, "cpu", 1): cost.block_ms(b.members, "cpu", 1) / 4 for b in blocks.nodes}
+    spanning = {(b.name, "cpu", 2): cost.block_ms(b.members, "cpu", 2) for b in blocks.nodes}  # int8 gains nothing
+    precision = PlanPrecision(tensor_ranges(tiny, frames), "relerr", 0.01, len(frames))
+    choice = Int8Choice(dict.fromkeys(names, 0.001), 0.01, {**one_core, **spanning}, precision)
+    problem = build_problem(blocks, graph, cost, 2, int8=choice)
+    plan = best_plan(blocks, graph, cost, "throughput", SearchOptions(5, 2), problem=problem)
+
+    assert [len(st.groups) for st in plan.stages] == [2], "one stage, one copy of the model per core"
+    assert all(a.cores == 1 and set(a.blocks) == set(names) for _, _, a in plan.assignments())
+    assert set(plan.int8) == set(names), "every block in int8: within the budget and faster on one core"
+    assert plan.provenance.method == "heuristic:single-core+int8+replicated"
+    fp32_replicas = sum(cost.block_ms(b.members, "cpu", 1) for b in blocks.nodes) / 2
+    assert plan.predicted is not None and 1000.0 / plan.predicted.throughput_fps < fp32_replicas
