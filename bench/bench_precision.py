@@ -415,8 +415,12 @@ def run_case(case: Case, budget: float, n_cal: int, n_held: int, rounds: int, re
         f"  whole-model int8 {case.metric} loss {acc_whole.loss:.4f} "
         f"({'within' if acc_whole.ok else 'EXCEEDS'} the {budget:g} budget)"
     )
+    for note in auto.notes:
+        print(f"  {note}")
+    replicas = "x".join(str(st.replicas) for st in plan.stages)
     print(
-        f"  our plan: {plan.precision_mix()}, {len(plan.stages)} stage(s) on {units}; predicted "
+        f"  our plan: {plan.precision_mix()}, {len(plan.stages)} stage(s) ({replicas} replica group(s)) on {units}, "
+        f"found by {plan.provenance.method}; predicted "
         f"{plan.predicted.throughput_fps:.1f} fps; measured {', '.join(f'{x:.1f}' for x in ours)} fps over {rounds} "
         f"runs; {len(reverted)} int8 block(s) put back to fp32 on the held-back check"
         + (f": {', '.join(reverted)}" if reverted else "")
