@@ -207,3 +207,35 @@ def test_one_int8_session_per_core_is_a_candidate_where_it_predicts_best(tmp_pat
     assert plan.provenance.method == "heuristic:single-core+int8+replicated"
     fp32_replicas = sum(cost.block_ms(b.members, "cpu", 1) for b in blocks.nodes) / 2
     assert plan.predicted is not None and 1000.0 / plan.predicted.throughput_fps < fp32_replicas
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    fp32=st.lists(st.floats(0.5, 10.0), min_size=2, max_size=5),
+    speedup=st.lists(st.floats(1.0, 4.0), min_size=5, max_size=5),
+    traffic=st.lists(st.floats(0.01, 10.0), min_size=5, max_size=5),
+    int8=st.sets(st.integers(0, 4)),
+)
+def test_an_int8_mix_takes_the_share_of_the_memory_row_it_takes_of_the_time(fp32, speedup, traffic, int8) -> None:
+    """The memory's row is measured as the whole fp32 model's period on all its cores at once, compute included:
+    a mix that saves a share of the whole model's time on a unit takes that share off the row, however the
+    bytes are spread over its blocks, in the ILP's schedule as in the row itself."""
+    import dataclasses
+
+    n = len(fp32)
+    chosen = frozenset(b for b in int8 if b < n)
+    cost = {(b, u): fp32[b] * 2 / UNITS[u].cores for b in range(n) for u in CPU_UNITS}
+    q = {(b, u): v / speedup[b] for (b, u), v in cost.items()}
+    base = toy_problem(UNITS[:3], cost, [(b, b + 1) for b in range(n - 1)], int8_cost=q)
+    problem = dataclasses.replace(
+        base, shared_memories={"dram": ("cpu",)}, traffic={(b, "dram"): traffic[b] for b in range(n)}
+    )
+    whole_traffic = sum(traffic[:n])
+    for u in CPU_UNITS:
+        whole = sum(cost[(b, u)] for b in range(n))
+        row = sum(traffic[b] * problem.traffic_share(b, u, b in chosen) for b in range(n))
+        mix = sum(q[(b, u)] if b in chosen else cost[(b, u)] for b in range(n))
+        assert row == pytest.approx(whole_traffic * mix / whole, rel=1e-9)
+        assert row > 0
+        a = Assignment(tuple(u for _ in range(n)), int8=chosen)
+        assert schedule(problem, a).loads[-1] == pytest.approx(row, rel=1e-9)
