@@ -254,3 +254,51 @@ def test_int8_times_are_held_to_the_whole_models_measured_int8_saving(tiny: Load
     assert len(notes) == sum(
         1 for k in cores if sum(cost.block_ms(groups[g], "cpu", k) - ms[(g, "cpu", k)] for g in groups) > 0
     )
+
+
+def test_more_blocks_go_to_int8_while_the_measured_mix_holds_the_budget(tiny: LoadedModel) -> None:
+    """The ILP bounds the sum of the blocks' losses alone in int8; a mix loses less than that sum here, so after
+    the solve more blocks go to int8 as long as the mix, measured on the calibration frames, holds the budget,
+    and the plan is priced with their int8 times."""
+    from models.precision import MixEvaluator, write_ranges
+
+    graph = build_graph(tiny.proto, tiny.sha256, "tiny")
+    blocks = coarsen(graph, "fine")
+    cost = CostModel(load_profile("local"), graph)
+    rng = np.random.default_rng(5)
+    frames = [{"x": rng.random(SHAPE, dtype=np.float32)} for _ in range(8)]
+    calibration, held = frames[:6], frames[6:]
+    budget = 0.05
+    names = [b.name for b in blocks.nodes]
+    ms = {(b.name, "cpu", k): cost.block_ms(b.members, "cpu", k) / 3 for b in blocks.nodes for k in (1, 2)}
+    ranges = tensor_ranges(tiny, calibration)
+    auto = Auto(
+        tiny,
+        graph,
+        PrecisionRequest(Path("unused"), budget, "relerr"),
+        calibration,
+        held,
+        ranges,
+        dict.fromkeys(names, budget),  # each block claims the whole budget: the ILP takes one
+        {n: float(i) for i, n in enumerate(names)},
+        ms,
+        [],
+    )
+    problem = build_problem(blocks, graph, cost, 1, int8=auto.choice())
+    plan = best_plan(blocks, graph, cost, "latency", SearchOptions(5, 1), problem=problem)
+    assert len(plan.int8) == 1
+    with tempfile.TemporaryDirectory() as tmp:
+        ev = MixEvaluator(
+            tiny,
+            {b.name: b.members for b in blocks.nodes},
+            calibration,
+            "relerr",
+            write_ranges(ranges, Path(tmp) / "r.json"),
+        )
+        assert ev.loss(names) <= budget, "every block in int8 holds this budget on these frames"
+    fixed, reverted = check_and_repair(plan, auto, cost, graph, lambda _msg: None)
+    assert not reverted and set(fixed.int8) == set(names)
+    assert fixed.precision is not None and set(fixed.precision.int8_ms) == set(names)
+    assert fixed.predicted is not None and plan.predicted is not None
+    assert fixed.predicted.latency_ms < plan.predicted.latency_ms
+    assert dict(fixed.precision.measured)["relerr"] <= budget
