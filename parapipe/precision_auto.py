@@ -304,6 +304,14 @@ def int8_times(
     return ms, notes
 
 
+# How far the whole model's measurement may move the blocks' own int8 savings: at most this many times what they
+# claim, and a block never below this share of its fp32 time (int8 arithmetic is at most 4x fp32's on a CPU's
+# vector units, and a block keeps its quantise/dequantise): guards against a measurement taken under a burst
+# of load on a shared machine
+MAX_INT8_SCALE = 2.0
+MIN_INT8_SHARE = 0.2
+
+
 def calibrate_int8(
     ms: Mapping[tuple[str, str, int], float],
     loaded: LoadedModel,
@@ -342,15 +350,18 @@ def calibrate_int8(
     for cfg in configs:
         pu, cores = cfg.pu, len(cfg.cores)
         fp32_ms, mixed_ms = times[("fp32", cfg.label)], times[("int8", cfg.label)]
-        whole = cost.group_ms(every, pu, cores).ms
+        # in the blocks' own unit (their calibrated shares, from the same profile): a fused time measured at
+        # another moment, under another load, would skew the share they claim
+        whole = cost.block_ms(every, pu, cores)
         saved = {g: cost.block_ms(groups[g], pu, cores) - out[(g, pu, cores)] for g in groups if (g, pu, cores) in out}
         claimed = sum(saved.values()) / whole if whole > 0 else 0.0
         if claimed <= 0 or fp32_ms <= 0:
             continue
         measured = (fp32_ms - mixed_ms) / fp32_ms
-        scale = max(0.0, measured / claimed)
+        scale = min(MAX_INT8_SCALE, max(0.0, measured / claimed))
         for g, s in saved.items():
-            out[(g, pu, cores)] = cost.block_ms(groups[g], pu, cores) - scale * s
+            fp32 = cost.block_ms(groups[g], pu, cores)
+            out[(g, pu, cores)] = max(fp32 - scale * s, MIN_INT8_SHARE * fp32)
         notes.append(
             f"int8 on {cfg.label}: every candidate block in int8 measured {measured:.1%} faster than fp32 in one "
             f"session ({fp32_ms:.3g} -> {mixed_ms:.3g} ms); the blocks timed alone claimed {claimed:.1%}: "
