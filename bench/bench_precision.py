@@ -12,8 +12,10 @@ CPU), side by side in one run:
 * ``our plan``: what ``parapipe plan --precision auto --max-accuracy-loss 1% --objective throughput``
   gives, run on a local agent (``run_plan``; throughput back to back, median of the rounds): the
   model profiled on ``local``, ranges measured on the calibration frames, each candidate block's
-  sensitivity (its end-to-end loss alone in int8) and int8 time measured, the ILP choosing placement and
-  precision with the summed sensitivities within the budget, then the plan's compiled partitions
+  sensitivity (its end-to-end loss alone in int8) and int8 time measured (then held to the whole model's
+  measured int8 saving on each core count), the ILP choosing placement and precision with the summed
+  sensitivities within the budget (one int8 copy of the model per core among its candidates), more blocks
+  in int8 while the mix holds the budget on the calibration frames, then the plan's compiled partitions
   checked on the held-back frames and repaired (most sensitive int8 blocks back to fp32) before it is
   offered. ``run --verify`` on a held-back frame checks it against fp32 by its metric;
 * ``ceiling``: every candidate block in int8 the way plans quantise them (their Conv/MatMul/Gemm), the
@@ -415,8 +417,12 @@ def run_case(case: Case, budget: float, n_cal: int, n_held: int, rounds: int, re
         f"  whole-model int8 {case.metric} loss {acc_whole.loss:.4f} "
         f"({'within' if acc_whole.ok else 'EXCEEDS'} the {budget:g} budget)"
     )
+    for note in auto.notes:
+        print(f"  {note}")
+    replicas = "x".join(str(st.replicas) for st in plan.stages)
     print(
-        f"  our plan: {plan.precision_mix()}, {len(plan.stages)} stage(s) on {units}; predicted "
+        f"  our plan: {plan.precision_mix()}, {len(plan.stages)} stage(s) ({replicas} replica group(s)) on {units}, "
+        f"found by {plan.provenance.method}; predicted "
         f"{plan.predicted.throughput_fps:.1f} fps; measured {', '.join(f'{x:.1f}' for x in ours)} fps over {rounds} "
         f"runs; {len(reverted)} int8 block(s) put back to fp32 on the held-back check"
         + (f": {', '.join(reverted)}" if reverted else "")

@@ -351,16 +351,24 @@ RESHAPING = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Identit
 
 
 def _ranges_through_reshapes(model: onnx.ModelProto, cache: Path, tmp: Path) -> Path:
-    """``cache`` with a range for each tensor pre-processing made by reshaping one that has a range (fusing MatMul +
-    bias into Gemm inserts a Reshape, ``gemm_input_reshape_arg_token_N``, named anew in each partition): a
+    """``cache`` with a range for each tensor pre-processing made by reshaping one that has a range, or that is
+    reshaped into one (fusing MatMul + bias into Gemm on 3-D inputs puts a Reshape on each side of the Gemm,
+    ``gemm_input_reshape_arg_token_N`` and ``gemm_output_reshape_arg_token_N``, named anew in each partition): a
     reshaped tensor holds the same values. ``cache`` itself when nothing is missing."""
     known = read_ranges(cache)
     added: dict[str, tuple[float, float]] = {}
-    for node in model.graph.node:  # topological order: a chain of reshapes is followed in one pass
-        if node.op_type in RESHAPING and node.input and node.output and node.output[0] not in known:
-            source = known.get(node.input[0]) or added.get(node.input[0])
-            if source is not None:
-                added[node.output[0]] = source
+    reshapes = [n for n in model.graph.node if n.op_type in RESHAPING and n.input and n.output]
+    while True:  # forward (a reshape's output) and backward (its input), until nothing more is found
+        before = len(added)
+        for node in reshapes:
+            src, dst = node.input[0], node.output[0]
+            for a, b in ((src, dst), (dst, src)):
+                if b not in known and b not in added:
+                    value = known.get(a) or added.get(a)
+                    if value is not None:
+                        added[b] = value
+        if len(added) == before:
+            break
     if not added:
         return cache
     return write_ranges({**known, **added}, tmp / "ranges-reshaped.json")

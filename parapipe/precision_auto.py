@@ -35,8 +35,11 @@ from models.precision import (
     REFUSED_LOSS,
     Frame,
     MixEvaluator,
+    PrecisionError,
     RefusedMix,
+    assemble,
     check_precision,
+    int8_nodes,
     quantizable_groups,
     repair,
     sensitivity,
@@ -48,6 +51,7 @@ from planner.costmodel import CostModel
 from planner.plan import Plan, PlanPrecision
 from planner.problem import Int8Choice
 from profiler.costtable import CostTable, entry_key
+from profiler.session import Timer
 
 PRECISION_CHOICES = ("fp32", "auto")
 Progress = Callable[[str], None]
@@ -245,7 +249,11 @@ def measure(
 
         sens = sensitivity(each, groups)
         rel = sensitivity(lambda s: evaluator.loss(s, "relerr"), groups)  # the same runs, kept
-    ms, notes = int8_times(loaded, groups, calibration, cost, table, costs_path, local, progress)
+        ms, notes = int8_times(loaded, groups, calibration, cost, table, costs_path, local, progress)
+        if local and ms:
+            progress("timing the whole model in fp32 and with every candidate block in int8, on each core count")
+            ms, more = calibrate_int8(ms, loaded, groups, cost, cache, calibration[0])
+            notes += more
     return Auto(loaded, graph, request, calibration, held_out, ranges, sens, rel, ms, notes)
 
 
@@ -296,6 +304,126 @@ def int8_times(
     return ms, notes
 
 
+# How far the whole model's measurement may move the blocks' own int8 savings: at most this many times what they
+# claim, and a block never below this share of its fp32 time (int8 arithmetic is at most 4x fp32's on a CPU's
+# vector units, and a block keeps its quantise/dequantise): guards against a measurement taken under a burst
+# of load on a shared machine
+MAX_INT8_SCALE = 2.0
+MIN_INT8_SHARE = 0.2
+
+
+def calibrate_int8(
+    ms: Mapping[tuple[str, str, int], float],
+    loaded: LoadedModel,
+    groups: Mapping[str, Sequence[str]],
+    cost: CostModel,
+    ranges: Path,
+    frame: Frame,
+    timer: Timer | None = None,
+    rounds: int = 3,
+) -> tuple[dict[tuple[str, str, int], float], list[str]]:
+    """The blocks' int8 times held to the whole model: on each (PU, cores) they are given for, the model in fp32
+    and with every candidate block in int8 (as plans quantise them) are timed as one session, interleaved; the
+    share of the fp32 time that mix saves, measured, against the share the blocks' own int8 times claim
+    (each block timed alone, cut out of the model) scales what each block saves there. A block alone can gain
+    more, or less, from int8 than inside the model, where onnxruntime fuses across its boundary and its threads
+    wait for each other once per operator; the whole model's run says which. Where the mix cannot be made or
+    claims nothing, the times stay as they are."""
+    from profiler.measure import PuConfig
+    from profiler.variants import VariantOptions, time_interleaved
+
+    out = dict(ms)
+    notes: list[str] = []
+    try:
+        mixed = assemble(loaded, ranges, int8_nodes=int8_nodes(groups, groups)).model
+    except PrecisionError as exc:  # RefusedMix included: onnxruntime cannot run every candidate in int8 at once
+        return out, [f"int8 times not checked against the whole model: {exc}"]
+    every = [n.name for n in cost.graph.nodes]
+    configs = []
+    for pu, cores in sorted({(p, c) for _, p, c in ms}):
+        spec = cost.profile.pu(pu)
+        if spec.kind == "cpu" and cores <= len(spec.cores):
+            throttle = spec.throttle.quota_percent if spec.throttle else None
+            configs.append(PuConfig(pu, spec.cores[:cores], cores, spec.execution_provider, throttle))
+    models = {"fp32": loaded.ort_proto.SerializeToString(), "int8": mixed}
+    times = time_interleaved(models, frame, cost.profile, configs, rounds, VariantOptions(repeats=20, timer=timer))
+    for cfg in configs:
+        pu, cores = cfg.pu, len(cfg.cores)
+        fp32_ms, mixed_ms = times[("fp32", cfg.label)], times[("int8", cfg.label)]
+        # in the blocks' own unit (their calibrated shares, from the same profile): a fused time measured at
+        # another moment, under another load, would skew the share they claim
+        whole = cost.block_ms(every, pu, cores)
+        saved = {g: cost.block_ms(groups[g], pu, cores) - out[(g, pu, cores)] for g in groups if (g, pu, cores) in out}
+        claimed = sum(saved.values()) / whole if whole > 0 else 0.0
+        if claimed <= 0 or fp32_ms <= 0:
+            continue
+        measured = (fp32_ms - mixed_ms) / fp32_ms
+        scale = min(MAX_INT8_SCALE, max(0.0, measured / claimed))
+        for g, s in saved.items():
+            fp32 = cost.block_ms(groups[g], pu, cores)
+            out[(g, pu, cores)] = max(fp32 - scale * s, MIN_INT8_SHARE * fp32)
+        notes.append(
+            f"int8 on {cfg.label}: every candidate block in int8 measured {measured:.1%} faster than fp32 in one "
+            f"session ({fp32_ms:.3g} -> {mixed_ms:.3g} ms); the blocks timed alone claimed {claimed:.1%}: "
+            f"their int8 savings scaled by {scale:.2f}"
+        )
+    return out, notes
+
+
+def grow(plan: Plan, auto: Auto, cost: CostModel, graph: OpGraph, progress: Progress) -> Plan:
+    """More int8 blocks where the plan runs them, while the loss measured on the calibration frames stays within
+    the budget: the ILP bounds the sum of the blocks' losses alone in int8, which over-counts a mix (a detector's
+    seventeen blocks summing to 1% lost 0.3% together). Candidates are the blocks whose int8 time is below their
+    fp32 time on every unit running them, most time saved per unit of sensitivity first; the longest run of them
+    the budget holds is found by bisection (a handful of measurements). The held-back check follows."""
+    if not plan.int8 or plan.precision is None:
+        return plan
+    from planner.build import evaluate
+
+    int8 = set(plan.int8)
+    where: dict[str, list[tuple[str, int]]] = {}
+    for _, _, a in plan.assignments():
+        for b in a.blocks:
+            where.setdefault(b, []).append((str(a.pu), a.cores))
+    gains: dict[str, float] = {}
+    for b in auto.sensitivity:
+        if b in int8 or b not in where:
+            continue
+        saved = [cost.block_ms(plan.blocks[b], pu, k) - auto.ms.get((b, pu, k), float("inf")) for pu, k in where[b]]
+        if all(x > 0 for x in saved):
+            gains[b] = min(saved)
+    if not gains:
+        return plan
+    order = sorted(gains, key=lambda b: (-gains[b] / max(auto.sensitivity[b], 1e-9), auto.tie_break.get(b, 0.0)))
+    groups = {b: tuple(plan.blocks[b]) for b in auto.sensitivity}
+    with tempfile.TemporaryDirectory(prefix="parapipe-grow-") as tmp:
+        evaluator = MixEvaluator(
+            auto.loaded, groups, auto.calibration, auto.request.metric, write_ranges(auto.ranges, Path(tmp) / "r.json")
+        )
+        lo, hi = 0, len(order)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            progress(f"trying {len(int8) + mid} int8 blocks on {len(auto.calibration)} calibration frames")
+            if evaluator.loss([*int8, *order[:mid]]) <= auto.request.budget:
+                lo = mid
+            else:
+                hi = mid - 1
+    if lo == 0:
+        return plan
+    added = set(order[:lo])
+    assert plan.precision is not None
+    times = {b: dict(t) for b, t in plan.precision.int8_ms.items()}
+    for b in added:
+        times[b] = {f"{pu}x{k}": auto.ms[(b, pu, k)] for pu, k in where[b]}
+    grown = dataclasses.replace(
+        plan,
+        int8=tuple(b for b in plan.blocks if b in int8 | added),
+        precision=dataclasses.replace(plan.precision, int8_ms=times),
+        notes=(*plan.notes, f"{lo} more block(s) in int8: the mix still within the budget on the calibration frames"),
+    )
+    return evaluate(grown, graph, cost)
+
+
 def check_and_repair(
     plan: Plan, auto: Auto, cost: CostModel, graph: OpGraph, progress: Progress
 ) -> tuple[Plan, tuple[str, ...]]:
@@ -308,6 +436,8 @@ def check_and_repair(
 
     from compiler import compile_plan, run_chained
     from planner.build import evaluate
+
+    plan = grow(plan, auto, cost, graph, progress)
 
     full = ort.InferenceSession(auto.loaded.ort_proto.SerializeToString(), providers=["CPUExecutionProvider"])
     names = [o.name for o in full.get_outputs()]

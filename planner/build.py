@@ -111,6 +111,7 @@ def priced(plan: Plan, graph: OpGraph, cost: CostModel) -> PlanModel:
     model = PlanModel(plan, graph, cost)
     if plan.int8 and plan.precision is not None:
         times = plan.precision.int8_ms
+        wholes: dict[tuple[str, int], tuple[float, float]] = {}
         for seg in model.segments:
             fp32 = saved = 0.0
             for b in seg.blocks:
@@ -125,15 +126,28 @@ def priced(plan: Plan, graph: OpGraph, cost: CostModel) -> PlanModel:
                 whole = model.ms[seg.key]
                 model.ms[seg.key] = max(whole - saved, whole * (fp32 - saved) / fp32, 1e-6)
             if seg.key in model.traffic:
-                # and the bytes int8 blocks do not move, as the ILP counts them (``Problem.traffic_share``)
+                # and the memory's row int8 blocks take off, as the ILP counts it (``Problem.traffic_share``): the
+                # whole model's traffic times the share of the whole model's time on this unit each one saves
                 memory, bytes_ms = model.traffic[seg.key]
+                config = (str(seg.pu), seg.cores)
+                if config not in wholes:
+                    wholes[config] = (
+                        sum(cost.block_ms(m, seg.pu, seg.cores) for m in plan.blocks.values()),
+                        sum(cost.traffic_ms(m, seg.pu) for m in plan.blocks.values()),
+                    )
+                whole_ms, whole_traffic = wholes[config]
                 less = 0.0
                 for b in seg.blocks:
                     int8 = times.get(b, {}).get(f"{seg.pu}x{seg.cores}") if b in plan.int8 else None
                     ms = cost.block_ms(plan.blocks[b], seg.pu, seg.cores)
                     if int8 is not None and ms > 0 and int8 < ms:
-                        less += cost.traffic_ms(plan.blocks[b], seg.pu) * (1.0 - int8 / ms)
-                model.traffic[seg.key] = (memory, max(bytes_ms - less, 0.0))
+                        own = cost.traffic_ms(plan.blocks[b], seg.pu)
+                        if whole_ms > 0 and own > 0:
+                            less += whole_traffic * (ms - int8) / whole_ms
+                        else:
+                            less += own * (1.0 - int8 / ms)
+                # (below 0 for a segment of int8 blocks with few bytes of their own: the row is a frame's sum)
+                model.traffic[seg.key] = (memory, bytes_ms - less)
     return model
 
 

@@ -87,14 +87,42 @@ class Problem:
         return self.int8_cost[(block, unit)] if int8 else self.cost[(block, unit)]
 
     def traffic_share(self, block: int, unit: int, int8: bool = False) -> float:
-        """The share of its fp32 bytes a block moves through shared memory on the unit: 1 in fp32; in int8 (int8
-        weights, uint8 activations) in proportion to its int8 time against its fp32 time there, at most 1. Without
-        it the memory row, whose bandwidth is never taken below the whole fp32 model's time on one core, would
-        price every int8 plan at least at fp32's period."""
+        """The share of its fp32 traffic a block puts on the shared memory of the unit's PU: 1 in fp32; in int8,
+        less by the share of the whole model's time on that unit its int8 variant saves, of the whole model's
+        traffic (at most 1; below 0 where that is more than the block's own traffic: the row is a sum over a
+        frame's blocks, and what it sums to is what counts). A memory's bandwidth is measured from the whole fp32 model's frames on all its
+        cores at once (``profiler.contention``), so its row holds that run's period, compute included: a mix
+        that takes r of the fp32 model's time on a unit puts r of that row on it, however its bytes are spread
+        over its blocks. (A block's own time ratio would lower the row only by the bytes of the int8 blocks,
+        few for a Conv whose time is mostly arithmetic, and price every int8 plan on several cores near the
+        fp32 model's period on them.)"""
         fp32, q = self.cost.get((block, unit)), self.int8_cost.get((block, unit))
         if not int8 or not fp32 or q is None:
             return 1.0
-        return min(1.0, q / fp32)
+        memory = self._memory_of(self.units[unit].pu)
+        whole = self._whole_ms(unit)
+        own = self.traffic.get((block, memory), 0.0) if memory is not None else 0.0
+        if memory is None or not whole or own <= 0:
+            return min(1.0, q / fp32)
+        less = self._whole_traffic(memory) * (fp32 - q) / whole
+        return min(1.0, 1.0 - less / own)
+
+    def _memory_of(self, pu: str) -> str | None:
+        return next((m for m, pus in self.shared_memories.items() if pu in pus), None)
+
+    def _whole_ms(self, unit: int) -> float | None:
+        """The whole model's fp32 time on the unit (the sum of its blocks there); None where one cannot run so."""
+        cache = self.derived.setdefault("whole_ms", {})
+        if unit not in cache:
+            times = [self.cost.get((b, unit)) for b in range(len(self.blocks))]
+            cache[unit] = None if any(t is None for t in times) else sum(t for t in times if t is not None)
+        return cache[unit]
+
+    def _whole_traffic(self, memory: str) -> float:
+        cache = self.derived.setdefault("whole_traffic", {})
+        if memory not in cache:
+            cache[memory] = sum(v for (_, m), v in self.traffic.items() if m == memory)
+        return cache[memory]
 
     def slowest(self, block: int, unit: int) -> float:
         return max(self.cost.get((block, unit), 0.0), self.int8_cost.get((block, unit), 0.0))

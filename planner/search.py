@@ -300,17 +300,25 @@ class _Goal:
     def replicated(self, plan: Plan, provenance: Provenance) -> Plan:
         """Replication (frames alternate between copies of a stage) is outside the ILP: try it on the
         solution and on the whole model per core (one session per core), keep what predicts best."""
-        seeds = [plan]
+        seeds = [(plan, "")]
         try:
-            seeds.append(_single_core(self.problem, self.blocks, self.cost.profile, self.graph, self.cost))
+            seeds.append((_single_core(self.problem, self.blocks, self.cost.profile, self.graph, self.cost), "fp32"))
+            if self.problem.int8_cost and self.problem.precision is not None:
+                # the same with blocks in int8 where that pays within the budget: one int8 session per core
+                mixed = _single_core(self.problem, self.blocks, self.cost.profile, self.graph, self.cost, int8=True)
+                if mixed.int8:
+                    seeds.append((mixed, "int8"))
         except PlanError:
             pass
-        for seed in seeds:
+        for seed, precision in seeds:
             rep = replicate(seed, self.graph, self.cost, self.cost.profile)
             if rep is seed or not key(rep, self.objective) < key(plan, self.objective) or not self.acceptable(rep):
                 continue
             if seed is plan:
                 note, method = "stage replicated onto free cores", f"{plan.provenance.method}+replicated"
+            elif precision == "int8":
+                note = "one copy of the model per core, int8 where it pays within the budget, beat the ILP's plan"
+                method = "heuristic:single-core+int8+replicated"
             else:
                 note, method = "one copy of the model per core beat the ILP's plan", "heuristic:single-core+replicated"
             plan = dataclasses.replace(
@@ -331,8 +339,11 @@ def _in_predicted_unit(value: float | None, objective: str) -> float | None:
     return value
 
 
-def _single_core(problem: Problem, blocks: OpGraph, profile: DeviceProfile, graph: OpGraph, cost: CostModel) -> Plan:
-    """The whole model on the fastest one-core unit (the seed for replication, one session per core)."""
+def _single_core(
+    problem: Problem, blocks: OpGraph, profile: DeviceProfile, graph: OpGraph, cost: CostModel, int8: bool = False
+) -> Plan:
+    """The whole model on the fastest one-core unit (the seed for replication, one session per core); with
+    ``int8``, its blocks in int8 where that saves time there, within the accuracy budget (``H.with_int8``)."""
     options = [u for u, x in enumerate(problem.units) if x.kind == "cpu" and x.cores == 1 and x.instance == 0]
     best = None
     for u in options:
@@ -341,6 +352,8 @@ def _single_core(problem: Problem, blocks: OpGraph, profile: DeviceProfile, grap
             best = a
     if best is None:
         raise PlanError("no CPU core can run the whole model")
+    if int8:
+        best = H.with_int8(problem, best)
     return evaluate(to_plan(problem, best, blocks, profile, Provenance("ilp"), "single-core"), graph, cost, frames=0)
 
 

@@ -14,8 +14,11 @@ variant's boundary is inside the variant, hence inside its time.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from device_profiles.schema import DeviceProfile
 from models.onnx_io import LoadedModel
@@ -119,3 +122,25 @@ def saved_ms(times: Iterable[VariantTime], precision: str = "int8", config: str 
     times = [t for t in times if config is None or t.config == config]
     fp32 = {t.group: t.entry.median_ms for t in times if t.precision == "fp32"}
     return {t.group: fp32[t.group] - t.entry.median_ms for t in times if t.precision == precision and t.group in fp32}
+
+
+def time_interleaved(
+    models: Mapping[str, bytes],
+    feeds: Mapping[str, np.ndarray],
+    profile: DeviceProfile,
+    configs: Sequence[PuConfig],
+    rounds: int = 3,
+    options: VariantOptions = VariantOptions(repeats=20),
+) -> dict[tuple[str, str], float]:
+    """(model name, ``PuConfig.label``) -> median ms per run over ``rounds`` rounds, each timing every model on
+    every configuration in turn: a change of load between rounds touches every model alike, so their ratios
+    hold where their times drift."""
+    timer = options.timer or LocalTimer()
+    samples: dict[tuple[str, str], list[float]] = {}
+    for _ in range(rounds):
+        for cfg in configs:
+            pu = profile.pu(cfg.pu)
+            for name, model in models.items():
+                t = timer.time(model, dict(feeds), cfg, options.warmup, options.repeats, pu)
+                samples.setdefault((name, cfg.label), []).append(t.median_ms)
+    return {k: statistics.median(v) for k, v in samples.items()}

@@ -505,3 +505,27 @@ def test_a_tensor_reshaped_by_pre_processing_takes_the_range_of_what_it_reshapes
     assert got["y"] == (0.0, 3.0) and read_ranges(cache) == {"x": (-2.0, 3.0), "y": (0.0, 3.0)}
     complete = write_ranges(got, tmp_path / "complete.json")
     assert _ranges_through_reshapes(helper.make_model(graph), complete, tmp_path) == complete
+
+
+def test_a_gemms_output_reshaped_back_takes_the_range_of_what_it_is_reshaped_into(tmp_path: Path) -> None:
+    """On 3-D inputs the fused Gemm's output is a new tensor (``gemm_output_reshape_arg_token_N``) reshaped back
+    into the MatMul + bias output the ranges were measured on: it holds the same values, so it takes that range
+    (a text model's whole-model partition could not be quantised without it)."""
+    from models.precision import _ranges_through_reshapes, read_ranges, write_ranges
+
+    nodes = [
+        helper.make_node("Relu", ["x"], ["gemm_output_reshape_arg_token_34"], name="gemm"),
+        helper.make_node("Reshape", ["gemm_output_reshape_arg_token_34", "shape"], ["dense"], name="back"),
+        helper.make_node("Identity", ["dense"], ["y"], name="out"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8])],
+        [numpy_helper.from_array(np.array([1, 4, 8], np.int64), "shape")],
+    )
+    cache = write_ranges({"x": (-2.0, 3.0), "dense": (0.0, 2.5)}, tmp_path / "ranges.json")
+    got = read_ranges(_ranges_through_reshapes(helper.make_model(graph), cache, tmp_path))
+    assert got["gemm_output_reshape_arg_token_34"] == got["y"] == (0.0, 2.5)
+    assert got["x"] == (-2.0, 3.0)

@@ -8,6 +8,7 @@ until the budget holds, and the plan records that loss.
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -184,3 +185,125 @@ def test_a_folder_of_photographs_calibrates_through_a_preprocessing_spec(tiny: L
 
     precision = json.loads(done.stdout)["precision"]
     assert precision["calibration_frames"] + precision["held_out_frames"] == 4
+
+
+class _Timings:
+    """A timer that gives the whole model's time per core count: fp32, or the mix of every candidate in int8."""
+
+    def __init__(self, fp32: bytes, ms: dict[tuple[str, int], float]) -> None:
+        self.fp32, self.ms, self.calls = fp32, ms, 0
+
+    @property
+    def ort_version(self) -> str:
+        return "test"
+
+    def op_profile(self, model, feeds, cfg, warmup, repeats):  # type: ignore[no-untyped-def]
+        raise AssertionError("not used")
+
+    def time(self, model, feeds, cfg, warmup, repeats, pu):  # type: ignore[no-untyped-def]
+        from profiler.measure import Timing
+
+        self.calls += 1
+        return Timing.of([self.ms[("fp32" if model == self.fp32 else "int8", cfg.threads)]])
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    speedups=st.lists(st.floats(0.5, 6.0), min_size=8, max_size=8),
+    mixed=st.tuples(st.floats(0.3, 1.3), st.floats(0.3, 1.3)),
+)
+def test_int8_times_are_held_to_the_whole_models_measured_int8_saving(tiny: LoadedModel, speedups, mixed) -> None:
+    """Whatever the blocks timed alone claim, after calibration the share of the whole model's time their int8
+    variants save on each core count is the share the whole model in one session saved, measured (none where it
+    was slower), each block's saving scaled alike, within the guards (at most MAX_INT8_SCALE times the claim, no
+    block below MIN_INT8_SHARE of its fp32 time); and the measurement is taken on every core count."""
+    from models.precision import quantizable_groups, write_ranges
+    from parapipe.precision_auto import MAX_INT8_SCALE, MIN_INT8_SHARE, calibrate_int8
+
+    graph = build_graph(tiny.proto, tiny.sha256, "tiny")
+    blocks = coarsen(graph, "fine")
+    cost = CostModel(load_profile("local"), graph)
+    groups = quantizable_groups(graph, {b.name: b.members for b in blocks.nodes})
+    rng = np.random.default_rng(0)
+    frames = [{"x": rng.random(SHAPE, dtype=np.float32)} for _ in range(4)]
+    cores = (1, 2)
+    ms = {
+        (g, "cpu", k): cost.block_ms(members, "cpu", k) / speedups[i % len(speedups)]
+        for i, (g, members) in enumerate(groups.items())
+        for k in cores
+    }
+    fp32 = tiny.ort_proto.SerializeToString()
+    timer = _Timings(
+        fp32,
+        {**{("fp32", k): 10.0 for k in cores}, **{("int8", k): 10.0 * m for k, m in zip(cores, mixed, strict=True)}},
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        ranges = write_ranges(tensor_ranges(tiny, frames), Path(tmp) / "ranges.json")
+        out, notes = calibrate_int8(ms, tiny, groups, cost, ranges, frames[0], timer, rounds=2)
+    assert timer.calls == 2 * 2 * len(cores), "fp32 and the mix, on each core count, in each round"
+    every = [n.name for n in graph.nodes]
+    for k, m in zip(cores, mixed, strict=True):
+        before = {g: cost.block_ms(groups[g], "cpu", k) - ms[(g, "cpu", k)] for g in groups}
+        after = {g: cost.block_ms(groups[g], "cpu", k) - out[(g, "cpu", k)] for g in groups}
+        if sum(before.values()) <= 0:
+            assert after == pytest.approx(before)
+            continue
+        whole = cost.block_ms(every, "cpu", k)
+        wanted = max(0.0, 1.0 - m) / (sum(before.values()) / whole)
+        scale = min(MAX_INT8_SCALE, wanted)
+        fp32_ms = {g: cost.block_ms(groups[g], "cpu", k) for g in groups}
+        assert after == pytest.approx({g: min(s * scale, (1 - MIN_INT8_SHARE) * fp32_ms[g]) for g, s in before.items()})
+        assert all(out[(g, "cpu", k)] >= MIN_INT8_SHARE * fp32_ms[g] * (1 - 1e-9) for g in groups)
+        if wanted <= MAX_INT8_SCALE and all(s * scale <= (1 - MIN_INT8_SHARE) * fp32_ms[g] for g, s in before.items()):
+            assert sum(after.values()) / whole == pytest.approx(max(0.0, 1.0 - m), abs=1e-9)
+    assert len(notes) == sum(
+        1 for k in cores if sum(cost.block_ms(groups[g], "cpu", k) - ms[(g, "cpu", k)] for g in groups) > 0
+    )
+
+
+def test_more_blocks_go_to_int8_while_the_measured_mix_holds_the_budget(tiny: LoadedModel) -> None:
+    """The ILP bounds the sum of the blocks' losses alone in int8; a mix loses less than that sum here, so after
+    the solve more blocks go to int8 as long as the mix, measured on the calibration frames, holds the budget,
+    and the plan is priced with their int8 times."""
+    from models.precision import MixEvaluator, write_ranges
+
+    graph = build_graph(tiny.proto, tiny.sha256, "tiny")
+    blocks = coarsen(graph, "fine")
+    cost = CostModel(load_profile("local"), graph)
+    rng = np.random.default_rng(5)
+    frames = [{"x": rng.random(SHAPE, dtype=np.float32)} for _ in range(8)]
+    calibration, held = frames[:6], frames[6:]
+    budget = 0.05
+    names = [b.name for b in blocks.nodes]
+    ms = {(b.name, "cpu", k): cost.block_ms(b.members, "cpu", k) / 3 for b in blocks.nodes for k in (1, 2)}
+    ranges = tensor_ranges(tiny, calibration)
+    auto = Auto(
+        tiny,
+        graph,
+        PrecisionRequest(Path("unused"), budget, "relerr"),
+        calibration,
+        held,
+        ranges,
+        dict.fromkeys(names, budget),  # each block claims the whole budget: the ILP takes one
+        {n: float(i) for i, n in enumerate(names)},
+        ms,
+        [],
+    )
+    problem = build_problem(blocks, graph, cost, 1, int8=auto.choice())
+    plan = best_plan(blocks, graph, cost, "latency", SearchOptions(5, 1), problem=problem)
+    assert len(plan.int8) == 1
+    with tempfile.TemporaryDirectory() as tmp:
+        ev = MixEvaluator(
+            tiny,
+            {b.name: b.members for b in blocks.nodes},
+            calibration,
+            "relerr",
+            write_ranges(ranges, Path(tmp) / "r.json"),
+        )
+        assert ev.loss(names) <= budget, "every block in int8 holds this budget on these frames"
+    fixed, reverted = check_and_repair(plan, auto, cost, graph, lambda _msg: None)
+    assert not reverted and set(fixed.int8) == set(names)
+    assert fixed.precision is not None and set(fixed.precision.int8_ms) == set(names)
+    assert fixed.predicted is not None and plan.predicted is not None
+    assert fixed.predicted.latency_ms < plan.predicted.latency_ms
+    assert dict(fixed.precision.measured)["relerr"] <= budget

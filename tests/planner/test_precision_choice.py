@@ -172,3 +172,70 @@ def test_int8_blocks_move_fewer_bytes_through_a_shared_memory() -> None:
     mixed = solve(shared, "throughput", gap=1e-9)
     assert mixed.assignment.int8 == frozenset({0, 1}) and mixed.best == pytest.approx(4.0)  # (8 + 8) / 4
     assert schedule(shared, mixed.assignment).period_ms == pytest.approx(mixed.best)
+
+
+def test_one_int8_session_per_core_is_a_candidate_where_it_predicts_best(tmp_path) -> None:
+    """Where int8 saves time on one core but not in a session spanning both (onnxruntime's int8 kernels scale
+    worse over threads than its fp32 ones on some models), the throughput plan is the model in int8 on each core
+    (replicas), not fp32 replicas, not one session over both cores, not a pipeline."""
+    import numpy as np
+
+    from models.precision import tensor_ranges
+    from planner.plan import PlanPrecision
+    from planner.search import SearchOptions, best_plan
+    from tests.models.test_precision import SHAPE, _tiny_cnn
+
+    tiny = load_onnx(_tiny_cnn(tmp_path / "tiny.onnx"))
+    graph = build_graph(tiny.proto, tiny.sha256, "tiny")
+    blocks = coarsen(graph, "fine")
+    cost = CostModel(load_profile("local"), graph)
+    if len(cost.profile.pu("cpu").cores) < 2:
+        pytest.skip("needs a CPU cluster of at least two cores")
+    rng = np.random.default_rng(0)
+    frames = [{"x": rng.random(SHAPE, dtype=np.float32)} for _ in range(4)]
+    names = [b.name for b in blocks.nodes]
+    one_core = {(b.name, "cpu", 1): cost.block_ms(b.members, "cpu", 1) / 4 for b in blocks.nodes}
+    spanning = {(b.name, "cpu", 2): cost.block_ms(b.members, "cpu", 2) for b in blocks.nodes}  # int8 gains nothing
+    precision = PlanPrecision(tensor_ranges(tiny, frames), "relerr", 0.01, len(frames))
+    choice = Int8Choice(dict.fromkeys(names, 0.001), 0.01, {**one_core, **spanning}, precision)
+    problem = build_problem(blocks, graph, cost, 2, int8=choice)
+    plan = best_plan(blocks, graph, cost, "throughput", SearchOptions(5, 2), problem=problem)
+
+    assert [len(st.groups) for st in plan.stages] == [2], "one stage, one copy of the model per core"
+    assert all(a.cores == 1 and set(a.blocks) == set(names) for _, _, a in plan.assignments())
+    assert set(plan.int8) == set(names), "every block in int8: within the budget and faster on one core"
+    assert plan.provenance.method == "heuristic:single-core+int8+replicated"
+    fp32_replicas = sum(cost.block_ms(b.members, "cpu", 1) for b in blocks.nodes) / 2
+    assert plan.predicted is not None and 1000.0 / plan.predicted.throughput_fps < fp32_replicas
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    fp32=st.lists(st.floats(0.5, 10.0), min_size=2, max_size=5),
+    speedup=st.lists(st.floats(1.0, 4.0), min_size=5, max_size=5),
+    traffic=st.lists(st.floats(0.01, 10.0), min_size=5, max_size=5),
+    int8=st.sets(st.integers(0, 4)),
+)
+def test_an_int8_mix_takes_the_share_of_the_memory_row_it_takes_of_the_time(fp32, speedup, traffic, int8) -> None:
+    """The memory's row is measured as the whole fp32 model's period on all its cores at once, compute included:
+    a mix that saves a share of the whole model's time on a unit takes that share off the row, however the
+    bytes are spread over its blocks, in the ILP's schedule as in the row itself."""
+    import dataclasses
+
+    n = len(fp32)
+    chosen = frozenset(b for b in int8 if b < n)
+    cost = {(b, u): fp32[b] * 2 / UNITS[u].cores for b in range(n) for u in CPU_UNITS}
+    q = {(b, u): v / speedup[b] for (b, u), v in cost.items()}
+    base = toy_problem(UNITS[:3], cost, [(b, b + 1) for b in range(n - 1)], int8_cost=q)
+    problem = dataclasses.replace(
+        base, shared_memories={"dram": ("cpu",)}, traffic={(b, "dram"): traffic[b] for b in range(n)}
+    )
+    whole_traffic = sum(traffic[:n])
+    for u in CPU_UNITS:
+        whole = sum(cost[(b, u)] for b in range(n))
+        row = sum(traffic[b] * problem.traffic_share(b, u, b in chosen) for b in range(n))
+        mix = sum(q[(b, u)] if b in chosen else cost[(b, u)] for b in range(n))
+        assert row == pytest.approx(whole_traffic * mix / whole, rel=1e-9)
+        assert row > 0
+        a = Assignment(tuple(u for _ in range(n)), int8=chosen)
+        assert schedule(problem, a).loads[-1] == pytest.approx(row, rel=1e-9)
