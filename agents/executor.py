@@ -49,6 +49,11 @@ class PipelineError(RuntimeError):
     """The pipeline cannot start or a frame failed; the message names the partition."""
 
 
+class PeerAway(PipelineError):
+    """A peer of a plan over several hosts is away (its link broke): the frame was refused or lost with
+    it, not failed by a partition; the pipeline starts again by itself once the peer is back."""
+
+
 class InputError(ValueError):
     """A frame's tensors do not match the model's inputs (name, dtype, shape or size)."""
 
@@ -550,7 +555,7 @@ class Pipeline:
         if self.draining:
             raise PipelineError("the agent is shutting down; send frames to it again once it is back")
         if self.broken:  # also once stopped: a broken pipeline is stopped while its replacement loads
-            raise PipelineError(f"{self.broken}; the pipeline starts again by itself once the peer is back")
+            raise PeerAway(f"{self.broken}; the pipeline starts again by itself once the peer is back")
         if self.stopping:
             raise PipelineError("the pipeline was stopped")
 
@@ -758,7 +763,7 @@ class Pipeline:
             self._space.notify_all()
         for f in frames:
             if not f.future.done():
-                f.future.set_exception(PipelineError(message))
+                f.future.set_exception(PeerAway(message))
 
     def fail(self, frame_id: int, error: BaseException, forward: bool = True) -> None:
         """Frame ``frame_id`` failed: no partition here waits for it any more, the other hosts of the
