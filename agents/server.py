@@ -164,11 +164,10 @@ def _wait(pipeline: Pipeline, future: Future, context: grpc.ServicerContext):
     while True:
         left = context.time_remaining()
         step = POLL_S if left is None else max(0.0, min(POLL_S, left))
-        try:
-            return future.result(step)
-        except FutureTimeout:
-            if not context.is_active() or (left is not None and left <= step):
-                return pipeline.result(future, 0)
+        if pipeline.wait(future, step):  # on the frame's latch: a C-level lock its last worker releases
+            return future.result(0)
+        if not context.is_active() or (left is not None and left <= step):
+            return pipeline.result(future, 0)
 
 
 def _infer(pipeline: Pipeline, tensors: dict, context: grpc.ServicerContext) -> dict:
