@@ -21,7 +21,9 @@ and medians are compared; goal <= 1% per frame on both. On a shared machine thos
 by several % with the load, so the same is also measured in process, frame by frame in turn
 (inline, queued, plain), where the drift cancels: a one-partition pipeline runs a frame of
 ``infer`` in the caller's thread (inline) when idle, and hands it to its worker (queued) when
-frames wait; and the executor's own cost per frame, on a one-node model, for both paths.
+frames wait; a stream in process (a feed thread and a reader, as ``InferStream``), its feed thread
+running the idle partition itself or handing every frame over; and the executor's own cost per
+frame, on a one-node model, for both paths.
 
 Run: .venv/bin/python bench/bench_agent.py [--models resnet18 googlenet inception_v3] [--frames 60]
      .venv/bin/python bench/bench_agent.py --overhead [--repeats 7] [--frames 200]
@@ -126,27 +128,30 @@ def ort_throttled_core(path: Path, feeds: dict, frames: int, core: int, percent:
 
 
 def ort_session_per_core(path: Path, feeds: dict, frames: int, cores: list[int]) -> float:
-    """Throughput of one single-thread session per core, each fed by its own thread."""
-    barrier = threading.Barrier(len(cores) + 1)
+    """Throughput of one single-thread session per core, each fed by its own thread. The span is taken
+    by the running threads themselves (first start to last end): at real-time priority (``chrt -f``) a
+    waiting main thread gets no core until they are done, and its clock would start late."""
+    barrier = threading.Barrier(len(cores))
     counts = [0] * len(cores)
+    spans: list[tuple[float, float]] = []
 
     def work(i: int, core: int) -> None:
         s = _session(path, 1, [core])
         for _ in range(3):
             s.run(None, feeds)
         barrier.wait()
+        t0 = time.perf_counter()
         for _ in range(frames // len(cores)):
             s.run(None, feeds)
             counts[i] += 1
+        spans.append((t0, time.perf_counter()))
 
     threads = [threading.Thread(target=work, args=(i, c)) for i, c in enumerate(cores)]
     for t in threads:
         t.start()
-    barrier.wait()
-    t0 = time.perf_counter()
     for t in threads:
         t.join()
-    return sum(counts) / (time.perf_counter() - t0)
+    return sum(counts) / (max(end for _, end in spans) - min(start for start, _ in spans))
 
 
 def measure_plan(plan, loaded, graph, profile, frames: int, tmp: Path, agent: LocalAgent):
@@ -289,6 +294,23 @@ def overhead(agent: LocalAgent, zoo_dir: Path, tmp: Path, frames: int, repeats: 
             f"({(got['queued'] / got['plain'] - 1) * 100:+.2f}%)",
             flush=True,
         )
+    print(
+        "streamed in process (a feed thread submits, this thread takes the results in order, as InferStream "
+        "does; one frame in flight, or two): the feed thread runs a frame alone in the pipeline itself (entry), "
+        "or hands every frame to the worker (handed over, what every streamed frame paid before), vs plain "
+        "session.run in a loop on the same core"
+    )
+    for path in (small, resnet):
+        feeds = generate_inputs(replicated_bundle_inputs(path))
+        for window in (1, 2):
+            n = frames if path is small else max(30, frames // 4)
+            got = streamed(path, tmp / f"{path.stem}-streamed{window}", feeds, cores, n, repeats, window)
+            print(
+                f"{path.stem:16} {window} in flight: plain {got['plain']:.3f} ms/frame; entry {got['entry']:.3f} "
+                f"({(got['entry'] / got['plain'] - 1) * 100:+.2f}%); handed over {got['handed']:.3f} "
+                f"({(got['handed'] / got['plain'] - 1) * 100:+.2f}%)",
+                flush=True,
+            )
     inline, queued, plain = handoff_cost(tmp, cores)
     print(
         f"executor cost per frame (in process, one-node model, fastest of 7 x 3000 frames) on top of session.run's "
@@ -335,6 +357,77 @@ def paired(model: Path, folder: Path, feeds: dict, cores: list[int], frames: int
                 t0 = time.perf_counter()
                 ways[k](feeds)
                 times[k].append((time.perf_counter() - t0) * 1e3)
+    finally:
+        pipeline.stop()
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def streamed(
+    model: Path, folder: Path, feeds: dict, cores: list[int], frames: int, repeats: int, window: int
+) -> dict[str, float]:
+    """Median ms per frame of a stream through a one-partition pipeline, as ``InferStream`` runs one: a feed
+    thread submits frames (``window`` in flight) and this thread takes each result in order; ``entry`` lets
+    the feed thread run a frame alone in the pipeline itself when the partition is idle (``Pipeline.submit``),
+    ``handed`` hands every frame to the worker (``run=False``); ``plain`` is session.run in a loop on the
+    same core. Runs alternate."""
+    from collections import deque
+
+    from agents.bundle import parse_manifest
+    from agents.executor import Pipeline
+
+    bundle = replicated_bundle(model, folder, cores, False)
+    pipeline = Pipeline(parse_manifest((bundle / "manifest.json").read_text()), bundle, max_inflight=window)
+    pipeline.start()
+
+    def stream(run: bool) -> float:
+        pending: deque = deque()
+        room = threading.Semaphore(window)
+        ready = threading.Condition()
+
+        def feed() -> None:
+            for _ in range(frames):
+                room.acquire()
+                future = pipeline.submit(feeds, run=run)
+                with ready:
+                    pending.append(future)
+                    ready.notify()
+
+        t0 = time.perf_counter()
+        feeder = threading.Thread(target=feed)
+        feeder.start()
+        for _ in range(frames):
+            with ready:
+                while not pending:
+                    ready.wait()
+                future = pending.popleft()
+            pipeline.result(future)
+            room.release()
+        feeder.join()
+        return (time.perf_counter() - t0) / frames * 1e3
+
+    def plain_run() -> float:
+        out: list[float] = []
+
+        def work() -> None:
+            session = _session(model, 1, cores[:1])
+            session.run(None, feeds)
+            t0 = time.perf_counter()
+            for _ in range(frames):
+                session.run(None, feeds)
+            out.append((time.perf_counter() - t0) / frames * 1e3)
+
+        t = threading.Thread(target=work)
+        t.start()
+        t.join()
+        return out[0]
+
+    times: dict[str, list[float]] = {"entry": [], "handed": [], "plain": []}
+    try:
+        stream(True)
+        for _ in range(repeats):
+            times["plain"].append(plain_run())
+            times["entry"].append(stream(True))
+            times["handed"].append(stream(False))
     finally:
         pipeline.stop()
     return {k: statistics.median(v) for k, v in times.items()}
