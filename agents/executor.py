@@ -650,11 +650,15 @@ class Pipeline:
         if w.session is None or not w.run_lock.acquire(False):
             return False
         with w.lock:
-            if w.next == frame and frame not in w.skipped and w.session is not None and not self.stopping:
+            taken = w.next == frame and frame not in w.skipped and w.session is not None and not self.stopping
+            if taken:
                 w.next = frame + 1  # the worker goes on to the next frame (its stage has one replica)
-                return True
-        w.run_lock.release()
-        return False
+                later = bool(w.inbox)  # a later frame arrived while the worker waited for this one
+        if not taken:
+            w.run_lock.release()
+        elif later:
+            w.wake()  # it sleeps waiting for the frame taken here: look again
+        return taken
 
     def _run_entry(self, w: _Worker, frame: int, tensors: Mapping[str, np.ndarray]) -> None:
         """Run frame ``frame``'s entry partition ``w`` in this thread (holding ``w.run_lock``, taken by
