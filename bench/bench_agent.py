@@ -283,14 +283,16 @@ def overhead(agent: LocalAgent, zoo_dir: Path, tmp: Path, frames: int, repeats: 
         )
     print(
         "paired in process, frame by frame in turn (load drift cancels): one partition's pipeline.infer (inline), "
-        "the same frame submitted to its worker (queued), plain session.run on the same core"
+        "the same frame submitted (the submitting thread runs the idle partition itself: entry) and submitted "
+        "to its worker (queued), plain session.run on the same core"
     )
     for path in (small, resnet):
         feeds = generate_inputs(replicated_bundle_inputs(path))
         got = paired(path, tmp / f"{path.stem}-paired", feeds, cores, max(30, frames // (1 if path is small else 4)))
         print(
             f"{path.stem:16} plain {got['plain']:.3f} ms; inline {got['inline']:.3f} ms "
-            f"({(got['inline'] / got['plain'] - 1) * 100:+.2f}%); queued {got['queued']:.3f} ms "
+            f"({(got['inline'] / got['plain'] - 1) * 100:+.2f}%); entry {got['entry']:.3f} ms "
+            f"({(got['entry'] / got['plain'] - 1) * 100:+.2f}%); queued {got['queued']:.3f} ms "
             f"({(got['queued'] / got['plain'] - 1) * 100:+.2f}%)",
             flush=True,
         )
@@ -311,21 +313,23 @@ def overhead(agent: LocalAgent, zoo_dir: Path, tmp: Path, frames: int, repeats: 
                 f"({(got['handed'] / got['plain'] - 1) * 100:+.2f}%)",
                 flush=True,
             )
-    inline, queued, plain = handoff_cost(tmp, cores)
+    inline, entry, queued, plain = handoff_cost(tmp, cores)
     print(
         f"executor cost per frame (in process, one-node model, fastest of 7 x 3000 frames) on top of session.run's "
         f"{plain:.1f} µs: {inline:.1f} µs run inline by infer (one partition, idle) = {inline / 20:.2f}% of a 2 ms "
-        f"frame; {queued:.1f} µs handed to the worker and back (submit + result) = {queued / 20:.2f}%",
+        f"frame; {entry:.1f} µs submitted and run by the submitting thread (entry) = {entry / 20:.2f}%; "
+        f"{queued:.1f} µs handed to the worker and back (submit run=False + result) = {queued / 20:.2f}%",
         flush=True,
     )
 
 
 def paired(model: Path, folder: Path, feeds: dict, cores: list[int], frames: int) -> dict[str, float]:
-    """Median ms per frame of three ways to run one frame, taken in turn frame by frame (in a rotating
+    """Median ms per frame of four ways to run one frame, taken in turn frame by frame (in a rotating
     order: under load, a thread that has run on is preempted sooner than one that slept) from one unpinned
-    thread: ``inline`` (``Pipeline.infer`` on a one-partition pipeline), ``queued`` (submitted to the
-    partition's worker and waited for) and ``plain`` (session.run, this thread pinned to the same core
-    for the run, as inline pins it)."""
+    thread: ``inline`` (``Pipeline.infer`` on a one-partition pipeline), ``entry`` (``submit``: this thread
+    runs the idle partition itself), ``queued`` (submitted to the partition's worker, ``run=False``, and
+    waited for) and ``plain`` (session.run, this thread pinned to the same core for the run, as inline
+    pins it)."""
     import os
 
     from agents.bundle import parse_manifest
@@ -345,7 +349,12 @@ def paired(model: Path, folder: Path, feeds: dict, cores: list[int], frames: int
         finally:
             os.sched_setaffinity(0, own)
 
-    ways = {"inline": pipeline.infer, "queued": lambda f: pipeline.result(pipeline.submit(f)), "plain": plain_run}
+    ways = {
+        "inline": pipeline.infer,
+        "entry": lambda f: pipeline.result(pipeline.submit(f)),
+        "queued": lambda f: pipeline.result(pipeline.submit(f, run=False)),
+        "plain": plain_run,
+    }
     times: dict[str, list[float]] = {k: [] for k in ways}
     try:
         for run in ways.values():
@@ -353,7 +362,7 @@ def paired(model: Path, folder: Path, feeds: dict, cores: list[int], frames: int
                 run(feeds)
         order = list(ways)
         for i in range(frames):
-            for k in order[i % 3 :] + order[: i % 3]:  # each way first, second and third in turn
+            for k in order[i % len(order) :] + order[: i % len(order)]:  # each way first, second... in turn
                 t0 = time.perf_counter()
                 ways[k](feeds)
                 times[k].append((time.perf_counter() - t0) * 1e3)
@@ -433,9 +442,12 @@ def streamed(
     return {k: statistics.median(v) for k, v in times.items()}
 
 
-def handoff_cost(tmp: Path, cores: list[int], frames: int = 3000, repeats: int = 7) -> tuple[float, float, float]:
+def handoff_cost(
+    tmp: Path, cores: list[int], frames: int = 3000, repeats: int = 7
+) -> tuple[float, float, float, float]:
     """(µs per frame the executor adds to session.run when ``infer`` runs the frame inline, µs it adds when
-    the frame is handed to the partition's worker and back, µs of plain session.run) on a one-node model,
+    ``submit`` runs it in the submitting thread, µs it adds when the frame is handed to the partition's worker
+    and back, µs of plain session.run) on a one-node model,
     in process: what every frame pays whatever the model (fastest of ``repeats`` runs: noise only adds)."""
     import onnx
     from onnx import TensorProto, helper
@@ -466,6 +478,7 @@ def handoff_cost(tmp: Path, cores: list[int], frames: int = 3000, repeats: int =
         plain.append(timed(lambda f: session.run(None, f)))
 
     inline: list[float] = []
+    entry: list[float] = []
     queued: list[float] = []
     plain: list[float] = []
     try:
@@ -474,10 +487,11 @@ def handoff_cost(tmp: Path, cores: list[int], frames: int = 3000, repeats: int =
             t.start()
             t.join()
             inline.append(timed(pipeline.infer))  # from an unpinned thread, as the agent's calls come
-            queued.append(timed(lambda f: pipeline.result(pipeline.submit(f))))
+            entry.append(timed(lambda f: pipeline.result(pipeline.submit(f))))
+            queued.append(timed(lambda f: pipeline.result(pipeline.submit(f, run=False))))
     finally:
         pipeline.stop()
-    return min(inline) - min(plain), min(queued) - min(plain), min(plain)
+    return min(inline) - min(plain), min(entry) - min(plain), min(queued) - min(plain), min(plain)
 
 
 def replicated_bundle_inputs(path: Path):
