@@ -15,7 +15,10 @@ they use C-level locks only: a worker sleeps on a lock its producers release, an
 caller of ``infer`` on a latch its frame's last worker releases. A pipeline of one partition
 (one host) makes no handoff at all for a frame of ``infer`` (``Infer`` and ``ModelInfer`` calls,
 the benchmark's frames one at a time) that finds the partition idle: the caller's thread runs it,
-pinned to the partition's cores for the run (``infer_inline``).
+pinned to the partition's cores for the run (``infer_inline``). Likewise a submitted frame (a
+stream's feed thread, a unary call to a pipeline of several partitions) that finds the partition
+reading the model's inputs idle and waiting for it runs that partition in the submitting thread
+(``_run_entry``) and hands only its outputs on.
 
 In a plan over several hosts, each host's agent runs only its own partitions; tensors
 read on another host go there through ``links`` (agent-to-agent gRPC streams, see
@@ -47,6 +50,11 @@ _RECENT_FAILURES = 4096  # failed frame ids remembered so a failure is handled o
 
 class PipelineError(RuntimeError):
     """The pipeline cannot start or a frame failed; the message names the partition."""
+
+
+class PeerAway(PipelineError):
+    """A peer of a plan over several hosts is away (its link broke): the frame was refused or lost with
+    it, not failed by a partition; the pipeline starts again by itself once the peer is back."""
 
 
 class InputError(ValueError):
@@ -212,7 +220,11 @@ class _Worker:
         frame = self.spec.group
         while True:
             self.lock.acquire()
-            while not self._due(frame) and frame not in self.skipped and not self.pipeline.stopping:
+            while True:
+                if self.next > frame:  # a submitting thread ran this frame itself (``Pipeline._run_entry``)
+                    frame = self.next
+                if self._due(frame) or frame in self.skipped or self.pipeline.stopping:
+                    break
                 self.lock.release()
                 self._wake.acquire(True, 0.5)
                 self.lock.acquire()
@@ -245,20 +257,29 @@ class _Worker:
         """Run frame ``frame`` (holding ``lock`` for the run) and hand its outputs on (or fail the frame,
         naming this partition)."""
         with lock:
-            start = time.perf_counter()
-            try:
-                results = session.run(output_names, feeds)
-            except BaseException as exc:
-                error: BaseException | None = exc
-            else:
-                error = None
-                self.stats.busy_s += time.perf_counter() - start
-                self.stats.wait_s += start - arrived
-                self.stats.frames += 1
-        if error is not None:
-            self.pipeline.fail(frame, PipelineError(f"partition {self.spec.name} failed on frame {frame}: {error}"))
+            outcome = self.compute(session, output_names, feeds, arrived)
+        self.hand_on(output_names, frame, outcome)
+
+    def compute(self, session, output_names: list[str], feeds: dict, arrived: float | None) -> list | BaseException:
+        """One session.run (the caller holds ``run_lock``): the outputs, or the error it raised. ``arrived``:
+        when the inputs were there (None: run by the thread that brought them, no wait)."""
+        start = time.perf_counter()
+        try:
+            results = session.run(output_names, feeds)
+        except BaseException as exc:
+            return exc
+        self.stats.busy_s += time.perf_counter() - start
+        if arrived is not None:
+            self.stats.wait_s += start - arrived
+        self.stats.frames += 1
+        return results
+
+    def hand_on(self, output_names: list[str], frame: int, outcome: list | BaseException) -> None:
+        """Route a run's outputs to their consumers, or fail the frame naming this partition."""
+        if isinstance(outcome, BaseException):
+            self.pipeline.fail(frame, PipelineError(f"partition {self.spec.name} failed on frame {frame}: {outcome}"))
             return
-        for name, value in zip(output_names, results, strict=True):
+        for name, value in zip(output_names, outcome, strict=True):
             self.pipeline.route(self.spec, frame, name, value)
 
 
@@ -425,6 +446,9 @@ class Pipeline:
         # that partition is idle (``infer``): no handoff to its worker and back, and nothing to overlap.
         self._solo = self._inline_worker()
         self._inline = 0  # frames running inline now (in flight, like those in ``_frames``)
+        # The partition a submitting thread may run itself when it is idle (``_run_entry``): the one local
+        # partition reading the model's inputs, reading nothing else, alone on its unit and not replicated.
+        self._entry = self._entry_worker()
 
     def _unit_runners(self) -> list[_UnitRunner]:
         """Each partition's lag (``agents.modulo``, as the planner's simulator has it); a unit holding several
@@ -462,6 +486,21 @@ class Pipeline:
         spec = w.spec
         if spec.throttled_cores or set(spec.inputs) != self._input_names or not self._outputs <= set(spec.outputs):
             return None  # a throttle is per thread group (a cgroup), not for a caller's thread to join per frame
+        return w
+
+    def _entry_worker(self) -> _Worker | None:
+        readers = [w for w in self.workers.values() if set(w.spec.inputs) & self._input_names]
+        if len(readers) != 1:
+            return None
+        w = readers[0]
+        spec = w.spec
+        if (
+            any(w in r.workers for r in self._runners)  # a unit's runner orders its partitions' turns itself
+            or spec.throttled_cores  # a throttle is per thread group (a cgroup), not for a caller to join per frame
+            or self.replicas[spec.stage] != 1  # replicas take frames in turn: the submitter would serialise them
+            or not set(spec.inputs) <= self._input_names
+        ):
+            return None
         return w
 
     # ------------------------------------------------------------------ life cycle
@@ -550,15 +589,18 @@ class Pipeline:
         if self.draining:
             raise PipelineError("the agent is shutting down; send frames to it again once it is back")
         if self.broken:  # also once stopped: a broken pipeline is stopped while its replacement loads
-            raise PipelineError(f"{self.broken}; the pipeline starts again by itself once the peer is back")
+            raise PeerAway(f"{self.broken}; the pipeline starts again by itself once the peer is back")
         if self.stopping:
             raise PipelineError("the pipeline was stopped")
 
-    def submit(self, tensors: Mapping[str, np.ndarray], timeout: float | None = None) -> Future:
+    def submit(self, tensors: Mapping[str, np.ndarray], timeout: float | None = None, run: bool = True) -> Future:
         """Queue one frame; the future gives its outputs (``future.frame`` is its id).
 
         Waits while ``max_inflight`` frames are in flight: at most ``timeout`` seconds
-        (``DeadlineExceeded`` then), and never past ``stop()``.
+        (``DeadlineExceeded`` then), and never past ``stop()``. With ``run``, a frame alone in the
+        pipeline whose entry partition (the one reading the model's inputs) is idle and waiting for it
+        runs there in the calling thread (``_run_entry``) instead of being handed to that worker; pass
+        ``run=False`` from a thread that must not block for a run (a worker's done-callback, a pacer).
         """
         self._refuse_new()
         if not self.entry:
@@ -584,14 +626,57 @@ class Pipeline:
             self._frames[frame.id] = frame
             self._next_id += 1
             self.admitted = self._next_id  # ids grow under this lock, so ``admitted`` never goes back
+            alone = len(self._frames) == 1 and not self._inline
         for w in self._sourceless:
             w.wake()
         if self.links is not None:
             for host in self._announce[frame.id % self.period]:
                 self.links.send_entered(host, frame.id)
+        # Only a frame alone in the pipeline: with frames in flight the submitting thread would hold back the
+        # next frame (a stream's feed reads it while the worker runs this one), and the worker has it queued.
+        entry = self._entry if run and alone else None
+        if entry is not None and self._take_entry(entry, frame.id):
+            for name, value in tensors.items():
+                self._fan_out(frame.id, name, value, skip=entry)
+            self._run_entry(entry, frame.id, tensors)
+            return frame.future
         for name, value in tensors.items():
             self._fan_out(frame.id, name, value)
         return frame.future
+
+    def _take_entry(self, w: _Worker, frame: int) -> bool:
+        """Take frame ``frame`` from ``w`` for the submitting thread to run, if ``w`` is idle (not running a
+        frame) and waiting for exactly this frame; holds ``w.run_lock`` when True (``_run_entry`` lets go)."""
+        if w.session is None or not w.run_lock.acquire(False):
+            return False
+        with w.lock:
+            taken = w.next == frame and frame not in w.skipped and w.session is not None and not self.stopping
+            if taken:
+                w.next = frame + 1  # the worker goes on to the next frame (its stage has one replica)
+                later = bool(w.inbox)  # a later frame arrived while the worker waited for this one
+        if not taken:
+            w.run_lock.release()
+        elif later:
+            w.wake()  # it sleeps waiting for the frame taken here: look again
+        return taken
+
+    def _run_entry(self, w: _Worker, frame: int, tensors: Mapping[str, np.ndarray]) -> None:
+        """Run frame ``frame``'s entry partition ``w`` in this thread (holding ``w.run_lock``, taken by
+        ``_take_entry``), pinned to ``w``'s cores for the run as its worker is, and hand the outputs on: one
+        thread handoff less per frame, the feeding thread's."""
+        try:
+            cores = w.cores
+            before = os.sched_getaffinity(0) if cores else cores
+            if before != cores:
+                os.sched_setaffinity(0, cores)
+            try:
+                outcome = w.compute(w.session, w.output_names, {n: tensors[n] for n in w.spec.inputs}, None)
+            finally:
+                if before != cores:
+                    os.sched_setaffinity(0, before)
+        finally:
+            w.run_lock.release()
+        w.hand_on(w.output_names, frame, outcome)
 
     def result(self, future: Future, timeout: float | None = None) -> dict[str, np.ndarray]:
         """Wait for a submitted frame; past ``timeout`` the frame is given up (its slot freed) and
@@ -612,6 +697,18 @@ class Pipeline:
             if future.done() and not future.cancelled() and future.exception() is None:
                 return future.result()  # finished just now
             raise DeadlineExceeded(f"frame {frame} did not finish within the deadline") from None
+
+    @staticmethod
+    def wait(future: Future, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for a submitted frame to finish (outputs or failure); whether it did.
+        The frame is not given up (``result`` does that)."""
+        latch = getattr(future, "latch", None)
+        if latch is None or future.done():
+            return future.done() or _wait_future(future, timeout)
+        if latch.acquire(True, max(0.0, timeout)):
+            latch.release()  # a latch: it stays open for every other waiter
+            return True
+        return False
 
     def infer(self, tensors: Mapping[str, np.ndarray], timeout: float | None = None) -> dict[str, np.ndarray]:
         """One frame's outputs: run in this thread where the pipeline is one idle partition
@@ -700,9 +797,10 @@ class Pipeline:
     def route(self, spec: PartitionSpec, frame: int, name: str, value: np.ndarray) -> None:
         self._fan_out(frame, name, value)
 
-    def _fan_out(self, frame: int, name: str, value: np.ndarray) -> None:
+    def _fan_out(self, frame: int, name: str, value: np.ndarray, skip: _Worker | None = None) -> None:
         for w in self._consumers[frame % self.period].get(name, []):
-            w.deliver(frame, name, value)
+            if w is not skip:
+                w.deliver(frame, name, value)
         hosts = self._remote[frame % self.period].get(name) if self._remote else None
         if hosts and self.links is not None:
             for host in hosts:
@@ -758,7 +856,7 @@ class Pipeline:
             self._space.notify_all()
         for f in frames:
             if not f.future.done():
-                f.future.set_exception(PipelineError(message))
+                f.future.set_exception(PeerAway(message))
 
     def fail(self, frame_id: int, error: BaseException, forward: bool = True) -> None:
         """Frame ``frame_id`` failed: no partition here waits for it any more, the other hosts of the
@@ -787,6 +885,14 @@ class Pipeline:
     def reset_stats(self) -> None:
         for w in self.workers.values():
             w.stats = WorkerStats()
+
+
+def _wait_future(future: Future, timeout: float) -> bool:
+    try:
+        future.exception(timeout)
+    except FutureTimeout:
+        return False
+    return True
 
 
 def _latch(future: Future) -> threading.Lock:

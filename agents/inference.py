@@ -229,19 +229,27 @@ class InferenceServicer(krpc.GRPCInferenceServiceServicer):
         )
 
     def ModelInfer(self, request, context):
-        from agents.server import _abort, _wait
+        from agents.server import _abort, _infer
 
-        try:
-            pipeline = _resolve(self.state, request.model_name, request.model_version)
+        served: list[Pipeline] = []
+
+        def run(pipeline: Pipeline) -> dict[str, np.ndarray]:
+            served[:] = [pipeline]
             _check_outputs(request, pipeline)
             check_request(request, pipeline.manifest.inputs)
-            tensors = decode_inputs(request)
-            outputs = pipeline.infer_inline(tensors, context.time_remaining())  # a one-partition pipeline, idle
-            if outputs is None:
-                outputs = _wait(pipeline, pipeline.submit(tensors, timeout=context.time_remaining()), context)
+            return _infer(pipeline, decode_inputs(request), context)
+
+        try:
+            outputs = service.serve_unary(
+                self.state,
+                run,
+                context.time_remaining,
+                context.is_active,
+                lambda state: _resolve(state, request.model_name, request.model_version),
+            )
         except Exception as exc:
             _abort(context, exc)
-        return encode_outputs(request, pipeline, model_version(pipeline), outputs)
+        return encode_outputs(request, served[0], model_version(served[0]), outputs)
 
     def ModelStreamInfer(self, request_iterator, context) -> Iterator[kpb.ModelStreamInferResponse]:
         """The stream serves the pipeline running when it opens. Requests are fed while earlier ones

@@ -164,11 +164,19 @@ def _wait(pipeline: Pipeline, future: Future, context: grpc.ServicerContext):
     while True:
         left = context.time_remaining()
         step = POLL_S if left is None else max(0.0, min(POLL_S, left))
-        try:
-            return future.result(step)
-        except FutureTimeout:
-            if not context.is_active() or (left is not None and left <= step):
-                return pipeline.result(future, 0)
+        if pipeline.wait(future, step):  # on the frame's latch: a C-level lock its last worker releases
+            return future.result(0)
+        if not context.is_active() or (left is not None and left <= step):
+            return pipeline.result(future, 0)
+
+
+def _infer(pipeline: Pipeline, tensors: dict, context: grpc.ServicerContext) -> dict:
+    """One unary call's frame: run in the calling thread where the pipeline is one idle partition, else
+    submitted and waited for within the call's deadline."""
+    outputs = pipeline.infer_inline(tensors, context.time_remaining())
+    if outputs is None:
+        outputs = _wait(pipeline, pipeline.submit(tensors, timeout=context.time_remaining()), context)
+    return outputs
 
 
 class AgentServicer(rpc.AgentServicer):
@@ -199,12 +207,13 @@ class AgentServicer(rpc.AgentServicer):
 
     def Infer(self, request, context):
         try:
-            pipeline = service.require_pipeline(self.state)
             tensors = frame_arrays(request)
-            outputs = pipeline.infer_inline(tensors, context.time_remaining())  # a one-partition pipeline, idle
-            if outputs is None:
-                future = pipeline.submit(tensors, timeout=context.time_remaining())
-                outputs = _wait(pipeline, future, context)
+            outputs = service.serve_unary(
+                self.state,
+                lambda pipeline: _infer(pipeline, tensors, context),
+                context.time_remaining,
+                context.is_active,
+            )
         except Exception as exc:
             _abort(context, exc)
         return frame_message(request.id, outputs)

@@ -26,13 +26,14 @@ import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from agents.benchmark import BenchmarkResult, run_benchmark
 from agents.bundle import MANIFEST, BundleError, Manifest, file_sha256, parse_manifest, verify_bundle
-from agents.executor import Pipeline, PipelineError
+from agents.executor import PeerAway, Pipeline, PipelineError
 from agents.external_data import check_external_data
 from agents.memory import give_back_free_memory
-from agents.peers import EPOCH_KEY, SENDER_KEY, Peer, PeerLinks
+from agents.peers import EPOCH_KEY, SENDER_KEY, Peer, PeerError, PeerLinks
 from agents.proto import parapipe_agent_pb2 as pb
 from agents.tensors import from_message
 from profiler.energy import PowerModel
@@ -95,12 +96,19 @@ class AgentState:
     on_pipeline: Callable[[Pipeline, bool], None] | None = None
     stream_feeds: int = 0  # threads reading frames from a stream's caller now (InferStream, ModelStreamInfer)
     _feeds_lock: threading.Lock = field(default_factory=threading.Lock)
+    # notified whenever ``pipeline`` changes: unary calls waiting for a peer to come back (``serve_unary``)
+    changed: threading.Condition = field(default_factory=threading.Condition)
 
     def __post_init__(self) -> None:
         self.workdir = Path(self.workdir).resolve()
         (self.workdir / "bundles").mkdir(parents=True, exist_ok=True)
         self.clean_partial()
         self.boots = self._count_boot()
+
+    def replaced(self) -> None:
+        """``pipeline`` changed (started, replaced, stopped): wake the calls waiting for it."""
+        with self.changed:
+            self.changed.notify_all()
 
     def feeding(self, delta: int) -> None:
         """A stream's feed thread started (+1) or ended (-1)."""
@@ -345,6 +353,7 @@ def start_pipeline(
             state.on_pipeline(pipeline, resuming is not None)
         state.pipeline, state.running = pipeline, sha
         state.resumed = resuming is not None
+        state.replaced()
         try:
             _remember(state, sha, max_inflight, peers)
         except OSError as exc:  # the pipeline runs; it just will not come back by itself
@@ -391,7 +400,7 @@ def _release(pipeline: Pipeline) -> None:
 def _on_lost(pipeline: Pipeline):
     def lost(frame: int, message: str) -> None:
         if pipeline.entry:
-            pipeline.fail(frame, PipelineError(message))
+            pipeline.fail(frame, PeerAway(message))
         else:  # the entry host notices by its own deadline; nothing here can reach it
             log.error("frame %d lost: %s", frame, message)
 
@@ -511,6 +520,7 @@ def stop_pipeline(state: AgentState, forget: bool = True) -> bool:
         state.pipeline.stop()
         _release(state.pipeline)
         state.pipeline, state.running = None, ""
+        state.replaced()
         return True
 
 
@@ -519,6 +529,55 @@ def require_pipeline(state: AgentState) -> Pipeline:
     if pipeline is None:
         raise NotReady("no pipeline is running; call StartPipeline with a loaded bundle first")
     return pipeline
+
+
+PEER_WAIT_S = 30.0  # how long a unary call without a deadline waits for an away peer to come back
+REPLY_MARGIN_S = 0.1  # a call waiting for a peer answers this long before its deadline, so its caller hears why
+T = TypeVar("T")
+
+
+def serve_unary(
+    state: AgentState,
+    call: Callable[[Pipeline], T],
+    time_remaining: Callable[[], float | None],
+    active: Callable[[], bool] = lambda: True,
+    resolve: Callable[[AgentState], Pipeline] = require_pipeline,
+) -> T:
+    """``call`` on the running pipeline (``resolve``); while a peer of a plan over several hosts is away
+    (``PeerAway``: the frame was refused, or lost with the link), wait for the pipeline to start again
+    (``recover``) and run the frame there, within the call's deadline (``time_remaining``; without one,
+    ``PEER_WAIT_S``). If the peer is still away ``REPLY_MARGIN_S`` before the deadline, ``PeerError``
+    (UNAVAILABLE) saying so. A frame that failed in a partition, and a pipeline stopped by a call, fail
+    at once as before. The frame runs at most once to completion: a frame lost with a link never
+    reaches the entry host's outputs, and its pipeline is stopped before the new one takes frames."""
+    started = time.monotonic()
+    while True:
+        pipeline = resolve(state)
+        try:
+            return call(pipeline)
+        except PeerAway as exc:
+            away = exc
+        left = time_remaining()
+        if left is None or left >= threading.TIMEOUT_MAX:  # no deadline (gRPC's is then beyond any wait)
+            left = PEER_WAIT_S - (time.monotonic() - started)
+        if not _await_replacement(state, pipeline, left - REPLY_MARGIN_S, active):
+            waited = time.monotonic() - started
+            raise PeerError(
+                f"a peer of this plan is away and was not back within the call's deadline (waited {waited:.1f} s): "
+                f"{away}. Retry, or give the call a deadline long enough for the peer to restart."
+            ) from None
+
+
+def _await_replacement(state: AgentState, old: Pipeline, wait_s: float, active: Callable[[], bool]) -> bool:
+    """Wait up to ``wait_s`` for ``old`` (broken) to be replaced or stopped; False if it was not (or the caller left)."""
+    until = time.monotonic() + wait_s
+    with state.changed:
+        while state.pipeline is old:
+            left = until - time.monotonic()
+            if left <= 0 or not active():
+                return False
+            state.changed.wait(min(left, 0.5))
+    return True
 
 
 def benchmark(state: AgentState, frames: int, warmup: int, seed: int) -> BenchmarkResult:

@@ -21,7 +21,9 @@ and medians are compared; goal <= 1% per frame on both. On a shared machine thos
 by several % with the load, so the same is also measured in process, frame by frame in turn
 (inline, queued, plain), where the drift cancels: a one-partition pipeline runs a frame of
 ``infer`` in the caller's thread (inline) when idle, and hands it to its worker (queued) when
-frames wait; and the executor's own cost per frame, on a one-node model, for both paths.
+frames wait; a stream in process (a feed thread and a reader, as ``InferStream``), its feed thread
+running the idle partition itself or handing every frame over; and the executor's own cost per
+frame, on a one-node model, for both paths.
 
 Run: .venv/bin/python bench/bench_agent.py [--models resnet18 googlenet inception_v3] [--frames 60]
      .venv/bin/python bench/bench_agent.py --overhead [--repeats 7] [--frames 200]
@@ -126,27 +128,30 @@ def ort_throttled_core(path: Path, feeds: dict, frames: int, core: int, percent:
 
 
 def ort_session_per_core(path: Path, feeds: dict, frames: int, cores: list[int]) -> float:
-    """Throughput of one single-thread session per core, each fed by its own thread."""
-    barrier = threading.Barrier(len(cores) + 1)
+    """Throughput of one single-thread session per core, each fed by its own thread. The span is taken
+    by the running threads themselves (first start to last end): at real-time priority (``chrt -f``) a
+    waiting main thread gets no core until they are done, and its clock would start late."""
+    barrier = threading.Barrier(len(cores))
     counts = [0] * len(cores)
+    spans: list[tuple[float, float]] = []
 
     def work(i: int, core: int) -> None:
         s = _session(path, 1, [core])
         for _ in range(3):
             s.run(None, feeds)
         barrier.wait()
+        t0 = time.perf_counter()
         for _ in range(frames // len(cores)):
             s.run(None, feeds)
             counts[i] += 1
+        spans.append((t0, time.perf_counter()))
 
     threads = [threading.Thread(target=work, args=(i, c)) for i, c in enumerate(cores)]
     for t in threads:
         t.start()
-    barrier.wait()
-    t0 = time.perf_counter()
     for t in threads:
         t.join()
-    return sum(counts) / (time.perf_counter() - t0)
+    return sum(counts) / (max(end for _, end in spans) - min(start for start, _ in spans))
 
 
 def measure_plan(plan, loaded, graph, profile, frames: int, tmp: Path, agent: LocalAgent):
@@ -278,32 +283,53 @@ def overhead(agent: LocalAgent, zoo_dir: Path, tmp: Path, frames: int, repeats: 
         )
     print(
         "paired in process, frame by frame in turn (load drift cancels): one partition's pipeline.infer (inline), "
-        "the same frame submitted to its worker (queued), plain session.run on the same core"
+        "the same frame submitted (the submitting thread runs the idle partition itself: entry) and submitted "
+        "to its worker (queued), plain session.run on the same core"
     )
     for path in (small, resnet):
         feeds = generate_inputs(replicated_bundle_inputs(path))
         got = paired(path, tmp / f"{path.stem}-paired", feeds, cores, max(30, frames // (1 if path is small else 4)))
         print(
             f"{path.stem:16} plain {got['plain']:.3f} ms; inline {got['inline']:.3f} ms "
-            f"({(got['inline'] / got['plain'] - 1) * 100:+.2f}%); queued {got['queued']:.3f} ms "
+            f"({(got['inline'] / got['plain'] - 1) * 100:+.2f}%); entry {got['entry']:.3f} ms "
+            f"({(got['entry'] / got['plain'] - 1) * 100:+.2f}%); queued {got['queued']:.3f} ms "
             f"({(got['queued'] / got['plain'] - 1) * 100:+.2f}%)",
             flush=True,
         )
-    inline, queued, plain = handoff_cost(tmp, cores)
+    print(
+        "streamed in process (a feed thread submits, this thread takes the results in order, as InferStream "
+        "does; one frame in flight, or two): the feed thread runs a frame alone in the pipeline itself (entry), "
+        "or hands every frame to the worker (handed over, what every streamed frame paid before), vs plain "
+        "session.run in a loop on the same core"
+    )
+    for path in (small, resnet):
+        feeds = generate_inputs(replicated_bundle_inputs(path))
+        for window in (1, 2):
+            n = frames if path is small else max(30, frames // 4)
+            got = streamed(path, tmp / f"{path.stem}-streamed{window}", feeds, cores, n, repeats, window)
+            print(
+                f"{path.stem:16} {window} in flight: plain {got['plain']:.3f} ms/frame; entry {got['entry']:.3f} "
+                f"({(got['entry'] / got['plain'] - 1) * 100:+.2f}%); handed over {got['handed']:.3f} "
+                f"({(got['handed'] / got['plain'] - 1) * 100:+.2f}%)",
+                flush=True,
+            )
+    inline, entry, queued, plain = handoff_cost(tmp, cores)
     print(
         f"executor cost per frame (in process, one-node model, fastest of 7 x 3000 frames) on top of session.run's "
         f"{plain:.1f} µs: {inline:.1f} µs run inline by infer (one partition, idle) = {inline / 20:.2f}% of a 2 ms "
-        f"frame; {queued:.1f} µs handed to the worker and back (submit + result) = {queued / 20:.2f}%",
+        f"frame; {entry:.1f} µs submitted and run by the submitting thread (entry) = {entry / 20:.2f}%; "
+        f"{queued:.1f} µs handed to the worker and back (submit run=False + result) = {queued / 20:.2f}%",
         flush=True,
     )
 
 
 def paired(model: Path, folder: Path, feeds: dict, cores: list[int], frames: int) -> dict[str, float]:
-    """Median ms per frame of three ways to run one frame, taken in turn frame by frame (in a rotating
+    """Median ms per frame of four ways to run one frame, taken in turn frame by frame (in a rotating
     order: under load, a thread that has run on is preempted sooner than one that slept) from one unpinned
-    thread: ``inline`` (``Pipeline.infer`` on a one-partition pipeline), ``queued`` (submitted to the
-    partition's worker and waited for) and ``plain`` (session.run, this thread pinned to the same core
-    for the run, as inline pins it)."""
+    thread: ``inline`` (``Pipeline.infer`` on a one-partition pipeline), ``entry`` (``submit``: this thread
+    runs the idle partition itself), ``queued`` (submitted to the partition's worker, ``run=False``, and
+    waited for) and ``plain`` (session.run, this thread pinned to the same core for the run, as inline
+    pins it)."""
     import os
 
     from agents.bundle import parse_manifest
@@ -323,7 +349,12 @@ def paired(model: Path, folder: Path, feeds: dict, cores: list[int], frames: int
         finally:
             os.sched_setaffinity(0, own)
 
-    ways = {"inline": pipeline.infer, "queued": lambda f: pipeline.result(pipeline.submit(f)), "plain": plain_run}
+    ways = {
+        "inline": pipeline.infer,
+        "entry": lambda f: pipeline.result(pipeline.submit(f)),
+        "queued": lambda f: pipeline.result(pipeline.submit(f, run=False)),
+        "plain": plain_run,
+    }
     times: dict[str, list[float]] = {k: [] for k in ways}
     try:
         for run in ways.values():
@@ -331,7 +362,7 @@ def paired(model: Path, folder: Path, feeds: dict, cores: list[int], frames: int
                 run(feeds)
         order = list(ways)
         for i in range(frames):
-            for k in order[i % 3 :] + order[: i % 3]:  # each way first, second and third in turn
+            for k in order[i % len(order) :] + order[: i % len(order)]:  # each way first, second... in turn
                 t0 = time.perf_counter()
                 ways[k](feeds)
                 times[k].append((time.perf_counter() - t0) * 1e3)
@@ -340,9 +371,83 @@ def paired(model: Path, folder: Path, feeds: dict, cores: list[int], frames: int
     return {k: statistics.median(v) for k, v in times.items()}
 
 
-def handoff_cost(tmp: Path, cores: list[int], frames: int = 3000, repeats: int = 7) -> tuple[float, float, float]:
+def streamed(
+    model: Path, folder: Path, feeds: dict, cores: list[int], frames: int, repeats: int, window: int
+) -> dict[str, float]:
+    """Median ms per frame of a stream through a one-partition pipeline, as ``InferStream`` runs one: a feed
+    thread submits frames (``window`` in flight) and this thread takes each result in order; ``entry`` lets
+    the feed thread run a frame alone in the pipeline itself when the partition is idle (``Pipeline.submit``),
+    ``handed`` hands every frame to the worker (``run=False``); ``plain`` is session.run in a loop on the
+    same core. Runs alternate."""
+    from collections import deque
+
+    from agents.bundle import parse_manifest
+    from agents.executor import Pipeline
+
+    bundle = replicated_bundle(model, folder, cores, False)
+    pipeline = Pipeline(parse_manifest((bundle / "manifest.json").read_text()), bundle, max_inflight=window)
+    pipeline.start()
+
+    def stream(run: bool) -> float:
+        pending: deque = deque()
+        room = threading.Semaphore(window)
+        ready = threading.Condition()
+
+        def feed() -> None:
+            for _ in range(frames):
+                room.acquire()
+                future = pipeline.submit(feeds, run=run)
+                with ready:
+                    pending.append(future)
+                    ready.notify()
+
+        t0 = time.perf_counter()
+        feeder = threading.Thread(target=feed)
+        feeder.start()
+        for _ in range(frames):
+            with ready:
+                while not pending:
+                    ready.wait()
+                future = pending.popleft()
+            pipeline.result(future)
+            room.release()
+        feeder.join()
+        return (time.perf_counter() - t0) / frames * 1e3
+
+    def plain_run() -> float:
+        out: list[float] = []
+
+        def work() -> None:
+            session = _session(model, 1, cores[:1])
+            session.run(None, feeds)
+            t0 = time.perf_counter()
+            for _ in range(frames):
+                session.run(None, feeds)
+            out.append((time.perf_counter() - t0) / frames * 1e3)
+
+        t = threading.Thread(target=work)
+        t.start()
+        t.join()
+        return out[0]
+
+    times: dict[str, list[float]] = {"entry": [], "handed": [], "plain": []}
+    try:
+        stream(True)
+        for _ in range(repeats):
+            times["plain"].append(plain_run())
+            times["entry"].append(stream(True))
+            times["handed"].append(stream(False))
+    finally:
+        pipeline.stop()
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def handoff_cost(
+    tmp: Path, cores: list[int], frames: int = 3000, repeats: int = 7
+) -> tuple[float, float, float, float]:
     """(µs per frame the executor adds to session.run when ``infer`` runs the frame inline, µs it adds when
-    the frame is handed to the partition's worker and back, µs of plain session.run) on a one-node model,
+    ``submit`` runs it in the submitting thread, µs it adds when the frame is handed to the partition's worker
+    and back, µs of plain session.run) on a one-node model,
     in process: what every frame pays whatever the model (fastest of ``repeats`` runs: noise only adds)."""
     import onnx
     from onnx import TensorProto, helper
@@ -373,6 +478,7 @@ def handoff_cost(tmp: Path, cores: list[int], frames: int = 3000, repeats: int =
         plain.append(timed(lambda f: session.run(None, f)))
 
     inline: list[float] = []
+    entry: list[float] = []
     queued: list[float] = []
     plain: list[float] = []
     try:
@@ -381,10 +487,11 @@ def handoff_cost(tmp: Path, cores: list[int], frames: int = 3000, repeats: int =
             t.start()
             t.join()
             inline.append(timed(pipeline.infer))  # from an unpinned thread, as the agent's calls come
-            queued.append(timed(lambda f: pipeline.result(pipeline.submit(f))))
+            entry.append(timed(lambda f: pipeline.result(pipeline.submit(f))))
+            queued.append(timed(lambda f: pipeline.result(pipeline.submit(f, run=False))))
     finally:
         pipeline.stop()
-    return min(inline) - min(plain), min(queued) - min(plain), min(plain)
+    return min(inline) - min(plain), min(entry) - min(plain), min(queued) - min(plain), min(plain)
 
 
 def replicated_bundle_inputs(path: Path):

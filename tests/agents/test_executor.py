@@ -183,3 +183,108 @@ def test_a_one_partition_pipeline_runs_idle_frames_in_the_callers_thread(tmp_pat
         assert pipeline.stats()["s0"].frames == 20 + 4 * 40
     finally:
         pipeline.stop()
+
+
+def test_a_submitting_thread_runs_the_idle_entry_partition_itself(tmp_path) -> None:
+    """A frame submitted while the partition reading the model's inputs is idle and waiting for it runs
+    there in the submitting thread (never queued for that worker: its queue wait stays 0; the caller's
+    cores are its own again after), and the later stage still gets it from its worker; frames submitted
+    while it is busy queue for the worker as before, which goes on past the frames taken from it;
+    ``run=False`` always hands over. A failing frame fails naming the partition, and the counts add up."""
+    import os
+
+    from agents.bundle import MANIFEST, parse_manifest
+    from agents.executor import PipelineError
+    from tests.support.tiny import TABLE_ROWS, expected, frame, write_tiny_bundle
+
+    folder = write_tiny_bundle(tmp_path / "b", stages=2, max_inflight=4)
+    pipeline = Pipeline(parse_manifest((folder / MANIFEST).read_text()), folder)
+    pipeline.start()
+    try:
+        before = os.sched_getaffinity(0)
+        for i in range(10):  # one at a time: s0 is idle for each
+            got = pipeline.result(pipeline.submit(frame(i % TABLE_ROWS)), 30)
+            assert np.array_equal(got["t1"], expected(i % TABLE_ROWS, 2))
+        assert os.sched_getaffinity(0) == before
+        stats = pipeline.stats()
+        assert stats["s0"].frames == 10 and stats["s0"].wait_s == 0.0  # run by the submitting thread
+        assert stats["s1"].frames == 10 and stats["s1"].wait_s > 0.0  # handed to s1's worker
+        with pytest.raises(PipelineError, match="partition s0"):
+            pipeline.result(pipeline.submit(frame(TABLE_ROWS)), 30)
+
+        pipeline.reset_stats()
+        queued = [pipeline.submit(frame(i % TABLE_ROWS), run=False) for i in range(4)]  # all to the worker
+        assert all(
+            np.array_equal(pipeline.result(f, 30)["t1"], expected(i % TABLE_ROWS, 2)) for i, f in enumerate(queued)
+        )
+        assert pipeline.stats()["s0"].frames == 4 and pipeline.stats()["s0"].wait_s > 0.0
+
+        window = [(i, pipeline.submit(frame(i % TABLE_ROWS))) for i in range(4)]  # some inline, some queued
+        for i in range(4, 44):  # a stream: a frame in, the oldest out
+            window.append((i, pipeline.submit(frame(i % TABLE_ROWS))))
+            k, oldest = window.pop(0)
+            assert np.array_equal(pipeline.result(oldest, 30)["t1"], expected(k % TABLE_ROWS, 2))
+        for k, f in window:
+            assert np.array_equal(pipeline.result(f, 30)["t1"], expected(k % TABLE_ROWS, 2))
+        assert pipeline.in_flight == 0
+        assert pipeline.frames_done == 10 + 4 + 44 and pipeline.frames_failed == 1
+    finally:
+        pipeline.stop()
+
+
+@pytest.fixture(scope="module")
+def tiny_pipelines(tmp_path_factory):
+    """Tiny pipelines of 1 to 3 stages, started once for the property test below."""
+    from agents.bundle import MANIFEST, parse_manifest
+    from tests.support.tiny import write_tiny_bundle
+
+    pipelines: dict[int, Pipeline] = {}
+    for stages in (1, 2, 3):
+        folder = write_tiny_bundle(tmp_path_factory.mktemp(f"s{stages}"), stages=stages, max_inflight=4)
+        pipelines[stages] = Pipeline(parse_manifest((folder / MANIFEST).read_text()), folder)
+        pipelines[stages].start()
+    yield pipelines
+    for p in pipelines.values():
+        p.stop()
+
+
+def test_every_frame_comes_back_right_however_it_is_submitted(tiny_pipelines) -> None:
+    """For any frames (some failing in stage 0), submitted by the thread running the entry partition
+    itself when it is idle or handed over (``run``), with any number in flight: each frame comes back
+    with its own outputs or fails naming the partition, and the pipeline's counts add up."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from agents.executor import PipelineError
+    from tests.support.tiny import TABLE_ROWS, expected, frame
+
+    @settings(max_examples=60, deadline=None)
+    @given(
+        stages=st.sampled_from([1, 2, 3]),
+        frames=st.lists(st.tuples(st.integers(0, TABLE_ROWS + 1), st.booleans()), min_size=1, max_size=24),
+        window=st.integers(1, 4),
+    )
+    def check(stages: int, frames: list[tuple[int, bool]], window: int) -> None:
+        pipeline = tiny_pipelines[stages]
+        done, failed = pipeline.frames_done, pipeline.frames_failed
+        out = f"t{stages - 1}"
+        pending: list[tuple[int, object]] = []
+
+        def collect(idx: int, future) -> None:
+            if idx >= TABLE_ROWS:
+                with pytest.raises(PipelineError, match="partition s0"):
+                    pipeline.result(future, 30)
+            else:
+                assert np.array_equal(pipeline.result(future, 30)[out], expected(idx, stages))
+
+        for idx, run in frames:
+            pending.append((idx, pipeline.submit(frame(idx), 30, run=run)))
+            if len(pending) >= window:
+                collect(*pending.pop(0))
+        for item in pending:
+            collect(*item)
+        bad = sum(1 for idx, _ in frames if idx >= TABLE_ROWS)
+        assert pipeline.in_flight == 0
+        assert (pipeline.frames_done - done, pipeline.frames_failed - failed) == (len(frames) - bad, bad)
+
+    check()

@@ -26,9 +26,11 @@ import pytest
 from agents.client import AgentClient, AgentError
 from agents.peers import Peer
 from agents.proto import health_pb2, health_pb2_grpc
+from agents.proto import inference_pb2 as kpb
+from agents.proto import inference_pb2_grpc as krpc
 from agents.proto import parapipe_agent_pb2 as pb
 from agents.server import AGENT_SERVICE, CALL_LIMITS
-from agents.tensors import frame_message
+from agents.tensors import frame_arrays, frame_message
 from parapipe.local_agent import LocalAgent
 from tests.support.tiny import (
     GUARD_S,
@@ -537,4 +539,61 @@ def test_a_peer_restarted_again_and_again_leaves_nothing_behind_on_the_entry_hos
             eventually("a holds no more than before the restarts", back_to_baseline, timeout=GUARD_S)
         except AssertionError:
             raise AssertionError(f"after 3 restarts of b, a holds {now}; before: {baseline}") from None
+        assert "Traceback" not in a.log_path.read_text()
+
+
+def _model_infer(idx: int) -> kpb.ModelInferRequest:
+    request = kpb.ModelInferRequest(model_name="parapipe", id=str(idx))
+    request.inputs.add(name="idx", datatype="INT64", shape=[1])
+    request.raw_input_contents.append(frame(idx)["idx"].tobytes())
+    return request
+
+
+def test_a_unary_infer_waits_within_its_deadline_for_an_away_peer(tmp_path: Path) -> None:
+    """b, the entry host a's peer, is SIGKILLed while its supervisor is held (SIGSTOP), so b stays away
+    until the test lets it restart. Meanwhile, on a: an Infer (and a ModelInfer) whose deadline is too
+    short fails with UNAVAILABLE saying the peer is away (not FAILED_PRECONDITION at once), a stream still
+    fails at once (FAILED_PRECONDITION, as streams report), and an Infer and a ModelInfer whose deadlines
+    span b's restart wait for the plan to run again and complete with their frames' outputs."""
+    with ExitStack() as stack:
+        b = stack.enter_context(_Supervised(tmp_path / "b"))
+        a = stack.enter_context(LocalAgent())
+        parts = {h: write_tiny_bundle(tmp_path / f"bundle-{h}", 2, max_inflight=2, host=h) for h in ("a", "b")}
+        a.client.load_bundle(parts["a"])
+        b.client.load_bundle(parts["b"])
+        b.client.start(bundle_sha(parts["b"]), peers=[Peer("a", f"127.0.0.1:{a.port}")])
+        a.client.start(bundle_sha(parts["a"]), peers=[Peer("b", f"127.0.0.1:{b.port}")])
+        a.client.timeout = GUARD_S
+        _check_frames_flow(a.client, stages=2, count=1)
+        assert b.process is not None
+        supervisor = b.process.pid
+        os.kill(supervisor, signal.SIGSTOP)  # b is not restarted until SIGCONT
+        stack.callback(os.kill, supervisor, signal.SIGCONT)
+        os.kill(b.agent_pid(), signal.SIGKILL)
+        eventually("a sees b away", lambda: not _part_runs(a.client))
+
+        with pytest.raises(grpc.RpcError) as short:
+            a.client.stub.Infer(frame_message(1, frame(1)), timeout=1.0)
+        assert short.value.code() == grpc.StatusCode.UNAVAILABLE, short.value
+        assert "away" in short.value.details() and "host 'b'" in short.value.details(), short.value.details()
+        with pytest.raises(AgentError) as streamed:
+            list(a.client.infer_stream_results([frame(2)], timeout=GUARD_S))
+        assert streamed.value.code == grpc.StatusCode.FAILED_PRECONDITION, streamed.value
+
+        kserve = krpc.GRPCInferenceServiceStub(a.client.channel)  # the Open Inference Protocol's ModelInfer alike
+        with pytest.raises(grpc.RpcError) as short:
+            kserve.ModelInfer(_model_infer(0), timeout=1.0)
+        assert short.value.code() == grpc.StatusCode.UNAVAILABLE and "away" in short.value.details(), short.value
+
+        spanning = a.client.stub.Infer.future(frame_message(3, frame(3)), timeout=START_GUARD_S)
+        spanning_kserve = kserve.ModelInfer.future(_model_infer(0), timeout=START_GUARD_S)
+        calls = (spanning, spanning_kserve)
+        eventually("the calls wait on a", lambda: _calls(a.client)["Infer"].active >= 2 or any(c.done() for c in calls))
+        assert not any(c.done() for c in calls)  # b is still away: the calls wait instead of failing
+        os.kill(supervisor, signal.SIGCONT)
+        reply = spanning.result()
+        assert np.array_equal(frame_arrays(reply)["t1"], expected(3, 2)) and reply.id == 3
+        got = np.frombuffer(spanning_kserve.result().raw_output_contents[0], np.float32).reshape(1, 8)
+        assert np.array_equal(got, expected(0, 2))
+        _check_frames_flow(a.client, stages=2, count=2)
         assert "Traceback" not in a.log_path.read_text()
