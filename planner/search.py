@@ -186,14 +186,25 @@ def solve_limit(time_limit: float, started: float, reserve: float = 0.0) -> floa
     return max(time_limit - (time.perf_counter() - started) - reserve, time_limit / 2)
 
 
-def margin(probe_seconds: float) -> float:
+def margin(fixed_seconds: float, simulation_seconds: float) -> float:
     """The seconds to leave after the solve for the work that follows it (lowering, analytic prediction,
-    simulation, labelling), from the same work timed on the warm start's plan before the solve; with room for a
-    plan of more segments and for the machine's noise."""
-    return RESERVE_FACTOR * probe_seconds + RESERVE_S
+    labelling: ``fixed_seconds``; the simulation: ``simulation_seconds``), from the same work timed on the warm
+    start's plan before the solve; with room for a plan of more segments and for the machine's noise."""
+    return RESERVE_FACTOR * (fixed_seconds + simulation_seconds) + RESERVE_S
 
 
-RESERVE_FACTOR, RESERVE_S = 1.5, 0.05
+def simulation_seconds(plan: Plan, graph: OpGraph, cost: CostModel, frames: int) -> float:
+    """About the seconds simulating ``plan`` over ``frames`` frames takes: a run over ``PROBE_FRAMES`` of them,
+    scaled (the simulation's time grows with the frames)."""
+    if not frames:
+        return 0.0
+    probe = min(frames, PROBE_FRAMES)
+    started = time.perf_counter()
+    evaluate(plan, graph, cost, probe)
+    return (time.perf_counter() - started) * frames / probe
+
+
+RESERVE_FACTOR, RESERVE_S, PROBE_FRAMES = 1.5, 0.05, 24
 # The local search on a latency warm start takes at most this share of the objective's time limit (less when
 # the solver's half of the limit and the reserve would not be left; it stops earlier when it stalls). On
 # yolo_det (khadas-vim3) HiGHS's bound settles about 16 s into a 30 s solve, and the search takes its start
@@ -241,8 +252,8 @@ def best_plan(
     # what follows the solve, timed on the start's plan before it: the margin the solve leaves for it
     probe = time.perf_counter()
     start_plan = goal.plan_of(start.assignment, Provenance("ilp"))
-    goal.finish(start_plan, Provenance("ilp"), frames)
-    reserve = margin(time.perf_counter() - probe)
+    finished = goal.finish(start_plan, Provenance("ilp"), 0)
+    reserve = margin(time.perf_counter() - probe, simulation_seconds(finished, graph, cost, frames))
     # every candidate's plan (what the solve changes is only their labels)
     tried = [(c, goal.plan_of(c.assignment, Provenance("ilp"))) for c in cands if c != start] + [(start, start_plan)]
     warm = polished(goal.problem, objective, start, polish_deadline(search.time_limit, started, reserve), goal.limits)
