@@ -38,6 +38,9 @@ WALK, RESTART = 0.005, 10
 # a move is tried in b-level order only when the current order leaves it within this share of the latency (on
 # yolo_det, 70 of the 73 moves that paid in that order in 8 s)
 REORDER_WITHIN = 0.03
+# the search stops once it has gone as long without a better plan as it took to find the last one (at least
+# STALL_S), or after ``patience`` kicks without one
+STALL_S = 1.0
 State = tuple[list[int], list[int], Figures]  # units of the blocks, their order, the figures in the ILP's model
 Neighbourhood = Callable[[int, list[int], list[int], Figures], State | None]  # at a block, a better state or None
 
@@ -137,7 +140,8 @@ def polish(
     seed: int = 0,
 ) -> Polished:
     """The best plan the search finds from ``start`` by ``deadline`` (``time.perf_counter()``), never worse
-    than ``start``; it stops earlier after ``patience`` kicks in a row that found nothing better."""
+    than ``start``; it stops earlier after ``patience`` kicks in a row that found nothing better, or once it has
+    gone as long without a better plan as it took to find the last one (at least ``STALL_S``)."""
     search = _Search(problem, start, bounds, seed)
     figures = search.best_figures
     if search.acceptable(figures, start.block_unit):
@@ -215,8 +219,11 @@ class _Search:
         unit_of, order, figures = self.descend(unit_of, order, self.best_figures, deadline)
         self.keep(unit_of, order, figures)
         current = (list(self.best.block_unit), list(self.best.sequence()), self.best_figures)
-        idle = 0
+        idle, began = 0, time.perf_counter()
+        last = began  # when the search last found a better plan
         while idle < patience and time.perf_counter() < deadline:
+            if time.perf_counter() - last > max(STALL_S, last - began):
+                break  # as long without a better plan as it took to find the last one
             self.kicks += 1
             unit_of, order, near = self.kick(list(current[0]), list(current[1]))
             figures = schedule(self.problem, Assignment(tuple(unit_of), tuple(order), self.int8))
@@ -227,7 +234,7 @@ class _Search:
                 self.keep(unit_of, order, figures)
                 current = (unit_of, order, figures)
                 self.kept += 1
-                idle = 0
+                idle, last = 0, time.perf_counter()
                 continue
             idle += 1
             if figures.latency_ms <= current[2].latency_ms * (1 + WALK) and self.acceptable(figures, unit_of):

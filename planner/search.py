@@ -194,17 +194,18 @@ def margin(fixed_seconds: float, simulation_seconds: float) -> float:
 
 
 def simulation_seconds(plan: Plan, graph: OpGraph, cost: CostModel, frames: int) -> float:
-    """About the seconds simulating ``plan`` over ``frames`` frames takes: a run over ``PROBE_FRAMES`` of them,
-    scaled (the simulation's time grows with the frames)."""
+    """The seconds simulating ``plan`` over ``frames`` frames takes, beyond pricing it: timed (most of it is the
+    simulator's own setup, so fewer frames would not tell)."""
     if not frames:
         return 0.0
-    probe = min(frames, PROBE_FRAMES)
     started = time.perf_counter()
-    evaluate(plan, graph, cost, probe)
-    return (time.perf_counter() - started) * frames / probe
+    evaluate(plan, graph, cost, 0)
+    priced = time.perf_counter() - started
+    evaluate(plan, graph, cost, frames)
+    return max(time.perf_counter() - started - 2 * priced, 0.0)
 
 
-RESERVE_FACTOR, RESERVE_S, PROBE_FRAMES = 1.5, 0.05, 24
+RESERVE_FACTOR, RESERVE_S = 1.5, 0.05
 # The local search on a latency warm start takes at most this share of the objective's time limit (less when
 # the solver's half of the limit and the reserve would not be left; it stops earlier when it stalls). On
 # yolo_det (khadas-vim3) HiGHS's bound settles about 16 s into a 30 s solve, and the search takes its start
