@@ -38,9 +38,9 @@ WALK, RESTART = 0.005, 10
 # a move is tried in b-level order only when the current order leaves it within this share of the latency (on
 # yolo_det, 70 of the 73 moves that paid in that order in 8 s)
 REORDER_WITHIN = 0.03
-# the search stops once it has gone as long without a better plan as it took to find the last one (at least
-# STALL_S), or after ``patience`` kicks without one
-STALL_S = 1.0
+# the search stops once it has gone twice as long without a better plan as it took to find the last one (at
+# least STALL_S), or after ``patience`` kicks without one
+STALL_S = 2.0
 State = tuple[list[int], list[int], Figures]  # units of the blocks, their order, the figures in the ILP's model
 Neighbourhood = Callable[[int, list[int], list[int], Figures], State | None]  # at a block, a better state or None
 
@@ -141,7 +141,7 @@ def polish(
 ) -> Polished:
     """The best plan the search finds from ``start`` by ``deadline`` (``time.perf_counter()``), never worse
     than ``start``; it stops earlier after ``patience`` kicks in a row that found nothing better, or once it has
-    gone as long without a better plan as it took to find the last one (at least ``STALL_S``)."""
+    gone twice as long without a better plan as it took to find the last one (at least ``STALL_S``)."""
     search = _Search(problem, start, bounds, seed)
     figures = search.best_figures
     if search.acceptable(figures, start.block_unit):
@@ -222,8 +222,8 @@ class _Search:
         idle, began = 0, time.perf_counter()
         last = began  # when the search last found a better plan
         while idle < patience and time.perf_counter() < deadline:
-            if time.perf_counter() - last > max(STALL_S, last - began):
-                break  # as long without a better plan as it took to find the last one
+            if time.perf_counter() - last > max(STALL_S, 2 * (last - began)):
+                break  # twice as long without a better plan as it took to find the last one
             self.kicks += 1
             unit_of, order, near = self.kick(list(current[0]), list(current[1]))
             figures = schedule(self.problem, Assignment(tuple(unit_of), tuple(order), self.int8))
