@@ -75,6 +75,10 @@ class _Latency:
             {u: table[b][(b, u)] for u in range(len(problem.units)) if (b, u) in table[b]} for b in range(self.n)
         ]
         self.overheads = any(v > 0 for v in problem.unit_overhead.values())
+        # a block's time is its own unit's alone: a plan changed from some position of its order on can be
+        # scheduled again from there (``after``)
+        self.incremental = not self.overheads and not problem.handoff_cpu
+        self.base: tuple[list[int], list[int], list[float], list[list[float]], dict[int, int]] | None = None
         self.comm: dict[tuple[int, str, str], float] = {}
         for (ei, p, q), v in problem.transfer.items():
             if p != q:
@@ -112,6 +116,57 @@ class _Latency:
                 if ready > start:
                     start = ready
             finish[b] = free[u] = start + dur[b]
+        return max(finish)
+
+    def rebase(self, unit_of: list[int], order: list[int]) -> None:
+        """Keeps the schedule of this plan (each block's finish, each unit's free time before each position of
+        ``order``) for ``after``; nothing to do when it is the plan kept last (the same lists)."""
+        if self.base is not None and self.base[0] is unit_of and self.base[1] is order:
+            return
+        dur = self.durations(unit_of, order)
+        pu, preds, delay = self.pu, self.preds, self.problem.handoff_delay
+        free = [0.0] * len(self.pu)
+        finish = [0.0] * self.n
+        before: list[list[float]] = []
+        for b in order:
+            before.append(free[:])
+            u = unit_of[b]
+            q = pu[u]
+            start = free[u]
+            for i, ei in preds[b]:
+                p = pu[unit_of[i]]
+                ready = finish[i] if p == q else finish[i] + self.comm[(ei, p, q)] + delay.get((ei, p, q), 0.0)
+                if ready > start:
+                    start = ready
+            finish[b] = free[u] = start + dur[b]
+        self.base = (unit_of, order, finish, before, {b: k for k, b in enumerate(order)})
+
+    def position(self, b: int) -> int:
+        """Block b's position in the order of the plan kept by ``rebase``."""
+        assert self.base is not None
+        return self.base[4][b]
+
+    def after(self, unit_of: Sequence[int], since: int) -> float:
+        """The latency of the plan kept by ``rebase`` with the blocks at positions ``since`` and later of its
+        order on ``unit_of``'s units (the blocks before them where they were): only those are scheduled again.
+        Only without per-partition overheads and gRPC CPU time (``incremental``), where a block's time is its
+        own unit's alone."""
+        assert self.base is not None and self.incremental
+        _, order, finish, before, _ = self.base
+        pu, preds, delay, ms = self.pu, self.preds, self.problem.handoff_delay, self.ms
+        finish = finish[:]
+        free = before[since][:]
+        for k in range(since, self.n):
+            b = order[k]
+            u = unit_of[b]
+            q = pu[u]
+            start = free[u]
+            for i, ei in preds[b]:
+                p = pu[unit_of[i]]
+                ready = finish[i] if p == q else finish[i] + self.comm[(ei, p, q)] + delay.get((ei, p, q), 0.0)
+                if ready > start:
+                    start = ready
+            finish[b] = free[u] = start + (ms[b][u] + 0.0)
         return max(finish)
 
     def blevel_order(self, unit_of: Sequence[int]) -> list[int]:
@@ -361,11 +416,17 @@ class _Search:
             k = (k + 1) % n
         return state if improved else None
 
-    def trial(self, trial: list[int], order: list[int], figures: Figures, reorder: bool) -> State | None:
+    def trial(
+        self, trial: list[int], order: list[int], figures: Figures, reorder: bool, since: int | None = None
+    ) -> State | None:
         """The trial assignment with the current order, or (``reorder``, when that order leaves it within
-        ``REORDER_WITHIN`` of the latency) by b-level, when it is better."""
+        ``REORDER_WITHIN`` of the latency) by b-level, when it is better. ``since``: the first position of the
+        order whose block changed unit from the plan kept by ``rebase`` (its schedule before that is reused)."""
         latency = figures.latency_ms * (1 - _EPS)
-        kept = self.latency(trial, order)
+        if since is not None and self.latency.incremental:
+            kept = self.latency.after(trial, since)
+        else:
+            kept = self.latency(trial, order)
         if kept < latency and (f := self.confirm(trial, order, figures)):
             return trial, order, f
         if reorder and kept < figures.latency_ms * (1 + REORDER_WITHIN):
@@ -377,12 +438,14 @@ class _Search:
     def moves(self, b: int, unit_of: list[int], order: list[int], figures: Figures) -> State | None:
         """Block b to another unit that runs it (and leaves the clusters' cores enough)."""
         here, latency = unit_of[b], figures.latency_ms
+        self.latency.rebase(unit_of, order)
+        since = self.latency.position(b)
         for u in self.allowed[b]:
             if u == here or self.reach(b, u) >= latency:
                 continue
             trial = list(unit_of)
             trial[b] = u
-            if self.cores_fit(trial) and (found := self.trial(trial, order, figures, self.parallel[b])):
+            if self.cores_fit(trial) and (found := self.trial(trial, order, figures, self.parallel[b], since)):
                 return found
         return None
 
@@ -398,6 +461,8 @@ class _Search:
                 continue
             trial = list(unit_of)
             trial[b], trial[c] = uc, ub
-            if found := self.trial(trial, order, figures, True):
+            self.latency.rebase(unit_of, order)
+            since = min(self.latency.position(b), self.latency.position(c))
+            if found := self.trial(trial, order, figures, True, since):
                 return found
         return None

@@ -151,6 +151,17 @@ def test_the_fast_latency_is_the_schedules(data) -> None:
     assert latency(a.block_unit, a.sequence()) == schedule(problem, a).latency_ms
     order = latency.blevel_order(a.block_unit)
     assert latency(a.block_unit, order) == schedule(problem, dataclasses.replace(a, order=tuple(order))).latency_ms
+    if latency.incremental:  # one or two blocks on other units: scheduled again from the first of them
+        unit_of, sequence = list(a.block_unit), list(a.sequence())
+        latency.rebase(unit_of, sequence)
+        changed = data.draw(st.sets(st.integers(0, len(unit_of) - 1), min_size=1, max_size=2))
+        trial = list(unit_of)
+        for b in changed:
+            trial[b] = data.draw(st.sampled_from(sorted(latency.ms[b])))
+        since = min(latency.position(b) for b in changed)
+        assert (
+            latency.after(trial, since) == schedule(problem, dataclasses.replace(a, block_unit=tuple(trial))).latency_ms
+        )
 
 
 def _chain_and_branches() -> Problem:
