@@ -209,7 +209,7 @@ RESERVE_FACTOR, RESERVE_S = 1.5, 0.05
 # The local search on a latency warm start takes at most this share of the objective's time limit (less when
 # the solver's half of the limit and the reserve would not be left; it stops earlier when it stalls). On
 # yolo_det (khadas-vim3) HiGHS's bound settles about 16 s into a 30 s solve, and the search takes its start
-# from 87.7 to about 85.5 ms in 7 s (the solver alone finds nothing better in 30 s).
+# from 87.7 to 84.9-85.1 ms in 7.5 s (the solver alone finds nothing better in 30 s).
 POLISH_SHARE = 0.25
 
 
