@@ -27,10 +27,12 @@ _FRIENDLY = {
 
 
 def field_path(loc: tuple[int | str, ...]) -> str:
-    """``("stages", 0, "groups", 1, 0, "pu")`` -> ``stages[0].groups[1][0].pu``."""
+    """``("stages", 0, "groups", 1, 0, "pu")`` -> ``stages[0].groups[1][0].pu``; a key a file gave with a line
+    break or another unprintable character in it quoted, escaped (the message stays one line)."""
     out = ""
     for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+        name = str(part) if str(part).isprintable() else repr(str(part))
+        out += f"[{part}]" if isinstance(part, int) else (f".{name}" if out else name)
     return out
 
 

@@ -47,6 +47,7 @@ from planner.problem import BUDGET_SLACK, Problem
 
 OBJECTIVES = ("latency", "throughput", "energy")
 _TIE = 1e-3  # weight of the secondary objective, breaks ties toward better plans
+_READ_BACK = 0.5  # reading a solution back and checking it takes at most this share of writing the model
 
 
 @dataclass(frozen=True)
@@ -351,16 +352,21 @@ def solve(
         start.latency_ms if objective == "latency" and start is not None else None,
         segment_bounds(problem, time_limit / 4) if objective == "latency" or max_latency_ms is not None else (),
     )
+    formulating = time.perf_counter()
     lp, v = _formulate(problem, objective, bounds, cuts)
     if warm is not None:
         _set_warm_start(problem, v, warm)
+    # HiGHS's clock starts once PuLP has handed it the model (seconds on a large one), so its limit is set then,
+    # to what is left before the deadline less what reading its solution back takes (``_READ_BACK`` of the time
+    # writing the model took)
+    deadline = started + time_limit - _READ_BACK * (time.perf_counter() - formulating)
     remaining = max(time_limit - (time.perf_counter() - started), 0.1 * time_limit)
     # HiGHS's primal heuristics at 0.3 of its effort (default 0.05) for throughput: googlenet on
     # khadas-vim3-armcl closes in 27 nodes instead of 499; of 18 throughput solves (7 zoo models, 3 boards)
     # the others close at the root either way, bert_small takes as many nodes, multiview_bev on
     # khadas-vim3-armcl 511 instead of 441 (in less time)
     effort = 0.3 if objective == "throughput" and not timed else None
-    backend = _run_solver(lp, solver, remaining, time_limit, gap, warm is not None, effort)
+    backend = _run_solver(lp, solver, remaining, time_limit, gap, warm is not None, effort, deadline)
     seconds = time.perf_counter() - started
     status, mip_gap, bound = _status(lp, backend)
     if status == "no solution" and warm is not None and start is not None:
@@ -399,9 +405,11 @@ def _run_solver(
     gap: float,
     warm: bool,
     effort: float | None = None,
+    deadline: float | None = None,
 ):
-    """Solve ``lp`` in place; returns the backend (its status is read from it). Solver crashes are PlanErrors."""
-    backend = _solver(solver, remaining, gap, warm, effort)
+    """Solve ``lp`` in place; returns the backend (its status is read from it). Solver crashes are PlanErrors.
+    With a ``deadline`` (``time.perf_counter()``), HiGHS stops by then, however long handing it the model took."""
+    backend = _solver(solver, remaining, gap, warm, effort, deadline)
     try:
         with _quiet():
             lp.solve(backend)
@@ -1211,11 +1219,15 @@ def _set_warm_start(problem: Problem, v: dict, warm: Assignment) -> None:
 class _WarmHiGHS(pulp.HiGHS):
     """PuLP's HiGHS interface, handing the variables' initial values to HiGHS as a start solution."""
 
-    def __init__(self, warm: bool, **kwargs) -> None:
+    def __init__(self, warm: bool, deadline: float | None = None, **kwargs) -> None:
         super().__init__(**kwargs)
         self.warm = warm
+        self.deadline = deadline
 
     def callSolver(self, lp) -> None:
+        if self.deadline is not None:  # what is left now that the model is built, never below a tenth of the limit
+            left = max(self.deadline - time.perf_counter(), 0.1 * self.timeLimit)
+            lp.solverModel.setOptionValue("time_limit", min(left, self.timeLimit))
         if self.warm:
             import highspy
 
@@ -1227,10 +1239,13 @@ class _WarmHiGHS(pulp.HiGHS):
         lp.solverModel.run()
 
 
-def _solver(name: str, time_limit: float, gap: float, warm: bool, effort: float | None = None):
-    """The backend; ``effort``: HiGHS's share of its time for primal heuristics (None: its default)."""
+def _solver(
+    name: str, time_limit: float, gap: float, warm: bool, effort: float | None = None, deadline: float | None = None
+):
+    """The backend; ``effort``: HiGHS's share of its time for primal heuristics (None: its default); ``deadline``:
+    HiGHS's limit is what is left of it once the model is built (``time.perf_counter()``; at most ``time_limit``)."""
     if name == "highs":
-        solver = _WarmHiGHS(warm, msg=False, timeLimit=time_limit, gapRel=gap, threads=1)
+        solver = _WarmHiGHS(warm, deadline, msg=False, timeLimit=time_limit, gapRel=gap, threads=1)
         if effort is not None:
             solver.optionsDict["mip_heuristic_effort"] = effort
         solver.name = "highs"

@@ -18,7 +18,8 @@ from models.graph import OpGraph
 from planner import heuristics as H
 from planner.build import evaluate, replicate, to_plan
 from planner.costmodel import CostModel
-from planner.ilp import OBJECTIVES, Assignment, Bounds, Solution, fits, schedule, solve
+from planner.ilp import NO_BOUNDS, OBJECTIVES, Assignment, Bounds, Solution, fits, schedule, solve
+from planner.local_search import polish
 from planner.plan import Plan, PlanError, Provenance, memory_use
 from planner.problem import Problem, build_problem
 from planner.select import Constraints, meets
@@ -185,10 +186,57 @@ class SearchOptions:
     progress: Progress | None = None
 
 
-def solve_limit(time_limit: float, started: float) -> float:
-    """What the solve gets of an objective's ``time_limit`` once its warm start (built since ``started``) took
-    its share; never below half of it, so a slow warm start does not leave the solver nothing."""
-    return max(time_limit - (time.perf_counter() - started), time_limit / 2)
+def solve_limit(time_limit: float, started: float, reserve: float = 0.0) -> float:
+    """What the solve gets of an objective's ``time_limit`` once its warm start (built since ``started``) took its
+    share, leaving ``reserve`` seconds for what follows the solve (``margin``); never below half of the limit,
+    so a slow warm start does not leave the solver nothing."""
+    return max(time_limit - (time.perf_counter() - started) - reserve, time_limit / 2)
+
+
+def margin(fixed_seconds: float, simulation_seconds: float) -> float:
+    """The seconds to leave after the solve for the work that follows it (lowering, analytic prediction,
+    labelling: ``fixed_seconds``; the simulation: ``simulation_seconds``), from the same work timed on the warm
+    start's plan before the solve; with room for a plan of more segments and for the machine's noise."""
+    return RESERVE_FACTOR * (fixed_seconds + simulation_seconds) + RESERVE_S
+
+
+def simulation_seconds(plan: Plan, graph: OpGraph, cost: CostModel, frames: int) -> float:
+    """The seconds simulating ``plan`` over ``frames`` frames takes, beyond pricing it: timed (most of it is the
+    simulator's own setup, so fewer frames would not tell)."""
+    if not frames:
+        return 0.0
+    started = time.perf_counter()
+    evaluate(plan, graph, cost, 0)
+    priced = time.perf_counter() - started
+    evaluate(plan, graph, cost, frames)
+    return max(time.perf_counter() - started - 2 * priced, 0.0)
+
+
+RESERVE_FACTOR, RESERVE_S = 1.5, 0.05
+# The local search on a latency warm start takes at most this share of the objective's time limit (less when
+# the solver's half of the limit and the reserve would not be left; it stops earlier when it stalls). On
+# yolo_det (khadas-vim3) HiGHS's bound settles about 16 s into a 30 s solve, and the search takes its start
+# from 87.7 to 84.9-85.1 ms in 7.5 s (the solver alone finds nothing better in 30 s).
+POLISH_SHARE = 0.25
+
+
+def polish_deadline(time_limit: float, started: float, reserve: float) -> float:
+    """When the local search on the latency warm start must stop (``time.perf_counter()``): after its share of
+    the limit, and early enough to leave the solver half of it and the reserve."""
+    now = time.perf_counter()
+    return min(now + POLISH_SHARE * time_limit, started + time_limit / 2 - reserve)
+
+
+def polished(
+    problem: Problem, objective: str, warm: Candidate, deadline: float, bounds: Bounds = NO_BOUNDS
+) -> Candidate:
+    """For latency, the warm start improved by local search (``planner.local_search``) until ``deadline``, named
+    ``<start>+local-search`` when it found a better plan; for the other objectives, or past the deadline, the
+    warm start itself."""
+    if objective != "latency" or time.perf_counter() >= deadline:
+        return warm
+    result = polish(problem, warm.assignment, deadline, bounds)
+    return Candidate(f"{warm.name}+local-search", result.assignment, warm.pipelined) if result.improved else warm
 
 
 def best_plan(
@@ -208,8 +256,19 @@ def best_plan(
     )
     started = time.perf_counter()
     cands = warm_candidates(goal.problem, objective)
-    warm = warm_start(goal.problem, objective, bounded_candidates(goal.problem, objective, bounds), bounds)
-    solution = goal.solve(dataclasses.replace(search, time_limit=solve_limit(search.time_limit, started)), warm)
+    start = warm_start(goal.problem, objective, bounded_candidates(goal.problem, objective, bounds), bounds)
+    # what follows the solve, timed on the start's plan before it: the margin the solve leaves for it
+    probe = time.perf_counter()
+    start_plan = goal.plan_of(start.assignment, Provenance("ilp"))
+    finished = goal.finish(start_plan, Provenance("ilp"), 0)
+    reserve = margin(time.perf_counter() - probe, simulation_seconds(finished, graph, cost, frames))
+    # every candidate's plan (what the solve changes is only their labels)
+    tried = [(c, goal.plan_of(c.assignment, Provenance("ilp"))) for c in cands if c != start] + [(start, start_plan)]
+    warm = polished(goal.problem, objective, start, polish_deadline(search.time_limit, started, reserve), goal.limits)
+    if warm != start:
+        tried.append((warm, goal.plan_of(warm.assignment, Provenance("ilp"))))
+    search = dataclasses.replace(search, time_limit=solve_limit(search.time_limit, started, reserve))
+    solution = goal.solve(search, warm)
     provenance = Provenance(
         method=f"heuristic:{warm.name}" if solution.warm_kept else "ilp",
         solver=solution.solver,
@@ -225,18 +284,16 @@ def best_plan(
         plan = dataclasses.replace(
             plan, notes=(f"{warm.name}, given to the solver as a start, predicts better than the solver's incumbent",)
         )
-    # Never return less than a plan inside the ILP's space: evaluate every candidate the same way (the start
+    # Never return less than a plan inside the ILP's space: every candidate evaluated the same way (the start
     # the solver was given was one, or is one the solver's plan was held to)
-    for c in cands if warm in cands else [*cands, warm]:
-        other = goal.plan_of(c.assignment, dataclasses.replace(provenance, method=f"heuristic:{c.name}"))
+    for c, other in tried:
         if goal.better(other, plan):
             plan = dataclasses.replace(
-                other, notes=(f"{c.name}, given to the solver as a start, predicts better than the solver's incumbent",)
+                other,
+                provenance=dataclasses.replace(provenance, method=f"heuristic:{c.name}"),
+                notes=(f"{c.name}, given to the solver as a start, predicts better than the solver's incumbent",),
             )
-    plan = goal.or_ort_all_cores(plan, provenance)
-    if objective != "latency":
-        plan = goal.replicated(plan, provenance)
-    return evaluate(plan, graph, cost, frames)
+    return goal.finish(plan, provenance, frames)
 
 
 @dataclass(frozen=True)
@@ -259,16 +316,30 @@ class _Goal:
             search.progress(
                 f"solving for {self.objective} ({len(self.problem.blocks)} blocks, {len(self.problem.units)} units)"
             )
-        max_period = 1000.0 / self.bounds.min_fps if self.bounds.min_fps else None
-        max_l, max_e = self.bounds.max_latency_ms, self.bounds.max_mj
+        limits = self.limits
+        max_l, max_period, max_e = limits.max_latency_ms, limits.max_period_ms, limits.max_energy_mj
         return solve(
             self.problem,
             self.objective,
             search.time_limit,
-            Bounds(max_l, max_period, max_e),
+            limits,
             warm=warm.assignment if _meets(self.problem, warm.assignment, max_l, max_period, max_e) else None,
             solver=search.solver,
         )
+
+    @property
+    def limits(self) -> Bounds:
+        """The bounds in the ILP's own units (a period, not a rate)."""
+        max_period = 1000.0 / self.bounds.min_fps if self.bounds.min_fps else None
+        return Bounds(self.bounds.max_latency_ms, max_period, self.bounds.max_mj)
+
+    def finish(self, plan: Plan, provenance: Provenance, frames: int) -> Plan:
+        """What follows the solve: one session on every CPU core where that predicts better, replication for
+        throughput and energy, the simulation over ``frames`` frames."""
+        plan = self.or_ort_all_cores(plan, provenance)
+        if self.objective != "latency":
+            plan = self.replicated(plan, provenance)
+        return evaluate(plan, self.graph, self.cost, frames)
 
     def plan_of(self, a: Assignment, provenance: Provenance) -> Plan:
         plan = to_plan(self.problem, a, self.blocks, self.cost.profile, provenance, self.name)

@@ -145,8 +145,9 @@ class PlanFlags:
         typer.Option(
             "--time-limit",
             min=0.1,
-            help="Seconds per objective: its warm start, then the ILP solve in what is left (at least half) "
-            "(pareto: the sweep's bounded solves get a third).",
+            help="Seconds per objective, the work after the solve included: its warm start (for latency improved by "
+            "local search), then the ILP solve in what is left (at least half) less the time the plan's "
+            "lowering and simulation were measured to take (pareto: the sweep's bounded solves get a third).",
         ),
     ] = 10.0
     solver: Annotated[str, typer.Option("--solver", help="highs (default) or cbc.")] = "highs"

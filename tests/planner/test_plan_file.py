@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from planner.plan import PlanError, plan_from_json
@@ -70,6 +70,7 @@ JSON = st.recursive(
 
 @settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
 @given(st.sampled_from([(PLAN, p) for p in _paths(PLAN)] + [(INT8_PLAN, p) for p in _paths(INT8_PLAN)]), JSON)
+@example((PLAN, ("blocks",)), {"\n": None})  # a key with a line break: quoted in the one-line message
 def test_any_change_loads_or_is_one_line_naming_the_field(where: tuple, new: Any) -> None:
     base, path = where
     data = _replace(base, path, new)
