@@ -143,8 +143,12 @@ class AgentClient:
     def stop(self) -> bool:
         return self._call("stop pipeline", self.stub.StopPipeline, pb.StopRequest()).was_running
 
-    def infer(self, tensors: Mapping[str, np.ndarray], frame_id: int = 0) -> dict[str, np.ndarray]:
-        reply = self._call("infer", self.stub.Infer, frame_message(frame_id, tensors))
+    def infer(
+        self, tensors: Mapping[str, np.ndarray], frame_id: int = 0, timeout: float | None = None
+    ) -> dict[str, np.ndarray]:
+        """One frame's outputs; ``timeout`` (default: the client's) is also how long the agent may wait for a peer
+        of the plan that is away (restarting) before it answers UNAVAILABLE."""
+        reply = self._call("infer", self.stub.Infer, frame_message(frame_id, tensors), timeout)
         return frame_arrays(reply)
 
     def infer_stream(

@@ -132,11 +132,12 @@ def test_a_peer_that_dies_fails_frames_with_its_name_instead_of_hanging(exported
         assert edge.client.infer(inputs)
         cloud.process.kill()
         cloud.process.wait()
+        # a unary call waits for the peer within its deadline, then says it is away (retryable: UNAVAILABLE)
         with pytest.raises(AgentError) as exc:
-            edge.client.infer(inputs)
-        assert exc.value.code == grpc.StatusCode.FAILED_PRECONDITION
-        assert "host 'cloud'" in str(exc.value)
+            edge.client.infer(inputs, timeout=2.0)
+        assert exc.value.code == grpc.StatusCode.UNAVAILABLE
+        assert "host 'cloud'" in str(exc.value) and "not back within the call's deadline" in str(exc.value)
         assert not edge.client.ready()  # no longer ready, and says why on every new frame
         with pytest.raises(AgentError, match="starts again by itself once the peer is back"):
-            edge.client.infer(inputs)
+            edge.client.infer(inputs, timeout=2.0)
         assert edge.client.health() == "SERVING"  # the agent itself keeps serving
