@@ -56,7 +56,7 @@ def _start(stack: ExitStack, parts) -> dict[str, LocalAgent]:
     return agents
 
 
-@pytest.mark.parametrize("model", ["googlenet", "resnet18"])
+@pytest.mark.parametrize("model", ["googlenet"])  # branches cut across hosts (resnet18 too took 34 s more)
 def test_plans_over_two_hosts_match_the_full_model(exported, edge_cloud, tmp_path, model) -> None:
     loaded, graph = model_and_graph(exported, model)
     full = ort.InferenceSession(loaded.proto.SerializeToString(), providers=["CPUExecutionProvider"])

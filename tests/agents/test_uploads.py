@@ -258,8 +258,8 @@ def test_a_peer_that_stops_answering_breaks_the_link_by_keepalive(tmp_path: Path
         os.kill(b.process.pid, signal.SIGSTOP)
         stack.callback(os.kill, b.process.pid, signal.SIGCONT)
         eventually("a is no longer ready", lambda: not a.client.ready(), timeout=2 * GUARD_S)
-        with pytest.raises(AgentError, match="host 'b'"):
-            a.client.infer(frame(TABLE_ROWS - 1))
+        with pytest.raises(AgentError, match="host 'b'"):  # after waiting its deadline for b to come back
+            a.client.infer(frame(TABLE_ROWS - 1), timeout=2.0)
         assert a.client.health() == "SERVING"
 
 
