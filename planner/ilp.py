@@ -728,9 +728,8 @@ def _flow_rows(m: _Model, dur: dict[int, pulp.LpAffineExpression]) -> None:
                 terms.append(problem.transfer[(ei, p, q)] * var)
                 waits.append((problem.transfer[(ei, p, q)] + delay) * var)
         m.comm[ei] = pulp.lpSum(terms)
-        if m.timed:
+        if m.timed:  # a block waits for its inputs: their transfers and the handoff delays
             waits.extend(_same_pu_handoffs(m, ei, i, j))
-        if m.timed:  # a block waits for its inputs: their transfers and the handoff delay
             lp += m.t[j] >= m.t[i] + dur[i] + pulp.lpSum(waits), f"precedence_{ei}"
 
 
