@@ -231,20 +231,48 @@ class _Run:
         self.events: list[tuple[float, int, str, tuple]] = []
         self.seq = 0
         self.segs = {f: model.frame_segments(f) for f in range(min(frames, model.period))}
-        self.flows = {f: model.frame_flows(f) for f in range(min(frames, model.period))}
+        phase_flows = {f: model.frame_flows(f) for f in range(min(frames, model.period))}
         # per phase, each segment's outgoing flows (dst, bytes, PUs, block edges), in ``flows``' order
-        self.out_flows: dict[int, dict[tuple, list[tuple[tuple, int, str, str, tuple[int, ...]]]]] = {}
-        for f, flows in self.flows.items():
+        out_flows: dict[int, dict[tuple, list[tuple[tuple, int, str, str, tuple[int, ...]]]]] = {}
+        for f, flows in phase_flows.items():
             by_src: dict[tuple, list[tuple[tuple, int, str, str, tuple[int, ...]]]] = {}
             for (src, dst), (nbytes, x, y, parts) in flows.items():
                 by_src.setdefault(src, []).append((dst, nbytes, x, y, parts))
-            self.out_flows[f] = by_src
-        self.seg_by_key = {s.key: s for s in model.segments}
+            out_flows[f] = by_src
+        # per phase, each segment's number of incoming flows, in the phase's segment order
+        self.incoming: dict[int, dict[tuple, int]] = {}
+        for f, fs in self.segs.items():
+            self.incoming[f] = {s.key: 0 for s in fs}
+            for _, dst in phase_flows[f]:
+                self.incoming[f][dst] += 1
+        # per segment, what every event on it needs, looked up once: its unit, its index there, its name, its time
+        # and its busy energy; per phase and source segment, each outgoing flow's target, link time, handoff
+        # delay and energy (the same sums as ``flow_ms`` and ``done`` would take per event)
+        self.unit_of = {s.key: s.unit_key for s in model.segments}
+        self.index_of = {s.key: s.index for s in model.segments}
+        self.name_of = {s.key: s.name for s in model.segments}
+        self.energy_of = {s.key: model.ms[s.key] * model.busy_extra_w(s) for s in model.segments}
+        self.sends: dict[int, dict[tuple, list[tuple[tuple, float, float, float]]]] = {}
+        for f, by_src in out_flows.items():
+            self.sends[f] = {
+                src: [
+                    (
+                        dst,
+                        model.flow_ms(parts, x, y),
+                        0.0 if self.unit_of[src] == self.unit_of[dst] else model.cost.handoff_delay_ms(x, y),
+                        model.cost.transfer_mj(nbytes, x, y) if model.flow_ms(parts, x, y) else 0.0,
+                    )
+                    for dst, nbytes, x, y, parts in outs
+                ]
+                for src, outs in by_src.items()
+            }
         # the executor's order on a unit (``agents.modulo``): among the frames whose next segment there is
         # ready, the smallest frame + lag
         self.lag = model.lags()
         self.waiting: dict[tuple[int, tuple], int] = {}
         self.unit_busy_until: dict[tuple, float] = {}
+        self.rank: dict[tuple, int] = {}  # units in the order they first ran
+        self.ending: dict[float, set[tuple]] = {}  # the units whose busy time ends at a time still to come
         # a unit's segments that may run now: each frame's next one in the unit's order, if ready (a heap by
         # frame + lag); ready ones further on in the order wait in ``held`` until their turn
         self.runnable: dict[tuple, list[tuple[int, int, int, tuple]]] = {}
@@ -273,10 +301,16 @@ class _Run:
                 self.done(now, *data)
             elif kind == "arrive":
                 self.arrive(now, *data)
-            # a unit that just became free may have queued work
-            for unit, until in list(self.unit_busy_until.items()):
-                if until <= now and self.runnable.get(unit):
-                    self.dispatch(now, unit)
+            # a unit that becomes free now may have queued work before its own "done" event is taken: only a
+            # unit whose busy time ends now can (one that ended earlier took its next segment then, and takes
+            # a later one as it becomes ready), in the order the units first ran
+            ending = self.ending.get(now)
+            if ending:
+                for unit in sorted(ending, key=self.rank.__getitem__):
+                    if self.unit_busy_until[unit] <= now and self.runnable.get(unit):
+                        self.dispatch(now, unit)
+            if self.ending and self.events and self.events[0][0] > now:
+                self.ending.pop(now, None)
 
     def admit(self, now: float) -> None:
         """Frames enter while the window has room, at their due time and no faster than the shared memory."""
@@ -291,22 +325,17 @@ class _Run:
             self.enter[f] = now
             self.next_entry = now + self.gate[f % self.model.period]
             self.done_count[f] = 0
-            fs = self.segs[f % self.model.period]
-            incoming: dict[tuple, int] = {s.key: 0 for s in fs}
-            for _, dst in self.flows[f % self.model.period]:
-                incoming[dst] += 1
-            for s in fs:
-                self.waiting[(f, s.key)] = incoming[s.key]
-                if incoming[s.key] == 0:
-                    self.ready(now, f, s.key)
+            for key, inputs in self.incoming[f % self.model.period].items():
+                self.waiting[(f, key)] = inputs
+                if inputs == 0:
+                    self.ready(now, f, key)
 
     def ready(self, now: float, f: int, key: tuple) -> None:
-        seg = self.seg_by_key[key]
-        unit = seg.unit_key
-        if seg.index == self.next_index.get((unit, f), 0):
-            heapq.heappush(self.runnable.setdefault(unit, []), (f + self.lag[key], f, seg.index, key))
+        unit, index = self.unit_of[key], self.index_of[key]
+        if index == self.next_index.get((unit, f), 0):
+            heapq.heappush(self.runnable.setdefault(unit, []), (f + self.lag[key], f, index, key))
         else:
-            self.held.setdefault((unit, f), {})[seg.index] = key
+            self.held.setdefault((unit, f), {})[index] = key
         self.dispatch(now, unit)
 
     def dispatch(self, now: float, unit: tuple) -> None:
@@ -321,29 +350,28 @@ class _Run:
         if held and index + 1 in held:  # the frame's next segment here was ready already: its turn now
             nxt = held.pop(index + 1)
             heapq.heappush(queue, (f + self.lag[nxt], f, index + 1, nxt))
-        seg = self.seg_by_key[key]
         ms = self.model.ms[key]
         self.unit_busy_until[unit] = now + ms
-        self.busy[seg.name] = self.busy.get(seg.name, 0.0) + ms
-        self.extra_mj += ms * self.model.busy_extra_w(seg)
+        self.rank.setdefault(unit, len(self.rank))
+        self.ending.setdefault(now + ms, set()).add(unit)
+        name = self.name_of[key]
+        self.busy[name] = self.busy.get(name, 0.0) + ms
+        self.extra_mj += self.energy_of[key]
         self.push(now + ms, "done", (f, key))
 
     def done(self, now: float, f: int, key: tuple) -> None:
         """A segment ended: its unit takes the next, its outputs cross their links, the frame may be finished."""
-        model = self.model
-        self.dispatch(now, self.seg_by_key[key].unit_key)
-        for dst, nbytes, x, y, parts in self.out_flows[f % model.period].get(key, ()):
+        period = self.model.period
+        self.dispatch(now, self.unit_of[key])
+        for dst, t, delay, mj in self.sends[f % period].get(key, ()):
             # every consumer gets the tensor as soon as it has crossed: transfers of one frame do not queue
             # behind each other (the executor hands a tensor to each consumer at once); a link's occupancy
-            # per frame spaces the frames instead (``frame_traffic_ms``), as in the ILP
-            t = model.flow_ms(parts, x, y)
+            # per frame spaces the frames instead (``frame_traffic_ms``), as in the ILP. The handoff delay is
             # latency only: it occupies no link; none to a later partition of the same unit
-            same_unit = self.seg_by_key[key].unit_key == self.seg_by_key[dst].unit_key
-            delay = 0.0 if same_unit else model.cost.handoff_delay_ms(x, y)
-            self.extra_mj += model.cost.transfer_mj(nbytes, x, y) if t else 0.0
+            self.extra_mj += mj
             self.push(now + t + delay, "arrive", (f, dst))
         self.done_count[f] += 1
-        if self.done_count[f] == len(self.segs[f % model.period]):
+        if self.done_count[f] == len(self.segs[f % period]):
             self.finish[f] = now
             self.inflight -= 1
             self.admit(now)
