@@ -235,8 +235,13 @@ def ensure_agent_installed(conn: BoardConnection, wd: str, progress=None) -> boo
     if code == 0 and out.strip() == name:
         return False
     py = conn.board.python
-    conn.run([py, "-m", "venv", "--system-site-packages", p["venv"]], timeout=300)
+    # without pip of its own where the board's Python has one the venv can run (it sees the system's
+    # packages): seeding a venv with pip takes seconds here and tens of seconds on a small board
+    conn.run([py, "-m", "venv", "--system-site-packages", "--without-pip", p["venv"]], timeout=300)
     vpy = f"{p['venv']}/bin/python"
+    code, _, _ = conn.run([vpy, "-m", "pip", "--version"], check=False)
+    if code != 0:
+        conn.run([vpy, "-m", "ensurepip", "--default-pip"], timeout=300)
     code, _, _ = conn.run([vpy, "-c", DEPS_CHECK], check=False)
     if code != 0:
         # The board's Python may have the runtime packages where a venv does not see them (itself a venv):
