@@ -113,6 +113,11 @@ class CallLimits(grpc.ServerInterceptor):
             f"the agent runs {self.limits[kind]} {kind} calls already (its limit); retry later",
         )
 
+    def busy(self, besides: tuple[str, ...] = ()) -> int:
+        """Calls in progress, those of the kinds ``besides`` left out."""
+        with self._lock:
+            return sum(n for k, n in self.active.items() if k not in besides)
+
     def _leave(self, kind: str) -> None:
         with self._lock:
             self.active[kind] -= 1
@@ -379,8 +384,9 @@ def build_server(
     token: str | None = None,
     tls: tuple[bytes, bytes, bytes | None] | None = None,
     limits: dict[str, int] | None = None,
-) -> tuple[grpc.Server, int]:
-    """The agent's server; ``limits`` overrides ``CALL_LIMITS`` per kind."""
+) -> tuple[grpc.Server, int, CallLimits]:
+    """The agent's server, its port and the counter of its calls; ``limits`` overrides ``CALL_LIMITS`` per
+    kind."""
     options = [
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -408,7 +414,7 @@ def build_server(
         bound = server.add_insecure_port(address)
     if bound == 0:
         raise OSError(f"cannot listen on {address}")
-    return server, bound
+    return server, bound, calls
 
 
 def process_start_time(pid: int | str = "self") -> str:
@@ -569,7 +575,7 @@ def main(argv: list[str] | None = None) -> int:
             tmp.write_text(f"{metrics_port}\n")
             os.replace(tmp, args.metrics_port_file)
     try:
-        server, port = build_server(state, args.host, args.port, token, tls)
+        server, port, calls = build_server(state, args.host, args.port, token, tls)
     except OSError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -590,13 +596,20 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     stop.wait()
-    drain(server, state, args.grace)
+    drain(server, state, args.grace, calls)
     return 0
 
 
-def drain(server: grpc.Server, state: service.AgentState, grace: float) -> None:
-    """Shut down without dropping work: refuse new calls and frames, let frames in flight finish
-    (at most ``grace`` seconds), then stop the pipeline and the server."""
+# kinds of call their callers hold open for as long as they like: a draining agent cuts them once its frames
+# are done and its other calls have ended, not after the whole grace period
+HELD_OPEN = ("Watch", "Exchange", "InferStream")
+SETTLE_S = 0.5
+
+
+def drain(server: grpc.Server, state: service.AgentState, grace: float, calls: CallLimits | None = None) -> None:
+    """Shut down without dropping work: refuse new calls and frames, let frames in flight and calls in progress
+    finish (at most ``grace`` seconds), then stop the pipeline and the server (cutting the streams ``calls``
+    counts as held open by their callers)."""
     log.info("draining: no new calls; waiting up to %.0fs for frames in flight", grace)
     deadline = time.monotonic() + grace
     pipeline = state.pipeline
@@ -606,6 +619,14 @@ def drain(server: grpc.Server, state: service.AgentState, grace: float) -> None:
         if left:
             log.warning("%d frame(s) still in flight after %.0fs; they fail", left, grace)
     service.stop_pipeline(state, forget=False)  # it comes back when the agent starts again
+    if calls is not None:
+        # Calls that end by themselves (unary calls, uploads, a benchmark) may finish within the grace period;
+        # streams their callers hold open (health watches, peers' exchanges) would hold the agent for all of
+        # it: once the frames are done and the other calls have ended, they are cut
+        while calls.busy(besides=HELD_OPEN) and time.monotonic() < deadline and not stopped.is_set():
+            time.sleep(0.05)
+        stopped.wait(min(SETTLE_S, max(0.0, deadline - time.monotonic())))  # the last replies go out
+        server.stop(None)
     stopped.wait(max(0.0, deadline - time.monotonic()))
     log.info("agent stopped")
 
