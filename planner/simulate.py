@@ -252,20 +252,14 @@ class _Run:
         self.index_of = {s.key: s.index for s in model.segments}
         self.name_of = {s.key: s.name for s in model.segments}
         self.energy_of = {s.key: model.ms[s.key] * model.busy_extra_w(s) for s in model.segments}
-        self.sends: dict[int, dict[tuple, list[tuple[tuple, float, float, float]]]] = {}
+        self.sends: dict[int, dict[tuple, list[tuple[tuple, float, float, float]]]] = {f: {} for f in out_flows}
         for f, by_src in out_flows.items():
-            self.sends[f] = {
-                src: [
-                    (
-                        dst,
-                        model.flow_ms(parts, x, y),
-                        0.0 if self.unit_of[src] == self.unit_of[dst] else model.cost.handoff_delay_ms(x, y),
-                        model.cost.transfer_mj(nbytes, x, y) if model.flow_ms(parts, x, y) else 0.0,
-                    )
-                    for dst, nbytes, x, y, parts in outs
-                ]
-                for src, outs in by_src.items()
-            }
+            for src, outs in by_src.items():
+                sends = self.sends[f].setdefault(src, [])
+                for dst, nbytes, x, y, parts in outs:
+                    t = model.flow_ms(parts, x, y)
+                    delay = 0.0 if self.unit_of[src] == self.unit_of[dst] else model.cost.handoff_delay_ms(x, y)
+                    sends.append((dst, t, delay, model.cost.transfer_mj(nbytes, x, y) if t else 0.0))
         # the executor's order on a unit (``agents.modulo``): among the frames whose next segment there is
         # ready, the smallest frame + lag
         self.lag = model.lags()
