@@ -30,6 +30,8 @@ frame, on a one-node model, for both paths.
 
 Run: .venv/bin/python bench/bench_agent.py [--models resnet18 googlenet inception_v3] [--frames 60]
      .venv/bin/python bench/bench_agent.py --overhead [--repeats 7] [--frames 200]
+     .venv/bin/python bench/bench_agent.py --feeders [--repeats 9] [--frames 400]  (frames back to back, in
+     process: the benchmark's own thread feeding them, or each finished frame sending the next)
 """
 
 from __future__ import annotations
@@ -524,6 +526,111 @@ def replicated_bundle_inputs(path: Path):
     )
 
 
+def self_fed(pipeline, inputs: dict, frames: int) -> dict[int, float]:
+    """Frames back to back as the Benchmark once sent them (for comparison only): ``max_inflight`` from this
+    thread, then each frame that finishes submits the next from its done-callback, in the worker's thread
+    that finished it (a frame that finds no slot there is left to this thread)."""
+    from agents.executor import DeadlineExceeded
+
+    finished: dict[int, float] = {}
+    lock = threading.Lock()
+    wake = threading.Event()
+    left: list[int] = []
+    sent = [0]
+
+    def claim() -> int | None:
+        with lock:
+            if sent[0] >= frames:
+                return None
+            sent[0] += 1
+            return sent[0] - 1
+
+    def send(i: int, here: bool) -> None:
+        try:
+            future = pipeline.submit(inputs, None if here else 0.0, run=False)
+        except DeadlineExceeded:
+            with lock:
+                left.append(i)
+            wake.set()
+            return
+        future.add_done_callback(lambda _f: done(i))
+
+    def done(i: int) -> None:
+        finished[i] = time.perf_counter()
+        if len(finished) == frames:
+            wake.set()
+            return
+        nxt = claim()
+        if nxt is not None:
+            send(nxt, here=False)
+
+    for _ in range(min(frames, pipeline.max_inflight)):
+        nxt = claim()
+        if nxt is not None:
+            send(nxt, here=True)
+    while len(finished) < frames:
+        wake.wait(0.5)
+        wake.clear()
+        with lock:
+            todo, left[:] = left[:], []
+        for i in todo:
+            send(i, here=True)
+    return finished
+
+
+def feeders(tmp: Path, frames: int, repeats: int) -> None:
+    """In process, the ~2 ms model replicated on each core, frames back to back: fed by the benchmark's own
+    thread (``agents.benchmark.back_to_back``, what the Benchmark does) and self-fed (each finished frame sends
+    the next from its worker's thread), against one plain session per core fed by its own thread. Rounds of
+    plain, own, self-fed, plain again (the order of the two feeders alternating); ms a frame over the frames
+    after the first tenth, each against the mean of the round's two plain runs."""
+    from agents.benchmark import back_to_back
+    from agents.bundle import parse_manifest
+    from agents.executor import Pipeline
+
+    cores = sorted(__import__("os").sched_getaffinity(0))[:2]
+    med = statistics.median
+    probe = conv_chain(tmp / "probe.onnx", 4)
+    feeds = generate_inputs(replicated_bundle_inputs(probe))
+    per_layer = ort_one_session(probe, feeds, 50, cores[:1])[0] / 4
+    small = conv_chain(tmp / "conv_chain_2ms.onnx", max(1, round(2.0 / per_layer)))
+    feeds = generate_inputs(replicated_bundle_inputs(small))
+    bundle = replicated_bundle(small, tmp / "feeders", cores, True)
+    pipeline = Pipeline(parse_manifest((bundle / "manifest.json").read_text()), bundle)
+    pipeline.start()
+
+    def ms(finished: dict[int, float]) -> float:
+        t = sorted(finished.values())
+        skip = max(1, len(t) // 10)
+        return (t[-1] - t[skip - 1]) / (len(t) - skip) * 1e3
+
+    ways = {
+        "own": lambda: ms(back_to_back(pipeline, feeds, frames)),
+        "self-fed": lambda: ms(self_fed(pipeline, feeds, frames)),
+    }
+    got: dict[str, list[float]] = {k: [] for k in ways}
+    noise: list[float] = []
+    try:
+        for way in ways.values():
+            way()
+        for r in range(repeats):
+            before = 1000 / ort_session_per_core(small, feeds, frames, cores)
+            runs = {k: ways[k]() for k in (list(ways) if r % 2 == 0 else list(ways)[::-1])}
+            after = 1000 / ort_session_per_core(small, feeds, frames, cores)
+            for k, v in runs.items():
+                got[k].append((v / ((before + after) / 2) - 1) * 100)
+            noise.append((after / before - 1) * 100)
+    finally:
+        pipeline.stop()
+    print(
+        f"\n== frames back to back in process, {small.stem} replicated on cores {cores}, {frames} frames, {repeats} "
+        "rounds (plain, both feeders in alternating order, plain again): ms a frame against plain, median [range]"
+    )
+    for k, v in got.items():
+        print(f"{k:9} {med(v):+7.2f}% {_span(v)}")
+    print(f"{'noise':9} {med(noise):+7.2f}% {_span(noise)}  (plain's second run against its first)", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=["resnet18", "googlenet", "inception_v3"])
@@ -531,10 +638,16 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--zoo-dir", type=Path, default=Path("build/bench/zoo"))
     parser.add_argument("--overhead", action="store_true", help="only the board-side overhead per frame")
+    parser.add_argument(
+        "--feeders", action="store_true", help="only the in-process comparison of two ways to feed frames back to back"
+    )
     args = parser.parse_args()
     from models.export import export_model
 
     tmp = Path(tempfile.mkdtemp(prefix="parapipe-bench-agent-"))
+    if args.feeders:
+        feeders(tmp, args.frames, args.repeats)
+        return
     if args.overhead:
         args.zoo_dir.mkdir(parents=True, exist_ok=True)
         with LocalAgent() as agent:
