@@ -9,12 +9,13 @@ same quantities the planner's analytic model and simulator predict.
 from __future__ import annotations
 
 import statistics
+import threading
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
-from agents.executor import Pipeline, generate_inputs
+from agents.executor import DeadlineExceeded, Pipeline, generate_inputs
 from profiler.energy import EnergyMeter, PowerModel
 from profiler.measure import AT_RATE_LOAD
 
@@ -55,21 +56,75 @@ class BenchmarkResult:
 def back_to_back(pipeline: Pipeline, inputs: dict[str, np.ndarray], frames: int) -> dict[int, float]:
     """Run ``frames`` frames back to back, ``max_inflight`` at once; each frame's finish time, by index.
 
-    This thread submits every frame, waiting for a slot while ``max_inflight`` are in flight; the partitions'
-    workers only run them (``run=False``), and their done-callbacks only note the time. The first failure, in
-    frame order, is raised once every frame has finished."""
+    This thread fills the slots; then each frame that finishes sends the next one from the thread that
+    finished it (its last worker), as a plain session run in a loop feeds itself, so ``max_inflight`` frames
+    stay in flight with no feeding thread that needs a core each time a slot frees (at real-time priority it
+    gets none until a worker runs dry: the workers then wait for it). A frame that finds no slot there (a
+    call to the agent took it meanwhile) is left to this thread, which waits for a slot. The first failure
+    ends the run: the frames in flight finish, then it is raised."""
     finished: dict[int, float] = {}
-    futures = []
-    for i in range(frames):
-        future = pipeline.submit(inputs, run=False)  # never run by this thread: it keeps feeding
-        future.add_done_callback(lambda _f, i=i: finished.__setitem__(i, time.perf_counter()))
-        futures.append(future)
-    errors = [f.exception() for f in futures]  # waits for every frame
-    for error in errors:
-        if error is not None:
-            raise error
-    while len(finished) < frames:  # done-callbacks may trail the futures by a moment
-        time.sleep(0.0005)
+    lock = threading.Lock()
+    wake = threading.Event()
+    left_over: list[int] = []  # frames a done-callback could not send: this thread sends them
+    failure: list[BaseException] = []
+    claimed = [0]
+    submitted = [0]
+
+    def claim() -> int | None:
+        with lock:
+            if claimed[0] >= frames or failure:
+                return None
+            claimed[0] += 1
+            return claimed[0] - 1
+
+    def send(i: int, here: bool) -> None:
+        with lock:
+            submitted[0] += 1  # counted before it may finish; taken back if it was not sent
+        try:
+            future = pipeline.submit(inputs, None if here else 0.0, run=False)
+        except DeadlineExceeded:  # no slot free (from a done-callback, which must not wait)
+            with lock:
+                submitted[0] -= 1
+                left_over.append(i)
+            wake.set()
+            return
+        except BaseException as exc:
+            with lock:
+                submitted[0] -= 1
+            failure.append(exc)
+            wake.set()
+            return
+        future.add_done_callback(lambda f: done(i, f))
+
+    def done(i: int, future) -> None:
+        finished[i] = time.perf_counter()
+        if future.exception() is not None:
+            failure.append(future.exception())
+        if len(finished) == frames or failure:
+            wake.set()
+            if failure:
+                return
+        nxt = claim()
+        if nxt is not None:
+            send(nxt, here=False)
+
+    for _ in range(min(frames, pipeline.max_inflight)):
+        nxt = claim()
+        if nxt is not None:
+            send(nxt, here=True)
+    while len(finished) < frames:
+        with lock:
+            if failure and len(finished) >= submitted[0]:
+                break  # every frame sent has finished or failed
+        wake.wait(0.5)
+        wake.clear()
+        with lock:
+            todo, left_over[:] = left_over[:], []
+        for i in todo:
+            if not failure:
+                send(i, here=True)
+    if failure:
+        raise failure[0]
     return finished
 
 

@@ -30,8 +30,8 @@ frame, on a one-node model, for both paths.
 
 Run: .venv/bin/python bench/bench_agent.py [--models resnet18 googlenet inception_v3] [--frames 60]
      .venv/bin/python bench/bench_agent.py --overhead [--repeats 7] [--frames 200]
-     .venv/bin/python bench/bench_agent.py --feeders [--repeats 9] [--frames 400]  (frames back to back, in
-     process: the benchmark's own thread feeding them, or each finished frame sending the next)
+     .venv/bin/python bench/bench_agent.py --feeders [--repeats 21] [--frames 400]  (frames back to back, in
+     process: each finished frame sending the next, as the Benchmark does, or one thread feeding them all)
 """
 
 from __future__ import annotations
@@ -526,62 +526,26 @@ def replicated_bundle_inputs(path: Path):
     )
 
 
-def self_fed(pipeline, inputs: dict, frames: int) -> dict[int, float]:
-    """Frames back to back as the Benchmark once sent them (for comparison only): ``max_inflight`` from this
-    thread, then each frame that finishes submits the next from its done-callback, in the worker's thread
-    that finished it (a frame that finds no slot there is left to this thread)."""
-    from agents.executor import DeadlineExceeded
-
+def own_thread(pipeline, inputs: dict, frames: int) -> dict[int, float]:
+    """Frames back to back fed by this thread alone (for comparison only): it submits every frame, waiting
+    for a slot while ``max_inflight`` are in flight; the workers' done-callbacks only note the time."""
     finished: dict[int, float] = {}
-    lock = threading.Lock()
-    wake = threading.Event()
-    left: list[int] = []
-    sent = [0]
-
-    def claim() -> int | None:
-        with lock:
-            if sent[0] >= frames:
-                return None
-            sent[0] += 1
-            return sent[0] - 1
-
-    def send(i: int, here: bool) -> None:
-        try:
-            future = pipeline.submit(inputs, None if here else 0.0, run=False)
-        except DeadlineExceeded:
-            with lock:
-                left.append(i)
-            wake.set()
-            return
-        future.add_done_callback(lambda _f: done(i))
-
-    def done(i: int) -> None:
-        finished[i] = time.perf_counter()
-        if len(finished) == frames:
-            wake.set()
-            return
-        nxt = claim()
-        if nxt is not None:
-            send(nxt, here=False)
-
-    for _ in range(min(frames, pipeline.max_inflight)):
-        nxt = claim()
-        if nxt is not None:
-            send(nxt, here=True)
+    futures = []
+    for i in range(frames):
+        future = pipeline.submit(inputs, run=False)
+        future.add_done_callback(lambda _f, i=i: finished.__setitem__(i, time.perf_counter()))
+        futures.append(future)
+    for future in futures:
+        future.result()
     while len(finished) < frames:
-        wake.wait(0.5)
-        wake.clear()
-        with lock:
-            todo, left[:] = left[:], []
-        for i in todo:
-            send(i, here=True)
+        time.sleep(0.0005)
     return finished
 
 
 def feeders(tmp: Path, frames: int, repeats: int) -> None:
-    """In process, the ~2 ms model replicated on each core, frames back to back: fed by the benchmark's own
-    thread (``agents.benchmark.back_to_back``, what the Benchmark does) and self-fed (each finished frame sends
-    the next from its worker's thread), against one plain session per core fed by its own thread. Rounds of
+    """In process, the ~2 ms model replicated on each core, frames back to back: self-fed (each finished frame
+    sends the next from its worker's thread: ``agents.benchmark.back_to_back``, what the Benchmark does) and
+    fed by one thread of their own, against one plain session per core fed by its own thread. Rounds of
     plain, own, self-fed, plain again (the order of the two feeders alternating); ms a frame over the frames
     after the first tenth, each against the mean of the round's two plain runs."""
     from agents.benchmark import back_to_back
@@ -605,8 +569,8 @@ def feeders(tmp: Path, frames: int, repeats: int) -> None:
         return (t[-1] - t[skip - 1]) / (len(t) - skip) * 1e3
 
     ways = {
-        "own": lambda: ms(back_to_back(pipeline, feeds, frames)),
-        "self-fed": lambda: ms(self_fed(pipeline, feeds, frames)),
+        "own": lambda: ms(own_thread(pipeline, feeds, frames)),
+        "self-fed": lambda: ms(back_to_back(pipeline, feeds, frames)),
     }
     got: dict[str, list[float]] = {k: [] for k in ways}
     noise: list[float] = []
