@@ -1,5 +1,6 @@
-"""The benchmark's frames back to back: all of them, whatever else runs, and several at once on a pipeline of
-several units (the overlap of the partitions' runs shows it); the overlap is accounted exactly."""
+"""The benchmark's frames back to back, sent by the frames that finish: all of them, whatever else runs, and
+several at once on a pipeline of several units (the overlap of the partitions' runs shows it); the overlap is
+accounted exactly."""
 
 from __future__ import annotations
 
@@ -27,8 +28,8 @@ def pipeline(tmp_path):
 
 
 def test_frames_back_to_back_all_finish_while_other_calls_take_slots(pipeline: Pipeline) -> None:
-    """Other callers take frame slots while the benchmark runs (its thread then waits for a slot): every frame
-    finishes once, and the others' frames are right."""
+    """Other callers take frame slots while the benchmark runs (a done-callback then finds none free and
+    leaves its frame to the benchmark's thread): every frame finishes once, and the others' frames are right."""
     stop = threading.Event()
     wrong: list[int] = []
     others = [0]
