@@ -43,39 +43,54 @@ class BenchmarkResult:
     energy_sensor: str
     partitions: tuple[PartitionResult, ...]
     wall_s: float
+    # frames back to back, how the partitions' runs overlapped (``executor.Overlap``): the share of the busy time
+    # two or more different frames ran at once, the mean frames running while any ran (1.0: one at a time), and
+    # the share of the frames' runs during which another frame ran (0: one at a time); and the frames in flight
+    # when a partition started a run, on average (1.0: one at a time)
+    overlap: float = 0.0
+    frames_at_once: float = 0.0
+    runs_overlapped: float = 0.0
+    in_flight: float = 0.0
 
 
 def back_to_back(pipeline: Pipeline, inputs: dict[str, np.ndarray], frames: int) -> dict[int, float]:
     """Run ``frames`` frames back to back, ``max_inflight`` at once; each frame's finish time, by index.
 
-    Each frame that finishes sends the next one from the thread that finished it (its last worker), as
-    a plain session run in a loop feeds itself: no feeding thread woken per frame to take a core from
-    the workers (at full load that cost 2-4% of a 2 ms frame). A frame that finds no slot there (a call
-    to the agent took it meanwhile) is left to this thread, which waits for a slot. The first failure
-    ends the run and is raised."""
+    This thread fills the slots; then each frame that finishes sends the next one from the thread that
+    finished it (its last worker), as a plain session run in a loop feeds itself, so ``max_inflight`` frames
+    stay in flight with no feeding thread that needs a core each time a slot frees (at real-time priority it
+    gets none until a worker runs dry: the workers then wait for it). A frame that finds no slot there (a
+    call to the agent took it meanwhile) is left to this thread, which waits for a slot. The first failure
+    ends the run: the frames in flight finish, then it is raised."""
     finished: dict[int, float] = {}
     lock = threading.Lock()
     wake = threading.Event()
     left_over: list[int] = []  # frames a done-callback could not send: this thread sends them
     failure: list[BaseException] = []
-    sent = [0]
+    claimed = [0]
+    submitted = [0]
 
     def claim() -> int | None:
         with lock:
-            if sent[0] >= frames or failure:
+            if claimed[0] >= frames or failure:
                 return None
-            sent[0] += 1
-            return sent[0] - 1
+            claimed[0] += 1
+            return claimed[0] - 1
 
     def send(i: int, here: bool) -> None:
+        with lock:
+            submitted[0] += 1  # counted before it may finish; taken back if it was not sent
         try:
             future = pipeline.submit(inputs, None if here else 0.0, run=False)
         except DeadlineExceeded:  # no slot free (from a done-callback, which must not wait)
             with lock:
+                submitted[0] -= 1
                 left_over.append(i)
             wake.set()
             return
         except BaseException as exc:
+            with lock:
+                submitted[0] -= 1
             failure.append(exc)
             wake.set()
             return
@@ -87,7 +102,8 @@ def back_to_back(pipeline: Pipeline, inputs: dict[str, np.ndarray], frames: int)
             failure.append(future.exception())
         if len(finished) == frames or failure:
             wake.set()
-            return
+            if failure:
+                return
         nxt = claim()
         if nxt is not None:
             send(nxt, here=False)
@@ -96,13 +112,17 @@ def back_to_back(pipeline: Pipeline, inputs: dict[str, np.ndarray], frames: int)
         nxt = claim()
         if nxt is not None:
             send(nxt, here=True)
-    while not failure and len(finished) < frames:
+    while len(finished) < frames:
+        with lock:
+            if failure and len(finished) >= submitted[0]:
+                break  # every frame sent has finished or failed
         wake.wait(0.5)
         wake.clear()
         with lock:
             todo, left_over[:] = left_over[:], []
         for i in todo:
-            send(i, here=True)
+            if not failure:
+                send(i, here=True)
     if failure:
         raise failure[0]
     return finished
@@ -126,24 +146,14 @@ def run_benchmark(
     meter = EnergyMeter(power or PowerModel(0.0, 0.0), cores)
     with meter:
         t0 = time.perf_counter()
-        # every frame submitted from this thread (``back_to_back``'s self-fed frames ran a two-unit plan at about
-        # one frame at a time in the demo: 74.9 fps against 128.7 this way; kept for its tests until that is found)
-        finished: dict[int, float] = {}
-        futures = []
-        for i in range(frames):
-            fut = pipeline.submit(inputs, run=False)
-            fut.add_done_callback(lambda _f, i=i: finished.__setitem__(i, time.perf_counter()))
-            futures.append(fut)
-        for f in futures:
-            f.result()
-        while len(finished) < frames:  # done-callbacks may trail result() by a moment
-            time.sleep(0.0005)
+        finished = back_to_back(pipeline, inputs, frames)
         t1 = time.perf_counter()
         done = [finished[i] for i in range(frames)]
     skip = min(frames - 1, max(1, frames // 10))
     span = done[-1] - done[skip - 1] if frames > 1 else t1 - t0
     throughput = (frames - skip) / span if frames > 1 else 1 / (t1 - t0)
     stats = dict(pipeline.stats())
+    overlap = pipeline.overlap
     reading = meter.reading
 
     # 2. one frame at a time
@@ -197,4 +207,8 @@ def run_benchmark(
         energy_sensor=reading.sensor if reading else "",
         partitions=partitions,
         wall_s=time.perf_counter() - started,
+        overlap=overlap.fraction,
+        frames_at_once=overlap.mean_frames,
+        runs_overlapped=overlap.spells_overlapped,
+        in_flight=overlap.mean_in_flight,
     )

@@ -84,6 +84,100 @@ class WorkerStats:
     frames: int = 0
 
 
+class Overlap:
+    """How the partitions' runs overlapped in time, frame against frame. A frame's *spell* is a stretch of
+    time during which at least one partition of this host runs it; a spell *overlapped* if another frame ran
+    at some moment of it. A pipeline of several units fed back to back overlaps nearly every spell (a stage
+    runs the next frame while the one after it runs this one), however the cores are shared; frames sent one
+    at a time overlap none. Also timed: while any frame ran, how long two or more different frames ran, and
+    the frames running integrated over time. And the frames in flight (entered, not finished: on the entry
+    host) when each run started: one a time reads 1.0, frames fed back to back up to ``max_inflight``, which
+    the machine's load does not change. Updated at each run's start and end (one uncontended lock)."""
+
+    __slots__ = (
+        "_lock",
+        "_running",
+        "_since",
+        "busy_s",
+        "frame_s",
+        "in_flight_sum",
+        "overlap_s",
+        "overlapped_spells",
+        "runs",
+        "spells",
+    )
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running: dict[int, list] = {}  # frame -> [partitions running it now, whether its spell overlapped]
+        self._since = 0.0
+        self.busy_s = 0.0  # time with at least one frame running
+        self.overlap_s = 0.0  # time with two or more different frames running
+        self.frame_s = 0.0  # frames running, integrated over time
+        self.spells = 0  # spells ended
+        self.overlapped_spells = 0  # of them, those during which another frame ran
+        self.runs = 0  # runs started
+        self.in_flight_sum = 0  # frames in flight at their starts, summed
+
+    def _advance(self, now: float) -> None:
+        running = len(self._running)
+        if running:
+            dt = now - self._since
+            self.busy_s += dt
+            self.frame_s += running * dt
+            if running > 1:
+                self.overlap_s += dt
+        self._since = now
+
+    def start(self, frame: int, now: float, in_flight: int = 0) -> None:
+        """A partition starts running ``frame`` at ``now``, with ``in_flight`` frames in the pipeline."""
+        with self._lock:
+            self._advance(now)
+            self.runs += 1
+            self.in_flight_sum += in_flight
+            running = self._running
+            spell = running.get(frame)
+            if spell is None:
+                spell = running[frame] = [0, False]
+            spell[0] += 1
+            if len(running) > 1:  # this spell and every other one running now overlap
+                for other in running.values():
+                    other[1] = True
+
+    def end(self, frame: int, now: float) -> None:
+        """A partition's run of ``frame`` (started with ``start``) ended at ``now``."""
+        with self._lock:
+            self._advance(now)
+            spell = self._running.get(frame)
+            if spell is None:
+                return
+            spell[0] -= 1
+            if spell[0] <= 0:
+                del self._running[frame]
+                self.spells += 1
+                self.overlapped_spells += spell[1]
+
+    @property
+    def spells_overlapped(self) -> float:
+        """The share of the frames' spells during which another frame ran (0: one frame at a time)."""
+        return self.overlapped_spells / self.spells if self.spells else 0.0
+
+    @property
+    def mean_in_flight(self) -> float:
+        """Frames in flight when a run started, on average (1.0: one at a time; 0 on a host other than the entry)."""
+        return self.in_flight_sum / self.runs if self.runs else 0.0
+
+    @property
+    def fraction(self) -> float:
+        """The share of the busy time during which two or more different frames ran."""
+        return self.overlap_s / self.busy_s if self.busy_s > 0 else 0.0
+
+    @property
+    def mean_frames(self) -> float:
+        """Frames running at once, on average over the busy time (1.0: one at a time)."""
+        return self.frame_s / self.busy_s if self.busy_s > 0 else 0.0
+
+
 @dataclass
 class _Frame:
     id: int
@@ -257,18 +351,26 @@ class _Worker:
         """Run frame ``frame`` (holding ``lock`` for the run) and hand its outputs on (or fail the frame,
         naming this partition)."""
         with lock:
-            outcome = self.compute(session, output_names, feeds, arrived)
+            outcome = self.compute(session, output_names, frame, feeds, arrived)
         self.hand_on(output_names, frame, outcome)
 
-    def compute(self, session, output_names: list[str], feeds: dict, arrived: float | None) -> list | BaseException:
-        """One session.run (the caller holds ``run_lock``): the outputs, or the error it raised. ``arrived``:
-        when the inputs were there (None: run by the thread that brought them, no wait)."""
+    def compute(
+        self, session, output_names: list[str], frame: int, feeds: dict, arrived: float | None
+    ) -> list | BaseException:
+        """One session.run of frame ``frame`` (the caller holds ``run_lock``): the outputs, or the error it
+        raised. ``arrived``: when the inputs were there (None: run by the thread that brought them, no wait)."""
+        pipeline = self.pipeline
+        overlap = pipeline.overlap
         start = time.perf_counter()
+        overlap.start(frame, start, len(pipeline._frames) + pipeline._inline)  # a racy read is fine for a statistic
         try:
             results = session.run(output_names, feeds)
         except BaseException as exc:
+            overlap.end(frame, time.perf_counter())
             return exc
-        self.stats.busy_s += time.perf_counter() - start
+        end = time.perf_counter()
+        overlap.end(frame, end)
+        self.stats.busy_s += end - start
         if arrived is not None:
             self.stats.wait_s += start - arrived
         self.stats.frames += 1
@@ -383,6 +485,7 @@ class Pipeline:
         self.frames_failed = 0
         self.broken: str | None = None  # why the pipeline cannot finish frames any more (a peer link broke)
         self.on_done: Callable[[float], None] | None = None  # told each completed frame's latency (s): metrics
+        self.overlap = Overlap()  # how the partitions' runs overlapped since the last ``reset_stats``
         self.epoch = uuid.uuid4().hex  # this run of the pipeline: peers start their parts again when it changes
         self._peer_epochs: dict[str, str] = {}  # the run of each other host's part that sends to this one
         self.period = manifest.replica_period()
@@ -670,7 +773,7 @@ class Pipeline:
             if before != cores:
                 os.sched_setaffinity(0, cores)
             try:
-                outcome = w.compute(w.session, w.output_names, {n: tensors[n] for n in w.spec.inputs}, None)
+                outcome = w.compute(w.session, w.output_names, frame, {n: tensors[n] for n in w.spec.inputs}, None)
             finally:
                 if before != cores:
                     os.sched_setaffinity(0, before)
@@ -885,6 +988,7 @@ class Pipeline:
     def reset_stats(self) -> None:
         for w in self.workers.values():
             w.stats = WorkerStats()
+        self.overlap = Overlap()
 
 
 def _wait_future(future: Future, timeout: float) -> bool:

@@ -285,6 +285,10 @@ class AgentServicer(rpc.AgentServicer):
             energy_source=r.energy_source,
             energy_sensor=r.energy_sensor,
             wall_s=r.wall_s,
+            overlap=r.overlap,
+            frames_at_once=r.frames_at_once,
+            runs_overlapped=r.runs_overlapped,
+            in_flight=r.in_flight,
             partitions=[
                 pb.PartitionStats(
                     name=p.name,

@@ -16,9 +16,12 @@ against plain onnxruntime sessions on the same cores, frames generated on the bo
 agent's Benchmark), on a ~2 ms model (a chain of 3x3 convolutions sized here to take about
 2 ms a frame on one core) and on resnet18. Latency: one partition on one core vs one
 single-thread session on that core; throughput: the model replicated on each core (frames
-round-robin) vs one session per core fed by its own thread. Runs alternate (plain, ours)
-and medians are compared; goal <= 1% per frame on both. On a shared machine those runs drift
-by several % with the load, so the same is also measured in process, frame by frame in turn
+round-robin) vs one session per core fed by its own thread. Each round runs plain, ours, plain
+again: a round's overhead is ours against the mean of the two plain runs around it (a drift of
+the load within the round cancels), and the second plain run against the first is the noise of
+the measure itself, printed beside it; medians and ranges over the rounds. Goal <= 1% per
+frame on both. On a shared machine those runs drift by several % with the load, so the same
+is also measured in process, frame by frame in turn
 (inline, queued, plain), where the drift cancels: a one-partition pipeline runs a frame of
 ``infer`` in the caller's thread (inline) when idle, and hands it to its worker (queued) when
 frames wait; a stream in process (a feed thread and a reader, as ``InferStream``), its feed thread
@@ -27,6 +30,8 @@ frame, on a one-node model, for both paths.
 
 Run: .venv/bin/python bench/bench_agent.py [--models resnet18 googlenet inception_v3] [--frames 60]
      .venv/bin/python bench/bench_agent.py --overhead [--repeats 7] [--frames 200]
+     .venv/bin/python bench/bench_agent.py --feeders [--repeats 21] [--frames 400]  (frames back to back, in
+     process: each finished frame sending the next, as the Benchmark does, or one thread feeding them all)
 """
 
 from __future__ import annotations
@@ -254,33 +259,45 @@ def overhead(agent: LocalAgent, zoo_dir: Path, tmp: Path, frames: int, repeats: 
         export_model("resnet18", resnet)
     print(
         f"\n== board-side overhead per frame: the agent's executor vs plain onnxruntime sessions "
-        f"(cores {cores}, {frames} frames, medians of {repeats} alternating runs)"
+        f"(cores {cores}, {frames} frames; {repeats} rounds of plain, ours, plain again: each round's overhead is ours "
+        "against the mean of the plain runs either side of it, and plain's second run against its first is the noise "
+        "of the measure itself; medians, and the range over the rounds)"
     )
     print(
-        f"{'model':16} {'plain lat ms':>12} {'ours lat ms':>11} {'overhead':>8} "
-        f"{'plain ms/frame':>14} {'ours ms/frame':>13} {'overhead':>8}   (throughput: one replica per core)"
+        f"{'model':16} {'row':10} {'plain ms':>9} {'ours ms':>9} {'overhead':>9} {'range':>17} "
+        f"{'noise':>8} {'range':>17}   (ms a frame; throughput: one replica per core)"
     )
     client = agent.client
     for path in (small, resnet):
         feeds = generate_inputs(replicated_bundle_inputs(path))
         one = client.load_bundle(replicated_bundle(path, tmp / f"{path.stem}-x1", cores, False)).bundle_sha256
         many = client.load_bundle(replicated_bundle(path, tmp / f"{path.stem}-xn", cores, True)).bundle_sha256
-        plain_lat, ours_lat, plain_fps, ours_fps = [], [], [], []
+        latency: list[tuple[float, float, float]] = []  # (plain, ours, plain again) ms
+        per_frame: list[tuple[float, float, float]] = []  # the same, ms a frame at full throughput
+        overlapped: list[float] = []
         for _ in range(repeats):
-            plain_lat.append(ort_one_session(path, feeds, frames, cores[:1])[0])
+            before = ort_one_session(path, feeds, frames, cores[:1])[0]
             client.start(one)
-            ours_lat.append(client.benchmark(frames=frames, warmup=5).latency_alone_ms)
-            plain_fps.append(ort_session_per_core(path, feeds, frames, cores))
+            ours = client.benchmark(frames=frames, warmup=5).latency_alone_ms
+            latency.append((before, ours, ort_one_session(path, feeds, frames, cores[:1])[0]))
+            before = 1000 / ort_session_per_core(path, feeds, frames, cores)
             client.start(many)
-            ours_fps.append(client.benchmark(frames=frames, warmup=5).throughput_fps)
+            reply = client.benchmark(frames=frames, warmup=5)
+            overlapped.append(reply.runs_overlapped)
+            per_frame.append(
+                (before, 1000 / reply.throughput_fps, 1000 / ort_session_per_core(path, feeds, frames, cores))
+            )
         client.stop()
-        pl, ol = med(plain_lat), med(ours_lat)
-        pf, of = 1000 / med(plain_fps), 1000 / med(ours_fps)
-        print(
-            f"{path.stem:16} {pl:12.3f} {ol:11.3f} {(ol / pl - 1) * 100:+7.2f}% "
-            f"{pf:14.3f} {of:13.3f} {(of / pf - 1) * 100:+7.2f}%",
-            flush=True,
-        )
+        for row, runs in (("latency", latency), ("throughput", per_frame)):
+            over = [(o / ((a + b) / 2) - 1) * 100 for a, o, b in runs]
+            noise = [(b / a - 1) * 100 for a, _, b in runs]
+            print(
+                f"{path.stem:16} {row:10} {med([x for a, _, b in runs for x in (a, b)]):9.3f} "
+                f"{med([o for _, o, _ in runs]):9.3f} {med(over):+8.2f}% {_span(over):>17} "
+                f"{med(noise):+7.2f}% {_span(noise):>17}",
+                flush=True,
+            )
+        print(f"{path.stem:16} frames' runs that overlapped another frame's (replicas): median {med(overlapped):.0%}")
     print(
         "paired in process, frame by frame in turn (load drift cancels): one partition's pipeline.infer (inline), "
         "the same frame submitted (the submitting thread runs the idle partition itself: entry) and submitted "
@@ -321,6 +338,10 @@ def overhead(agent: LocalAgent, zoo_dir: Path, tmp: Path, frames: int, repeats: 
         f"{queued:.1f} µs handed to the worker and back (submit run=False + result) = {queued / 20:.2f}%",
         flush=True,
     )
+
+
+def _span(values: list[float]) -> str:
+    return f"[{min(values):+.2f}, {max(values):+.2f}]"
 
 
 def paired(model: Path, folder: Path, feeds: dict, cores: list[int], frames: int) -> dict[str, float]:
@@ -505,6 +526,75 @@ def replicated_bundle_inputs(path: Path):
     )
 
 
+def own_thread(pipeline, inputs: dict, frames: int) -> dict[int, float]:
+    """Frames back to back fed by this thread alone (for comparison only): it submits every frame, waiting
+    for a slot while ``max_inflight`` are in flight; the workers' done-callbacks only note the time."""
+    finished: dict[int, float] = {}
+    futures = []
+    for i in range(frames):
+        future = pipeline.submit(inputs, run=False)
+        future.add_done_callback(lambda _f, i=i: finished.__setitem__(i, time.perf_counter()))
+        futures.append(future)
+    for future in futures:
+        future.result()
+    while len(finished) < frames:
+        time.sleep(0.0005)
+    return finished
+
+
+def feeders(tmp: Path, frames: int, repeats: int) -> None:
+    """In process, the ~2 ms model replicated on each core, frames back to back: self-fed (each finished frame
+    sends the next from its worker's thread: ``agents.benchmark.back_to_back``, what the Benchmark does) and
+    fed by one thread of their own, against one plain session per core fed by its own thread. Rounds of
+    plain, own, self-fed, plain again (the order of the two feeders alternating); ms a frame over the frames
+    after the first tenth, each against the mean of the round's two plain runs."""
+    from agents.benchmark import back_to_back
+    from agents.bundle import parse_manifest
+    from agents.executor import Pipeline
+
+    cores = sorted(__import__("os").sched_getaffinity(0))[:2]
+    med = statistics.median
+    probe = conv_chain(tmp / "probe.onnx", 4)
+    feeds = generate_inputs(replicated_bundle_inputs(probe))
+    per_layer = ort_one_session(probe, feeds, 50, cores[:1])[0] / 4
+    small = conv_chain(tmp / "conv_chain_2ms.onnx", max(1, round(2.0 / per_layer)))
+    feeds = generate_inputs(replicated_bundle_inputs(small))
+    bundle = replicated_bundle(small, tmp / "feeders", cores, True)
+    pipeline = Pipeline(parse_manifest((bundle / "manifest.json").read_text()), bundle)
+    pipeline.start()
+
+    def ms(finished: dict[int, float]) -> float:
+        t = sorted(finished.values())
+        skip = max(1, len(t) // 10)
+        return (t[-1] - t[skip - 1]) / (len(t) - skip) * 1e3
+
+    ways = {
+        "own": lambda: ms(own_thread(pipeline, feeds, frames)),
+        "self-fed": lambda: ms(back_to_back(pipeline, feeds, frames)),
+    }
+    got: dict[str, list[float]] = {k: [] for k in ways}
+    noise: list[float] = []
+    try:
+        for way in ways.values():
+            way()
+        for r in range(repeats):
+            before = 1000 / ort_session_per_core(small, feeds, frames, cores)
+            runs = {k: ways[k]() for k in (list(ways) if r % 2 == 0 else list(ways)[::-1])}
+            after = 1000 / ort_session_per_core(small, feeds, frames, cores)
+            for k, v in runs.items():
+                got[k].append((v / ((before + after) / 2) - 1) * 100)
+            noise.append((after / before - 1) * 100)
+    finally:
+        pipeline.stop()
+    print(
+        f"\n== frames back to back in process, {small.stem} replicated on cores {cores}, {frames} frames, {repeats} "
+        "rounds (plain, both feeders in alternating order, plain again): ms a frame against plain, median [range]"
+    )
+    for k, v in got.items():
+        print(f"{k:9} {med(v):+7.2f}% {_span(v)}")
+    print(f"{'noise':9} {med(noise):+7.2f}% {_span(noise)}  (plain's second run against its first)", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=["resnet18", "googlenet", "inception_v3"])
@@ -512,10 +602,16 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--zoo-dir", type=Path, default=Path("build/bench/zoo"))
     parser.add_argument("--overhead", action="store_true", help="only the board-side overhead per frame")
+    parser.add_argument(
+        "--feeders", action="store_true", help="only the in-process comparison of two ways to feed frames back to back"
+    )
     args = parser.parse_args()
     from models.export import export_model
 
     tmp = Path(tempfile.mkdtemp(prefix="parapipe-bench-agent-"))
+    if args.feeders:
+        feeders(tmp, args.frames, args.repeats)
+        return
     if args.overhead:
         args.zoo_dir.mkdir(parents=True, exist_ok=True)
         with LocalAgent() as agent:

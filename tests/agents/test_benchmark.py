@@ -1,16 +1,21 @@
-"""The benchmark's frames back to back: sent by the frames that finish, all of them, whatever else runs."""
+"""The benchmark's frames back to back, sent by the frames that finish: all of them, whatever else runs, and
+several at once on a pipeline of several units (the overlap of the partitions' runs shows it); the overlap is
+accounted exactly."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agents.benchmark import back_to_back, run_benchmark
 from agents.bundle import MANIFEST, parse_manifest
-from agents.executor import Pipeline, PipelineError
-from tests.support.tiny import TABLE_ROWS, expected, frame, write_tiny_bundle
+from agents.executor import Overlap, Pipeline, PipelineError
+from tests.support.tiny import TABLE_ROWS, expected, frame, write_conv_bundle, write_tiny_bundle
 
 
 @pytest.fixture
@@ -56,5 +61,78 @@ def test_frames_back_to_back_all_finish_while_other_calls_take_slots(pipeline: P
 def test_a_failing_frame_ends_the_benchmark_with_its_error(pipeline: Pipeline) -> None:
     with pytest.raises(PipelineError, match="partition s0"):
         back_to_back(pipeline, frame(TABLE_ROWS), 20)
+    assert pipeline.in_flight == 0
     result = run_benchmark(pipeline, frames=12, warmup=1)  # and the pipeline serves on
     assert result.frames == 12 and result.throughput_fps > 0
+
+
+@pytest.mark.parametrize("layout", ["two-stages", "replicas"])
+def test_frames_back_to_back_run_on_both_units_at_once(layout: str, two_cores, tmp_path) -> None:
+    """Two partitions on two cores (a stage each, or a replica each), frames back to back: each partition ran
+    its frames with the pipeline's other frames in flight (on average at least two; one at a time reads 1.0),
+    and frames' runs overlapped other frames' runs. A benchmark that collapses to one frame at a time fails
+    both. Neither is a clock: how much of the time the two cores ran at once is the machine's to give (other
+    processes take the cores), so only that they did is asserted, not for how long."""
+    folder = write_conv_bundle(tmp_path / layout, layout)
+    p = Pipeline(parse_manifest((folder / MANIFEST).read_text()), folder)
+    p.start()
+    try:
+        result = run_benchmark(p, frames=60, warmup=3)
+    finally:
+        p.stop()
+    assert all(part.frames == (60 if layout == "two-stages" else 30) for part in result.partitions)
+    assert result.in_flight >= 2.0, f"runs started with {result.in_flight:.2f} frames in flight on average"
+    assert result.runs_overlapped > 0 and result.overlap > 0 and result.frames_at_once > 1
+
+
+def _brute_force(runs: list[tuple[int, float, float]]) -> tuple[float, float, float, int, int]:
+    """(busy, overlap, frame-seconds, spells, overlapped spells) of runs (frame, start, end), from the intervals:
+    time by elementary segments between events; a frame's spells are its runs merged where they overlap."""
+    times = sorted({t for _, a, b in runs for t in (a, b)})
+    busy = overlap = frame_s = 0.0
+    for a, b in itertools.pairwise(times):
+        frames = {f for f, s, e in runs if s <= a and b <= e}
+        if frames:
+            busy += b - a
+            frame_s += len(frames) * (b - a)
+            if len(frames) > 1:
+                overlap += b - a
+    spells: list[tuple[int, float, float]] = []
+    for f in {f for f, _, _ in runs}:
+        merged: list[list[float]] = []
+        for _, s, e in sorted(r for r in runs if r[0] == f):
+            if merged and s < merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], e)
+            else:
+                merged.append([s, e])
+        spells += [(f, s, e) for s, e in merged]
+    overlapped = sum(1 for f, s, e in spells if any(g != f and a < e and s < b for g, a, b in runs))
+    return busy, overlap, frame_s, len(spells), overlapped
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 4), st.integers(0, 50), st.integers(1, 20)),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_overlap_accounting_equals_the_intervals_measure(drawn: list[tuple[int, int, int]]) -> None:
+    """For any runs (a frame, a start, a length; several partitions may run one frame at once, as parallel
+    branches do), the busy time, the time two or more different frames ran, the frames running integrated over
+    time, and how many of the frames' spells another frame overlapped are those of the intervals themselves."""
+    runs = [(f, float(s), float(s + n)) for f, s, n in drawn]
+    events = sorted([(s, 1, f) for f, s, _ in runs] + [(e, 0, f) for f, _, e in runs])  # ends first at a tie
+    o = Overlap()
+    for t, kind, f in events:
+        if kind:
+            o.start(f, t, f + 1)  # frames in flight: any count
+        else:
+            o.end(f, t)
+    busy, overlap, frame_s, spells, overlapped = _brute_force(runs)
+    assert o.busy_s == pytest.approx(busy) and o.overlap_s == pytest.approx(overlap)
+    assert o.frame_s == pytest.approx(frame_s)
+    assert (o.spells, o.overlapped_spells) == (spells, overlapped)
+    assert o.runs == len(runs) and o.mean_in_flight == pytest.approx(sum(f + 1 for f, _, _ in runs) / len(runs))
+    assert 0.0 <= o.fraction <= 1.0 and 0.0 <= o.spells_overlapped <= 1.0

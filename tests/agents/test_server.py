@@ -19,6 +19,7 @@ from agents.server import MAX_MESSAGE_BYTES
 from compiler import compile_plan, write_bundle
 from parapipe.local_agent import LocalAgent
 from tests.support.plans import executor_plans, model_and_graph
+from tests.support.tiny import write_conv_bundle
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +79,16 @@ def test_benchmark_runs_on_the_board(agent, bundle) -> None:
     assert reply.energy_source == "modelled"
     assert {p.pu for p in reply.partitions} == {"c0", "c1"}
     assert all(p.frames >= 10 for p in reply.partitions)
+
+
+def test_a_benchmark_keeps_frames_on_two_units_at_once(agent, tmp_path) -> None:
+    """The Benchmark reply says how its frames back to back went through two stages on two cores: with the
+    pipeline's other frames in flight (one at a time reads 1.0), runs of different frames overlapping."""
+    client = agent.client
+    client.start(client.load_bundle(write_conv_bundle(tmp_path / "conv", "two-stages")).bundle_sha256)
+    reply = client.benchmark(frames=60, warmup=3)
+    assert reply.in_flight >= 2.0, f"runs started with {reply.in_flight:.2f} frames in flight on average"
+    assert reply.runs_overlapped > 0 and reply.overlap > 0 and reply.frames_at_once > 1
 
 
 def test_bad_requests_get_the_right_status_and_the_agent_keeps_serving(agent, bundle, tmp_path) -> None:

@@ -7,6 +7,7 @@ A plan may be split over hosts ``a`` (the entry host, stage 0) and ``b`` (the re
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import time
@@ -211,3 +212,73 @@ def start_two_hosts(
     b.client.start(bundle_sha(parts["b"]), peers=[Peer("a", f"127.0.0.1:{a.port}")])
     a.client.start(bundle_sha(parts["a"]), peers=[Peer("b", f"127.0.0.1:{b.port}")])
     return a, b
+
+
+CONV_SHAPE = (1, 16, 32, 32)
+
+
+def _conv_chain(layers: int, seed: int, x: str, y: str) -> bytes:
+    """``layers`` 3x3 convolutions (+ReLU) from tensor ``x`` to ``y``: real work (about 0.1 ms a layer on a
+    core), so that partitions' runs take long enough to be seen overlapping, or not."""
+    rng = np.random.default_rng(seed)
+    channels = CONV_SHAPE[1]
+    nodes, inits = [], []
+    name = x
+    for i in range(layers):
+        w = (rng.standard_normal((channels, channels, 3, 3)) * 0.05).astype(np.float32)
+        inits.append(numpy_helper.from_array(w, f"w{i}"))
+        out = y if i == layers - 1 else f"r{i}"
+        nodes.append(helper.make_node("Conv", [name, f"w{i}"], [f"c{i}"], pads=[1, 1, 1, 1]))
+        nodes.append(helper.make_node("Relu", [f"c{i}"], [out]))
+        name = out
+    graph = helper.make_graph(
+        nodes,
+        "conv_chain",
+        [helper.make_tensor_value_info(x, TensorProto.FLOAT, list(CONV_SHAPE))],
+        [helper.make_tensor_value_info(y, TensorProto.FLOAT, list(CONV_SHAPE))],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+
+
+def write_conv_bundle(folder: Path, layout: str, layers: int = 24) -> Path:
+    """Two partitions on two cores, one thread each: ``two-stages`` (a chain of convolutions cut in two, a
+    stage per core) or ``replicas`` (the whole chain on each core, frames taken in turn)."""
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    folder.mkdir(parents=True, exist_ok=True)
+    shape = TensorSpec("x", "float32", CONV_SHAPE)
+    if layout == "two-stages":
+        models = {"s0.onnx": _conv_chain(layers, 0, "x", "mid"), "s1.onnx": _conv_chain(layers, 1, "mid", "y")}
+        parts = (
+            cpu_partition("s0", "s0.onnx", models["s0.onnx"], cores[0], inputs=("x",), outputs=("mid",), stage=0),
+            cpu_partition("s1", "s1.onnx", models["s1.onnx"], cores[1], inputs=("mid",), outputs=("y",), stage=1),
+        )
+        replicas: tuple[int, ...] = (1, 1)
+    elif layout == "replicas":
+        models = {"whole.onnx": _conv_chain(2 * layers, 0, "x", "y")}
+        parts = tuple(
+            dataclasses.replace(
+                cpu_partition(f"r{g}", "whole.onnx", models["whole.onnx"], core, inputs=("x",), outputs=("y",)),
+                group=g,
+            )
+            for g, core in enumerate(cores)
+        )
+        replicas = (2,)
+    else:
+        raise ValueError(f"layout must be two-stages or replicas, got {layout!r}")
+    for name, data in models.items():
+        (folder / name).write_bytes(data)
+    manifest = Manifest(
+        model_sha256="2" * 64,
+        plan_name=f"conv-{layout}",
+        device="test",
+        pipelined=True,
+        max_inflight=5,
+        replicas=replicas,
+        inputs=(shape,),
+        outputs=(TensorSpec("y", "float32", CONV_SHAPE),),
+        partitions=parts,
+        power=(1.0, 0.5, 2),
+    )
+    (folder / MANIFEST).write_text(manifest.text())
+    return folder
