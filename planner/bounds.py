@@ -268,29 +268,26 @@ def configuration_bound(
     ILP's optimum), within about ``budget`` seconds; None where that found none.
 
     First every configuration is bounded fast: runs by their shortest path on its units, the stretches
-    ``ilp.segment_bounds`` bounds by those bounds (over every unit), the others by the LP relaxation of
-    ``load_bound``. Then, the configurations below ``ceiling`` (a plan's latency: a configuration that reaches
-    it holds no better plan, so a bound need not go past it) least first, each large stretch by the MIP
-    ``load_bound`` and each small one by its own latency ILP on the configuration's units, in what is left.
-    ``big``: the stretches (x, y) bounded as large ones (default ``big_stretches``)."""
+    ``ilp.segment_bounds`` bounds by those bounds, the others by the LP relaxation of ``load_bound`` (these two
+    over every unit, computed once). Then, the configurations below ``ceiling`` (a plan's latency: a
+    configuration that reaches it holds no better plan, so a bound need not go past it) least first, each large
+    stretch by the MIP ``load_bound`` and each small one by its own latency ILP on the configuration's units, in
+    what is left. ``big``: the stretches (x, y) bounded as large ones (default ``big_stretches``)."""
     deadline = time.perf_counter() + budget
     n = len(problem.blocks)
     parts = pieces(problem)
     known = {(x, y): span for x, y, span in segment_bounds(problem, budget / 4)}
     big = set(big_stretches(problem)) if big is None else big
-    fast: list[tuple[float, frozenset[int], dict[_Piece, float]]] = []
-    for units in configurations(problem):
+    everywhere = frozenset(range(len(problem.units)))
+    for p in parts:
+        if not p.chain and (p.x, p.y) in big:
+            known[(p.x, p.y)] = load_bound(problem, p.x, p.y, everywhere, budget, relaxed=True) or 0.0
         if time.perf_counter() > deadline:
             return None
+    fast: list[tuple[float, frozenset[int], dict[_Piece, float]]] = []
+    for units in configurations(problem):
         sub = restricted(problem, units)
-        spans: dict[_Piece, float] = {}
-        for p in parts:
-            if p.chain:
-                spans[p] = _chain_span(sub, p.chain, units)
-            elif (p.x, p.y) in big:
-                spans[p] = load_bound(sub, p.x, p.y, units, budget, relaxed=True) or 0.0
-            else:
-                spans[p] = known.get((p.x, p.y), 0.0)
+        spans = {p: _chain_span(sub, p.chain, units) if p.chain else known.get((p.x, p.y), 0.0) for p in parts}
         fast.append((sum(spans.values()), units, spans))
     fast.sort(key=lambda f: f[0])
     best = [min(total, ceiling) if ceiling is not None else total for total, _, _ in fast]

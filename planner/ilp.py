@@ -407,16 +407,22 @@ def solve(
     return Solution(assign, schedule(problem, assign), backend.name, status, mip_gap, bound, seconds, objective, value)
 
 
+FLOOR_MIN_S = 0.25
+
+
 def _configuration_floor(problem: Problem, time_limit: float, ceiling: float | None, objective: str) -> float | None:
     """With latency as the objective, on a problem where ``segment_bounds`` leaves stretches out: the proven lower
-    bound on every plan's latency of ``planner.bounds.configuration_bound``, within a tenth of the time limit,
-    computed once per problem (a later, shorter solve of the same problem, in the Pareto sweep, reuses it)."""
+    bound on every plan's latency of ``planner.bounds.configuration_bound``, within an eighth of the time limit,
+    computed once per problem (a later, shorter solve of the same problem, in the Pareto sweep, reuses it). Not
+    for solves too short to give it ``FLOOR_MIN_S`` (the warm start's segment by segment solves)."""
     from planner import bounds
 
-    if objective != "latency" or not bounds.big_stretches(problem):
+    if objective != "latency":
         return None
     if "configuration_bound" not in problem.derived:
-        problem.derived["configuration_bound"] = bounds.configuration_bound(problem, time_limit / 10, ceiling)
+        if time_limit / 8 < FLOOR_MIN_S or not bounds.big_stretches(problem):
+            return None
+        problem.derived["configuration_bound"] = bounds.configuration_bound(problem, time_limit / 8, ceiling)
     return problem.derived["configuration_bound"]
 
 
