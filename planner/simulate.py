@@ -232,14 +232,29 @@ class _Run:
         self.seq = 0
         self.segs = {f: model.frame_segments(f) for f in range(min(frames, model.period))}
         self.flows = {f: model.frame_flows(f) for f in range(min(frames, model.period))}
-        # per phase, each segment's outgoing flows (dst, bytes, PUs, block edges), in ``flows``' order
-        self.out_flows: dict[int, dict[tuple, list[tuple[tuple, int, str, str, tuple[int, ...]]]]] = {}
-        for f, flows in self.flows.items():
-            by_src: dict[tuple, list[tuple[tuple, int, str, str, tuple[int, ...]]]] = {}
-            for (src, dst), (nbytes, x, y, parts) in flows.items():
-                by_src.setdefault(src, []).append((dst, nbytes, x, y, parts))
-            self.out_flows[f] = by_src
         self.seg_by_key = {s.key: s for s in model.segments}
+        # per phase, each segment's outgoing flows, in ``flows``' order: (dst, its link time, the handoff delay
+        # beyond it, its transfer energy), priced once here rather than on every frame's event
+        self.out_flows: dict[int, dict[tuple, list[tuple[tuple, float, float, float]]]] = {}
+        for f, flows in self.flows.items():
+            by_src: dict[tuple, list[tuple[tuple, float, float, float]]] = {}
+            for (src, dst), (nbytes, x, y, parts) in flows.items():
+                t = model.flow_ms(parts, x, y)
+                # latency only: it occupies no link; none to a later partition of the same unit
+                same_unit = self.seg_by_key[src].unit_key == self.seg_by_key[dst].unit_key
+                delay = 0.0 if same_unit else model.cost.handoff_delay_ms(x, y)
+                mj = model.cost.transfer_mj(nbytes, x, y) if t else 0.0
+                by_src.setdefault(src, []).append((dst, t, delay, mj))
+            self.out_flows[f] = by_src
+        self.extra_w = {s.key: model.busy_extra_w(s) for s in model.segments}
+        self.name_of = {s.key: s.name for s in model.segments}
+        # per phase, how many flows each of its segments waits for
+        self.incoming: dict[int, dict[tuple, int]] = {}
+        for f, fs in self.segs.items():
+            incoming = {s.key: 0 for s in fs}
+            for _, dst in self.flows[f]:
+                incoming[dst] += 1
+            self.incoming[f] = incoming
         # the executor's order on a unit (``agents.modulo``): among the frames whose next segment there is
         # ready, the smallest frame + lag
         self.lag = model.lags()
@@ -292,21 +307,18 @@ class _Run:
             self.next_entry = now + self.gate[f % self.model.period]
             self.done_count[f] = 0
             fs = self.segs[f % self.model.period]
-            incoming: dict[tuple, int] = {s.key: 0 for s in fs}
-            for _, dst in self.flows[f % self.model.period]:
-                incoming[dst] += 1
+            incoming = self.incoming[f % self.model.period]
             for s in fs:
                 self.waiting[(f, s.key)] = incoming[s.key]
                 if incoming[s.key] == 0:
                     self.ready(now, f, s.key)
 
     def ready(self, now: float, f: int, key: tuple) -> None:
-        seg = self.seg_by_key[key]
-        unit = seg.unit_key
-        if seg.index == self.next_index.get((unit, f), 0):
-            heapq.heappush(self.runnable.setdefault(unit, []), (f + self.lag[key], f, seg.index, key))
+        unit, index = key[:3], key[3]  # a segment's key is its unit's key and its index there
+        if index == self.next_index.get((unit, f), 0):
+            heapq.heappush(self.runnable.setdefault(unit, []), (f + self.lag[key], f, index, key))
         else:
-            self.held.setdefault((unit, f), {})[seg.index] = key
+            self.held.setdefault((unit, f), {})[index] = key
         self.dispatch(now, unit)
 
     def dispatch(self, now: float, unit: tuple) -> None:
@@ -321,26 +333,22 @@ class _Run:
         if held and index + 1 in held:  # the frame's next segment here was ready already: its turn now
             nxt = held.pop(index + 1)
             heapq.heappush(queue, (f + self.lag[nxt], f, index + 1, nxt))
-        seg = self.seg_by_key[key]
         ms = self.model.ms[key]
         self.unit_busy_until[unit] = now + ms
-        self.busy[seg.name] = self.busy.get(seg.name, 0.0) + ms
-        self.extra_mj += ms * self.model.busy_extra_w(seg)
+        name = self.name_of[key]
+        self.busy[name] = self.busy.get(name, 0.0) + ms
+        self.extra_mj += ms * self.extra_w[key]
         self.push(now + ms, "done", (f, key))
 
     def done(self, now: float, f: int, key: tuple) -> None:
         """A segment ended: its unit takes the next, its outputs cross their links, the frame may be finished."""
         model = self.model
-        self.dispatch(now, self.seg_by_key[key].unit_key)
-        for dst, nbytes, x, y, parts in self.out_flows[f % model.period].get(key, ()):
+        self.dispatch(now, key[:3])
+        for dst, t, delay, mj in self.out_flows[f % model.period].get(key, ()):
             # every consumer gets the tensor as soon as it has crossed: transfers of one frame do not queue
             # behind each other (the executor hands a tensor to each consumer at once); a link's occupancy
             # per frame spaces the frames instead (``frame_traffic_ms``), as in the ILP
-            t = model.flow_ms(parts, x, y)
-            # latency only: it occupies no link; none to a later partition of the same unit
-            same_unit = self.seg_by_key[key].unit_key == self.seg_by_key[dst].unit_key
-            delay = 0.0 if same_unit else model.cost.handoff_delay_ms(x, y)
-            self.extra_mj += model.cost.transfer_mj(nbytes, x, y) if t else 0.0
+            self.extra_mj += mj
             self.push(now + t + delay, "arrive", (f, dst))
         self.done_count[f] += 1
         if self.done_count[f] == len(self.segs[f % model.period]):
