@@ -353,8 +353,9 @@ def solve(
         segment_bounds(problem, time_limit / 4) if objective == "latency" or max_latency_ms is not None else (),
     )
     # a proven bound from outside the solver, per way to cut the CPU clusters (``planner.bounds``), where
-    # segment_bounds leaves stretches out; reported when it beats the solver's, the model left as it is
-    floor = _configuration_floor(problem, time_limit, start.latency_ms if start is not None else None, objective)
+    # segment_bounds leaves stretches out: the solve leaves it time, and it is computed after the solve when the
+    # solver did not close its gap, and reported when it beats the solver's bound (the model left as it is)
+    reserve = _floor_reserve(problem, time_limit, objective)
     formulating = time.perf_counter()
     lp, v = _formulate(problem, objective, bounds, cuts)
     if warm is not None:
@@ -362,8 +363,8 @@ def solve(
     # HiGHS's clock starts once PuLP has handed it the model (seconds on a large one), so its limit is set then,
     # to what is left before the deadline less what reading its solution back takes (``_READ_BACK`` of the time
     # writing the model took)
-    deadline = started + time_limit - _READ_BACK * (time.perf_counter() - formulating)
-    remaining = max(time_limit - (time.perf_counter() - started), 0.1 * time_limit)
+    deadline = started + time_limit - reserve - _READ_BACK * (time.perf_counter() - formulating)
+    remaining = max(time_limit - reserve - (time.perf_counter() - started), 0.1 * time_limit)
     # HiGHS's primal heuristics at 0.3 of its effort (default 0.05) for throughput: googlenet on
     # khadas-vim3-armcl closes in 27 nodes instead of 499; of 18 throughput solves (7 zoo models, 3 boards)
     # the others close at the root either way, bert_small takes as many nodes, multiview_bev on
@@ -372,6 +373,11 @@ def solve(
     backend = _run_solver(lp, solver, remaining, time_limit, gap, warm is not None, effort, deadline)
     seconds = time.perf_counter() - started
     status, mip_gap, bound = _status(lp, backend)
+    floor = None
+    if objective == "latency" and status != "optimal" and status != "infeasible":
+        known = [x for x in (start.latency_ms if start is not None else None, _value(v["L"])) if x is not None]
+        left = max(started + time_limit - time.perf_counter(), reserve / 2)
+        floor = _configuration_floor(problem, left, min(known, default=None))
     if floor is not None and status not in ("infeasible", "no solution"):
         mine = float(pulp.value(v["L"]))  # the solver's incumbent's latency
         if bound is None or floor > bound:
@@ -407,23 +413,36 @@ def solve(
     return Solution(assign, schedule(problem, assign), backend.name, status, mip_gap, bound, seconds, objective, value)
 
 
-FLOOR_MIN_S = 0.25
+FLOOR_MIN_S = 0.25  # a bound computed in less time proves little
+FLOOR_SHARE = 1 / 8  # of a latency solve's limit, kept for the bound from outside the solver
 
 
-def _configuration_floor(problem: Problem, time_limit: float, ceiling: float | None, objective: str) -> float | None:
-    """With latency as the objective, on a problem where ``segment_bounds`` leaves stretches out: the proven lower
-    bound on every plan's latency of ``planner.bounds.configuration_bound``, within an eighth of the time limit,
-    computed once per problem (a later, shorter solve of the same problem, in the Pareto sweep, reuses it). Not
-    for solves too short to give it ``FLOOR_MIN_S`` (the warm start's segment by segment solves)."""
+def _floor_reserve(problem: Problem, time_limit: float, objective: str) -> float:
+    """The seconds a latency solve leaves for ``_configuration_floor`` after it: its share of the limit where the
+    bound applies (``segment_bounds`` leaves stretches out) and is not known yet, else none."""
     from planner import bounds
 
-    if objective != "latency":
-        return None
+    budget = FLOOR_SHARE * time_limit
+    if objective != "latency" or "configuration_bound" in problem.derived or budget < FLOOR_MIN_S:
+        return 0.0
+    return budget if bounds.big_stretches(problem) else 0.0
+
+
+def _configuration_floor(problem: Problem, budget: float, ceiling: float | None) -> float | None:
+    """The proven lower bound on every plan's latency of ``planner.bounds.configuration_bound`` within ``budget``
+    seconds, where it applies (``_floor_reserve``), computed once per problem (a later, shorter solve of the same
+    problem, in the Pareto sweep, reuses it); ``ceiling``: the best plan's latency known."""
+    from planner import bounds
+
     if "configuration_bound" not in problem.derived:
-        if time_limit / 8 < FLOOR_MIN_S or not bounds.big_stretches(problem):
+        if budget < FLOOR_MIN_S or not bounds.big_stretches(problem):
             return None
-        problem.derived["configuration_bound"] = bounds.configuration_bound(problem, time_limit / 8, ceiling)
+        problem.derived["configuration_bound"] = bounds.configuration_bound(problem, budget, ceiling)
     return problem.derived["configuration_bound"]
+
+
+def _value(var: pulp.LpVariable) -> float | None:
+    return None if var.varValue is None else float(var.varValue)
 
 
 def _run_solver(
