@@ -84,6 +84,8 @@ class Solution:
     solver: str
     status: str  # optimal | time-limit | time-limit (warm start kept) | ...
     gap: float | None  # proven relative gap of the solver's own incumbent
+    # proven lower bound on the objective: the solver's, or for latency ``planner.bounds``' where that is higher
+    # (the gap is then against it)
     bound: float | None
     seconds: float
     objective: str
