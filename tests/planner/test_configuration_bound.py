@@ -33,7 +33,7 @@ def _optimum(problem: Problem) -> float:
     return min(schedule(problem, a).latency_ms for a in _plans(problem))
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.one_of(problems(), problems(overhead=0.2), twins()), st.booleans())
 def test_the_configuration_bound_never_exceeds_the_best_plan_nor_the_ilps_optimum(problem, big) -> None:
     """With every stretch bounded as a large one (the load bound) or as a small one (its own latency ILP)."""
@@ -46,7 +46,7 @@ def test_the_configuration_bound_never_exceeds_the_best_plan_nor_the_ilps_optimu
     assert floor <= solution.value * (1 + 1e-6) + 1e-9  # the ILP counts partitions from below: its optimum too
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.one_of(problems(), twins()))
 def test_reporting_the_bound_leaves_the_solvers_plan_as_it_was(problem) -> None:
     """solve() with the bound (computed after a solve that did not close its gap: every solve here is taken for one
