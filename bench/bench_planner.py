@@ -20,6 +20,7 @@ Then, for the models of real scale (30 s goals), the whole Pareto sweep as `plan
 
 Run: .venv/bin/python bench/bench_planner.py [--time-limit 30] [--profiles khadas-vim3 bst-a1000]
      [--models googlenet ...] [--objectives latency ...] [--no-pareto]
+     (``--objectives`` with none: the Pareto sweep alone)
 """
 
 from __future__ import annotations
@@ -72,7 +73,9 @@ def main() -> None:
     parser.add_argument("--time-limit", type=float, default=30.0)
     parser.add_argument("--zoo-dir", type=Path, default=Path("build/bench/zoo"))
     parser.add_argument("--models", nargs="+", default=[c[0] for c in CASES])
-    parser.add_argument("--objectives", nargs="+", default=["latency", "throughput", "energy"])
+    parser.add_argument(
+        "--objectives", nargs="*", default=["latency", "throughput", "energy"], help="none: the Pareto sweep alone"
+    )
     parser.add_argument("--no-pareto", action="store_true", help="skip the Pareto sweep's timing")
     args = parser.parse_args()
     from models.export import export_model

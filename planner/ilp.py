@@ -84,6 +84,8 @@ class Solution:
     solver: str
     status: str  # optimal | time-limit | time-limit (warm start kept) | ...
     gap: float | None  # proven relative gap of the solver's own incumbent
+    # proven lower bound on the objective: the solver's, or for latency ``planner.bounds``' where that is higher
+    # (the gap is then against it)
     bound: float | None
     seconds: float
     objective: str
@@ -352,6 +354,10 @@ def solve(
         start.latency_ms if objective == "latency" and start is not None else None,
         segment_bounds(problem, time_limit / 4) if objective == "latency" or max_latency_ms is not None else (),
     )
+    # a proven bound from outside the solver, per way to cut the CPU clusters (``planner.bounds``), where
+    # segment_bounds leaves stretches out: the solve leaves it time, and it is computed after the solve when the
+    # solver did not close its gap, and reported when it beats the solver's bound (the model left as it is)
+    reserve = _floor_reserve(problem, time_limit, objective)
     formulating = time.perf_counter()
     lp, v = _formulate(problem, objective, bounds, cuts)
     if warm is not None:
@@ -359,8 +365,8 @@ def solve(
     # HiGHS's clock starts once PuLP has handed it the model (seconds on a large one), so its limit is set then,
     # to what is left before the deadline less what reading its solution back takes (``_READ_BACK`` of the time
     # writing the model took)
-    deadline = started + time_limit - _READ_BACK * (time.perf_counter() - formulating)
-    remaining = max(time_limit - (time.perf_counter() - started), 0.1 * time_limit)
+    deadline = started + time_limit - reserve - _READ_BACK * (time.perf_counter() - formulating)
+    remaining = max(time_limit - reserve - (time.perf_counter() - started), 0.1 * time_limit)
     # HiGHS's primal heuristics at 0.3 of its effort (default 0.05) for throughput: googlenet on
     # khadas-vim3-armcl closes in 27 nodes instead of 499; of 18 throughput solves (7 zoo models, 3 boards)
     # the others close at the root either way, bert_small takes as many nodes, multiview_bev on
@@ -369,6 +375,18 @@ def solve(
     backend = _run_solver(lp, solver, remaining, time_limit, gap, warm is not None, effort, deadline)
     seconds = time.perf_counter() - started
     status, mip_gap, bound = _status(lp, backend)
+    floor = None
+    if objective == "latency" and status != "optimal" and status != "infeasible":
+        known = [x for x in (start.latency_ms if start is not None else None, _value(v["L"])) if x is not None]
+        left = max(started + time_limit - time.perf_counter(), reserve / 2)
+        floor = _configuration_floor(problem, left, min(known, default=None))
+    if floor is not None and status not in ("infeasible", "no solution"):
+        mine = float(pulp.value(v["L"]))  # the solver's incumbent's latency
+        if bound is None or floor > bound:
+            bound = floor
+            mip_gap = max((mine - floor) / mine, 0.0) if mine > 0 else mip_gap
+    elif floor is not None and (bound is None or floor > bound):
+        bound = floor
     if status == "no solution" and warm is not None and start is not None:
         # the solver ran out of time before it had a solution of its own: the warm start stands
         return _kept(warm, start, backend.name, "time-limit (warm start kept)", bound, started, objective)
@@ -395,6 +413,38 @@ def solve(
         # the warm start is returned (and named as such when the incumbent is the warm start itself)
         return Solution(warm, start, backend.name, status, mip_gap, bound, seconds, objective, value, True)
     return Solution(assign, schedule(problem, assign), backend.name, status, mip_gap, bound, seconds, objective, value)
+
+
+FLOOR_MIN_S = 0.25  # a bound computed in less time proves little
+FLOOR_SHARE = 1 / 8  # of a latency solve's limit, kept for the bound from outside the solver
+
+
+def _floor_reserve(problem: Problem, time_limit: float, objective: str) -> float:
+    """The seconds a latency solve leaves for ``_configuration_floor`` after it: its share of the limit where the
+    bound applies (``segment_bounds`` leaves stretches out) and is not known yet, else none."""
+    from planner import bounds
+
+    budget = FLOOR_SHARE * time_limit
+    if objective != "latency" or "configuration_bound" in problem.derived or budget < FLOOR_MIN_S:
+        return 0.0
+    return budget if bounds.big_stretches(problem) else 0.0
+
+
+def _configuration_floor(problem: Problem, budget: float, ceiling: float | None) -> float | None:
+    """The proven lower bound on every plan's latency of ``planner.bounds.configuration_bound`` within ``budget``
+    seconds, where it applies (``_floor_reserve``), computed once per problem (a later, shorter solve of the same
+    problem, in the Pareto sweep, reuses it); ``ceiling``: the best plan's latency known."""
+    from planner import bounds
+
+    if "configuration_bound" not in problem.derived:
+        if budget < FLOOR_MIN_S or not bounds.big_stretches(problem):
+            return None
+        problem.derived["configuration_bound"] = bounds.configuration_bound(problem, budget, ceiling)
+    return problem.derived["configuration_bound"]
+
+
+def _value(var: pulp.LpVariable) -> float | None:
+    return None if var.varValue is None else float(var.varValue)
 
 
 def _run_solver(
@@ -831,11 +881,30 @@ def _sections(problem: Problem) -> tuple[tuple[int, int, tuple[int, ...]], ...]:
 def section_gaps(problem: Problem) -> tuple[tuple[tuple[float, float], ...], ...]:
     """Per stretch (``_sections``) and unit u: the least time from the stretch's start (x's end) before any
     block of it can start on u, and from any block's end on u to the stretch's end (y's start, the frame's
-    departure): shortest paths within the stretch as in ``path_bounds``, each block on the unit that serves
-    the bound best, a transfer wherever the path changes PU. An input from before x adds nothing (it was there
-    when x ran), nor an output past y. Computed once per problem."""
+    departure): the least of ``section_paths`` over the stretch's blocks. Computed once per problem."""
     if "section_gaps" in problem.derived:
         return problem.derived["section_gaps"]
+    units = range(len(problem.units))
+    out = []
+    for (_, _, between), (head, tail) in zip(_sections(problem), section_paths(problem), strict=True):
+        out.append(
+            tuple(
+                (min((head[b][u] for b in between), default=0.0), min((tail[b][u] for b in between), default=0.0))
+                for u in units
+            )
+        )
+    problem.derived["section_gaps"] = tuple(out)
+    return problem.derived["section_gaps"]
+
+
+def section_paths(problem: Problem) -> tuple[tuple[dict[int, list[float]], dict[int, list[float]]], ...]:
+    """Per stretch (``_sections``), per block b of it and unit u (inf where u cannot run b): the least time from
+    the stretch's start (x's end) before b can start on u (head), and from b's end on u to the stretch's end
+    (y's start, the frame's departure; tail): shortest paths within the stretch as in ``path_bounds``, each
+    block on the unit that serves the bound best, a transfer wherever the path changes PU. An input from
+    before x adds nothing (it was there when x ran), nor an output past y. Computed once per problem."""
+    if "section_paths" in problem.derived:
+        return problem.derived["section_paths"]
     n, units = len(problem.blocks), range(len(problem.units))
     pu = [x.pu for x in problem.units]
 
@@ -856,7 +925,7 @@ def section_gaps(problem: Problem) -> tuple[tuple[tuple[float, float], ...], ...
                 waits = [0.0]
                 for i, ei in preds[b]:
                     if i == x:
-                        waits.append(min(comm(ei, pu[v], pu[u]) for v in units if ms[x][v] < math.inf))
+                        waits.append(min((comm(ei, pu[v], pu[u]) for v in units if ms[x][v] < math.inf), default=0.0))
                     elif i in inside:
                         waits.append(min(head[i][v] + ms[i][v] + comm(ei, pu[v], pu[u]) for v in units))
                 head[b].append(max(waits) if ms[b][u] < math.inf else math.inf)
@@ -867,18 +936,13 @@ def section_gaps(problem: Problem) -> tuple[tuple[tuple[float, float], ...], ...
                 waits = [0.0]
                 for j, ei in succs[b]:
                     if j == y:
-                        waits.append(min(comm(ei, pu[u], pu[v]) for v in units if ms[y][v] < math.inf))
+                        waits.append(min((comm(ei, pu[u], pu[v]) for v in units if ms[y][v] < math.inf), default=0.0))
                     elif j in inside:
                         waits.append(min(comm(ei, pu[u], pu[v]) + ms[j][v] + tail[j][v] for v in units))
                 tail[b].append(max(waits) if ms[b][u] < math.inf else math.inf)
-        out.append(
-            tuple(
-                (min((head[b][u] for b in between), default=0.0), min((tail[b][u] for b in between), default=0.0))
-                for u in units
-            )
-        )
-    problem.derived["section_gaps"] = tuple(out)
-    return problem.derived["section_gaps"]
+        out.append((head, tail))
+    problem.derived["section_paths"] = tuple(out)
+    return problem.derived["section_paths"]
 
 
 def _section_rows(m: _Model, dur: dict[int, pulp.LpAffineExpression]) -> None:
