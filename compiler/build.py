@@ -8,7 +8,9 @@ onnxruntime; the bundle is written only if they agree (max abs diff <= 1e-5).
 A plan with int8 blocks has the nodes of those blocks quantised inside each partition
 (static QDQ, per-channel weights, from the calibration ranges the plan embeds): the
 QuantizeLinear/DequantizeLinear at a partition's boundary are inside it, so partitions
-still exchange fp32 tensors and chain in any mix. Its chained partitions cannot match
+still exchange fp32 tensors and chain in any mix. The nodes of fp16 blocks are converted
+to fp16 inside their partitions the same way (onnxruntime's converter, the Casts at the
+partition's boundary and around its fp32 nodes inside it). Its chained partitions cannot match
 fp32 to 1e-5: the check compares them with the full fp32 model by the plan's metric and
 records the loss (``Compiled.precision``); only missing outputs, other shapes or
 non-finite values where fp32 is finite are errors here (``run --verify`` holds the loss
@@ -38,7 +40,7 @@ from models.graph import OpGraph
 from models.inputs import InputSpec
 from models.onnx_io import LoadedModel
 from models.partition import GroupExtractor, OutputCheck, compare_outputs
-from models.precision import PrecisionCheck, check_precision, quantize_nodes
+from models.precision import PrecisionCheck, check_precision, quantize_nodes, to_fp16
 from planner.plan import Plan, validate
 from planner.segments import lower, max_inflight
 
@@ -69,8 +71,15 @@ def compile_plan(
             part = extractor.extract(seg.name, seg.members)
             part.model.graph.name = seg.name
             int8 = [m for b in seg.blocks if b in plan.int8 for m in plan.blocks[b]]
+            half = {m for b in seg.blocks if b in plan.fp16 for m in plan.blocks[b]}
+            if int8 and half:
+                raise PartitionError(
+                    f"partition {seg.name!r} holds int8 and fp16 blocks; a unit runs one of them: plan again"
+                )
             if int8 and plan.precision is not None:
                 data = quantize_nodes(part.model, int8, plan.precision.ranges)
+            elif half:
+                data = to_fp16(part.model, [n.name for n in part.model.graph.node if n.name not in half])
             else:
                 data = part.model.SerializeToString()
             sha = hashlib.sha256(data).hexdigest()
@@ -114,7 +123,7 @@ def compile_plan(
         power=board_power(profile),
         hosts=_hosts(parts, {t.name for t in graph.inputs}),
     )
-    if verify and plan.int8 and plan.precision is not None:
+    if verify and plan.reduced and plan.precision is not None:
         check = verify_precision(manifest, files, loaded, plan.precision.metric, plan.precision.budget)
         return Compiled(manifest, files, float("nan"), check)
     diff = verify_compiled(manifest, files, loaded, graph) if verify else float("nan")

@@ -81,14 +81,26 @@ def plan_row(plan: Any) -> dict[str, Any]:
         "gap": prov.gap,
         "seconds": prov.seconds,
         "precision": plan.precision_mix(),
+        "int8_blocks": len(plan.int8),
+        "fp16_blocks": len(plan.fp16),
         "accuracy": _accuracy(plan),
+        "accuracy_loss": _loss(plan),
     }
 
 
-def _accuracy(plan: Any) -> str | None:
-    """The accuracy a plan with int8 blocks promises and was measured at, e.g. ``top1 0.004 <= 0.01 (24 held-back)``."""
+def _loss(plan: Any) -> float | None:
+    """The loss by the plan's metric measured on held-back frames (0 for an all-fp32 plan; None: not measured)."""
     pr = plan.precision
-    if not plan.int8 or pr is None:
+    if not plan.reduced:
+        return 0.0
+    return None if pr is None else dict(pr.measured).get(pr.metric)
+
+
+def _accuracy(plan: Any) -> str | None:
+    """The accuracy a plan with int8/fp16 blocks promises and was measured at, e.g. ``top1 loss 0.004 (budget 0.01,
+    24 held-back frames)``."""
+    pr = plan.precision
+    if not plan.reduced or pr is None:
         return None
     measured = dict(pr.measured).get(pr.metric)
     shown = f"{measured:.3g}" if measured is not None else "not measured"
@@ -501,14 +513,24 @@ def show(
         ),
         highlight=False,
     )
-    mixed = bool(the_plan.int8)
-    t = Table("stage", "replica", "PU", "cores", "core ids", "blocks", "ops", *(("int8 blocks",) if mixed else ()))
+    mixed = bool(the_plan.reduced)
+    t = Table(
+        "stage",
+        "replica",
+        "PU",
+        "cores",
+        "core ids",
+        "blocks",
+        "ops",
+        *(("int8 blocks", "fp16 blocks") if mixed else ()),
+    )
     for s, stage in enumerate(the_plan.stages):
         for g, group in enumerate(stage.groups):
             for a in group:
                 ops = sum(len(the_plan.blocks[b]) for b in a.blocks)
                 shown = ", ".join(a.blocks[:4]) + (f" … (+{len(a.blocks) - 4})" if len(a.blocks) > 4 else "")
                 int8 = sum(b in the_plan.int8 for b in a.blocks)
+                half = sum(b in the_plan.fp16 for b in a.blocks)
                 t.add_row(
                     str(s),
                     str(g),
@@ -517,7 +539,7 @@ def show(
                     ",".join(map(str, a.core_ids)) or "auto",
                     shown,
                     str(ops),
-                    *((f"{int8}/{len(a.blocks)}",) if mixed else ()),
+                    *((f"{int8}/{len(a.blocks)}", f"{half}/{len(a.blocks)}") if mixed else ()),
                 )
     out.print(t)
     out.print(f"precision: {the_plan.precision_mix()}" + _precision_detail(the_plan), highlight=False)
@@ -537,7 +559,7 @@ def show(
 
 def _precision_detail(plan: Any) -> str:
     pr = plan.precision
-    if not plan.int8 or pr is None:
+    if not plan.reduced or pr is None:
         return " (every block as the model has it)"
     measured = ", ".join(f"{k} {v:.3g}" for k, v in pr.measured) or "not measured"
     return (
