@@ -594,9 +594,9 @@ def check_and_repair(
             except RefusedMix:  # onnxruntime cannot run a partition of this mix: as bad as a mix can be
                 measured[key] = ((auto.request.metric, REFUSED_LOSS),)
                 return REFUSED_LOSS
-            period = compiled.manifest.replica_period()
+            period, sessions = compiled.manifest.replica_period(), {}
             got = [
-                {t: v for t, v in run_chained(compiled.manifest, compiled.files, dict(f), k % period).items()}
+                run_chained(compiled.manifest, compiled.files, dict(f), k % period, sessions)
                 for k, f in enumerate(auto.held_out)
             ]
             measured[key] = check_precision(reference, got, auto.request.metric, budget).accuracy.losses
