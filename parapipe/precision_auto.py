@@ -108,6 +108,11 @@ def request_from_flags(
     return PrecisionRequest(calibration, parse_budget(max_accuracy_loss or "1%"), metric or "relerr", spec)
 
 
+def sweep_budgets(budget: float) -> tuple[float, ...]:
+    """The accuracy budgets a Pareto sweep plans within, up to the user's: none, half of it, all of it."""
+    return tuple(sorted({0.0, budget / 2, budget}))
+
+
 def parse_budget(text: str) -> float:
     """``1%`` or ``0.01`` -> 0.01."""
     raw = text.strip()

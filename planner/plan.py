@@ -176,6 +176,15 @@ class Plan:
         table = self.precision.int8_ms if block in self.int8 else self.precision.fp16_ms if block in self.fp16 else {}
         return table.get(block, {}).get(config)
 
+    def accuracy_loss(self) -> float:
+        """The loss against fp32 by the plan's metric, as measured end to end when it was planned: 0 for an all-fp32
+        plan; the budget it promises where it was not measured."""
+        if not self.int8 and not self.fp16:
+            return 0.0
+        if self.precision is None:
+            return 1.0
+        return dict(self.precision.measured).get(self.precision.metric, self.precision.budget)
+
     def precision_mix(self) -> str:
         """``fp32``, or e.g. ``int8 12/40 blocks (310 of 860 nodes)``, ``fp16 5/40 blocks (...)``, or both joined
         by ``+``."""

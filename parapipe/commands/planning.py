@@ -179,6 +179,30 @@ def _auto(request, loaded, graph, blocks, cost, costs: Path | None, max_stages: 
     return auto, build_problem(blocks, graph, cost, max_stages, int8=auto.choice())
 
 
+def _accuracy_sweep(blocks, graph, cost, search, auto, max_stages, progress, reverted: dict) -> list:  # type: ignore[no-untyped-def]
+    """``--objective pareto --precision auto``: the Pareto sweep within a few accuracy budgets up to the user's
+    (``sweep_budgets``), every plan checked (and repaired) on the held-back frames; the front over latency,
+    throughput, energy and the accuracy loss measured."""
+    import dataclasses
+
+    from parapipe.precision_auto import sweep_budgets
+    from planner.problem import build_problem
+    from planner.search import pareto_front, pareto_set
+
+    found, back = [], {}
+    for budget in sweep_budgets(auto.request.budget):
+        progress(f"Pareto sweep within an accuracy loss of {budget:g}")
+        problem = build_problem(blocks, graph, cost, max_stages, int8=auto.choice(budget))
+        plans = pareto_set(blocks, graph, cost, search, problem=problem)
+        plans = [dataclasses.replace(p, name=f"{p.name.split('-', 2)[-1]}@loss{budget:g}") for p in plans]
+        found += _checked(plans, auto, cost, graph, progress, back)
+    front = []
+    for i, p in enumerate(pareto_front(found)):
+        front.append(dataclasses.replace(p, name=f"pareto-{i}-{p.name}"))
+        reverted[front[-1].name] = back.get(p.name, ())
+    return front
+
+
 def _checked(plans: list, auto, cost, graph, progress, reverted: dict) -> list:  # type: ignore[no-untyped-def]
     """Every plan checked end to end on the held-back frames and repaired before it is offered."""
     from parapipe.precision_auto import check_and_repair
@@ -282,12 +306,14 @@ def plan(
         base = baselines(blocks, graph, cost, max_stages, problem)
         if request is not None:
             auto, problem = _auto(request, loaded, graph, blocks, cost, costs, max_stages, progress)
-        if objective == "pareto":
+        if objective == "pareto" and auto is not None:
+            plans = _accuracy_sweep(blocks, graph, cost, search, auto, max_stages, progress, reverted)
+        elif objective == "pareto":
             plans = pareto_set(blocks, graph, cost, search, problem=problem)
         else:
             plans = [best_plan(blocks, graph, cost, objective, search, problem=problem)]
-        if auto is not None:
-            plans = _checked(plans, auto, cost, graph, progress, reverted)
+            if auto is not None:
+                plans = _checked(plans, auto, cost, graph, progress, reverted)
     import dataclasses
 
     where = {"model_path": str(model.resolve()), "inputs": loaded.inputs}
@@ -299,6 +325,8 @@ def plan(
     rows = [plan_row(p) for p in plans]
     base_rows = [plan_row(p) for p in base.values()]
     if as_json:
+        from parapipe.precision_auto import sweep_budgets
+
         print_json(
             {
                 "folder": str(folder),
@@ -314,6 +342,11 @@ def plan(
                     "calibration_frames": len(auto.calibration),
                     "held_out_frames": len(auto.held_out),
                     "sensitivity": auto.sensitivity,
+                    "fp16_sensitivity": auto.fp16_sensitivity,
+                    "fp16_ms": {f"{b}@{pu}x{k}": ms for (b, pu, k), ms in auto.fp16_ms.items()},
+                    "budgets": list(sweep_budgets(auto.request.budget))
+                    if objective == "pareto"
+                    else [auto.request.budget],
                     "reverted": {k: list(v) for k, v in reverted.items()},
                     "notes": auto.notes,
                 },
@@ -352,7 +385,8 @@ def pareto(
     plot: Annotated[Path | None, typer.Option("--plot", help="Write the front as a PNG.")] = None,
     fmt: Annotated[str, typer.Option("--format", help="table, json or csv.")] = "table",
 ) -> None:
-    """The Pareto front of a folder of plans (latency, throughput, energy), baselines beside it."""
+    """The Pareto front of a folder of plans (latency, throughput, energy, and the accuracy loss measured for plans
+    with int8 or fp16 blocks), baselines beside it."""
     from planner.plan import PlanError
     from planner.search import pareto_front
 
@@ -371,8 +405,11 @@ def pareto(
         buf = io.StringIO()
         writer = csv.writer(buf)
         writer.writerow(
-            ["plan", "kind", "latency_ms", "throughput_fps", "energy_mj", "energy_source", "stages", "units"]
-        )
+            [
+                "plan", "kind", "latency_ms", "throughput_fps", "energy_mj", "energy_source", "stages", "units",
+                "precision", "accuracy_loss",
+            ]
+        )  # fmt: skip
         for kind, group in (("pareto", front), ("baseline", base)):
             for p in group:
                 r = plan_row(p)
@@ -386,6 +423,8 @@ def pareto(
                         r["energy_source"],
                         r["stages"],
                         " ".join(r["units"]),
+                        r["precision"],
+                        r["accuracy_loss"],
                     ]
                 )
         sys.stdout.write(buf.getvalue())
