@@ -288,12 +288,16 @@ def measure(
             progress("timing the whole model in fp32 and with every candidate block in int8, on each core count")
             ms, more = calibrate_int8(ms, loaded, groups, cost, cache, calibration[0])
             notes += more
-        half_ms, half_source, more = fp16_times(loaded, groups, cost, table)
+        # fp16 candidates: the blocks a PU that computes fp16 (a GPU) can run at all
+        half_pus = [p for p in cost.profile.pus if p.computes("fp16") and p.computes("fp32")]
+        op_types = {n.name: n.op_type for n in graph.nodes}
+        runnable = {g: m for g, m in groups.items() if any(all(p.supports(op_types[x]) for x in m) for p in half_pus)}
+        half_ms, half_source, more = fp16_times(loaded, runnable, cost, table)
         notes += more
         half_sens: dict[str, float] = {}
         half_rel: dict[str, float] = {}
         if half_ms:
-            half_sens, half_rel = fp16_sensitivity(loaded, groups, calibration, evaluator, request.metric, progress)
+            half_sens, half_rel = fp16_sensitivity(loaded, runnable, calibration, evaluator, request.metric, progress)
     return Auto(
         loaded, graph, request, calibration, held_out, ranges, sens, rel, ms, notes, half_sens, half_rel, half_ms,
         half_source,
