@@ -256,7 +256,8 @@ def test_every_block_runs_in_a_precision_its_units_pu_computes(data: st.DataObje
     in fp16 at any losses and times: every block of the plan runs in a precision its PU computes, fp16 only on
     the GPU (the unit that offers it), int8 only where int8 was validated, within the budget."""
     from planner.build import to_plan
-    from planner.plan import PlanPrecision, Provenance, validate
+    from planner.plan import PlanPrecision, Provenance
+    from planner.search import SearchOptions, best_plan
     from tests.support.graphs import dag_graph
 
     n = data.draw(st.integers(2, 5), label="blocks")
@@ -285,8 +286,16 @@ def test_every_block_runs_in_a_precision_its_units_pu_computes(data: st.DataObje
     problem = build_problem(blocks, graph, cost, int8=Int8Choice(int8_ok, budget, ms, precision, fp16_ok, half))
     assert {problem.units[u].pu for u in problem.fp16_units} == ({"mali"} if fp16_ok else set())
     objective = data.draw(st.sampled_from(OBJECTIVES), label="objective")
-    a = solve(problem, objective, time_limit=5, warm=_warm(problem, objective)).assignment
-    plan = to_plan(problem, a, blocks, cost.profile, Provenance("ilp"), "p")
+    # the whole search (warm starts, local search, the ILP, replicas) and the solver's own assignment alike
+    searched = best_plan(blocks, graph, cost, objective, SearchOptions(1, 4), problem=problem)
+    solved = solve(problem, objective, time_limit=5, warm=_warm(problem, objective)).assignment
+    for made in (searched, to_plan(problem, solved, blocks, cost.profile, Provenance("ilp"), "p")):
+        _check_precisions(made, graph, cost, int8_ok, fp16_ok, budget)
+
+
+def _check_precisions(plan, graph, cost, int8_ok: dict, fp16_ok: dict, budget: float) -> None:  # type: ignore[no-untyped-def]
+    from planner.plan import validate
+
     validate(plan, graph, cost.profile)  # every block on a PU that computes its precision, every range there
     for _, _, unit in plan.assignments():
         pu = cost.profile.pu(str(unit.pu))
