@@ -8,7 +8,9 @@ onnxruntime; the bundle is written only if they agree (max abs diff <= 1e-5).
 A plan with int8 blocks has the nodes of those blocks quantised inside each partition
 (static QDQ, per-channel weights, from the calibration ranges the plan embeds): the
 QuantizeLinear/DequantizeLinear at a partition's boundary are inside it, so partitions
-still exchange fp32 tensors and chain in any mix. Its chained partitions cannot match
+still exchange fp32 tensors and chain in any mix. The nodes of fp16 blocks are converted
+to fp16 inside their partitions the same way (onnxruntime's converter, the Casts at the
+partition's boundary and around its fp32 nodes inside it). Its chained partitions cannot match
 fp32 to 1e-5: the check compares them with the full fp32 model by the plan's metric and
 records the loss (``Compiled.precision``); only missing outputs, other shapes or
 non-finite values where fp32 is finite are errors here (``run --verify`` holds the loss
@@ -27,6 +29,7 @@ import os
 import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -38,7 +41,7 @@ from models.graph import OpGraph
 from models.inputs import InputSpec
 from models.onnx_io import LoadedModel
 from models.partition import GroupExtractor, OutputCheck, compare_outputs
-from models.precision import PrecisionCheck, check_precision, quantize_nodes
+from models.precision import PrecisionCheck, check_precision, quantize_nodes, to_fp16
 from planner.plan import Plan, validate
 from planner.segments import lower, max_inflight
 
@@ -69,8 +72,15 @@ def compile_plan(
             part = extractor.extract(seg.name, seg.members)
             part.model.graph.name = seg.name
             int8 = [m for b in seg.blocks if b in plan.int8 for m in plan.blocks[b]]
+            half = {m for b in seg.blocks if b in plan.fp16 for m in plan.blocks[b]}
+            if int8 and half:
+                raise PartitionError(
+                    f"partition {seg.name!r} holds int8 and fp16 blocks; a unit runs one of them: plan again"
+                )
             if int8 and plan.precision is not None:
                 data = quantize_nodes(part.model, int8, plan.precision.ranges)
+            elif half:
+                data = to_fp16(part.model, [n.name for n in part.model.graph.node if n.name not in half])
             else:
                 data = part.model.SerializeToString()
             sha = hashlib.sha256(data).hexdigest()
@@ -114,7 +124,7 @@ def compile_plan(
         power=board_power(profile),
         hosts=_hosts(parts, {t.name for t in graph.inputs}),
     )
-    if verify and plan.int8 and plan.precision is not None:
+    if verify and plan.reduced and plan.precision is not None:
         check = verify_precision(manifest, files, loaded, plan.precision.metric, plan.precision.budget)
         return Compiled(manifest, files, float("nan"), check)
     diff = verify_compiled(manifest, files, loaded, graph) if verify else float("nan")
@@ -183,21 +193,25 @@ def _swap(tmp: Path, folder: Path) -> None:
 
 
 def run_chained(
-    manifest: Manifest, files: dict[str, bytes], feeds: dict[str, np.ndarray], frame: int = 0
+    manifest: Manifest,
+    files: dict[str, bytes],
+    feeds: dict[str, np.ndarray],
+    frame: int = 0,
+    sessions: dict[str, Any] | None = None,
 ) -> dict[str, np.ndarray]:
-    """Run the partitions one frame uses, each when its inputs exist, like the executor does."""
-    import onnxruntime as ort
-
+    """Run the partitions one frame uses, each when its inputs exist, like the executor does. ``sessions``
+    (file name -> onnxruntime session) keeps the sessions for the next frames of the same files: a plan of a
+    hundred partitions otherwise makes (and tears down) a hundred sessions per frame."""
     values = dict(feeds)
     pending = manifest.active(frame)
-    sessions: dict[str, ort.InferenceSession] = {}
+    sessions = {} if sessions is None else sessions
     while pending:
         ready = [p for p in pending if all(t in values for t in p.inputs)]
         if not ready:
             raise PartitionError(f"partitions {[p.name for p in pending]} wait on each other: the bundle has a cycle")
         for p in ready:
             if p.file not in sessions:
-                sessions[p.file] = ort.InferenceSession(files[p.file], _quiet(), providers=["CPUExecutionProvider"])
+                sessions[p.file] = _session(files[p.file])
             result = sessions[p.file].run(list(p.outputs), {t: values[t] for t in p.inputs})
             values.update(zip(p.outputs, result, strict=True))
             pending.remove(p)
@@ -212,8 +226,9 @@ def verify_compiled(manifest: Manifest, files: dict[str, bytes], loaded: LoadedM
     full = ort.InferenceSession(loaded.ort_proto.SerializeToString(), providers=["CPUExecutionProvider"])
     expected = dict(zip([o.name for o in full.get_outputs()], full.run(None, feeds), strict=True))
     worst = OutputCheck(0.0, 0.0)
+    sessions: dict[str, Any] = {}
     for frame in range(manifest.replica_period()):
-        check = compare_outputs(expected, run_chained(manifest, files, feeds, frame))
+        check = compare_outputs(expected, run_chained(manifest, files, feeds, frame, sessions))
         if check.max_abs_diff >= worst.max_abs_diff:
             worst = check
     if not worst.ok:
@@ -232,14 +247,17 @@ def verify_precision(
     full = ort.InferenceSession(loaded.ort_proto.SerializeToString(), providers=["CPUExecutionProvider"])
     names = [o.name for o in full.get_outputs()]
     reference, got = [], []
+    sessions: dict[str, Any] = {}
     for k, feeds in enumerate(sample_frames(loaded, frames)):
         expected = dict(zip(names, full.run(None, feeds), strict=True))
-        result = run_chained(manifest, files, feeds, k % manifest.replica_period())
+        result = run_chained(manifest, files, feeds, k % manifest.replica_period(), sessions)
         compare_outputs(expected, result)  # names and shapes
         for t, ref in expected.items():
             a, b = np.asarray(ref), np.asarray(result[t])
             if a.dtype.kind == "f" and bool(np.any(np.isfinite(a) & ~np.isfinite(b))):
-                raise PartitionError(f"output {t!r}: the int8 partitions give non-finite values where fp32 is finite")
+                raise PartitionError(
+                    f"output {t!r}: the int8/fp16 partitions give non-finite values where fp32 is finite"
+                )
         reference.append(expected)
         got.append(result)
     return check_precision(reference, got, metric, budget)
@@ -274,3 +292,13 @@ def _quiet():
     options = ort.SessionOptions()
     options.log_severity_level = 3
     return options
+
+
+def _session(model: bytes) -> Any:
+    """A checking session of one partition: one thread (a check runs one partition at a time; a thread pool per
+    session of a plan's hundred partitions costs more to make and tear down than the runs)."""
+    import onnxruntime as ort
+
+    options = _quiet()
+    options.intra_op_num_threads = 1
+    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])

@@ -161,6 +161,11 @@ def _pu(raw: Any, path: str, hosts: list[str]) -> ProcessingUnit:
         throttle = Throttle(pct, t.get("method", str, "cgroup-v1-cfs"))
         t.finish()
     precisions = parse_precisions(r.get("precisions", dict), f"{path}.precisions") if "precisions" in r.data else None
+    fp16_ratio = r.quantity("fp16_peak_ratio", positive=True) if "fp16_peak_ratio" in r.data else None
+    if fp16_ratio is not None and "fp16" not in (precisions or Precisions.default(kind)).values:
+        raise ProfileError(
+            f"{path}.fp16_peak_ratio: the PU does not compute fp16 (its precisions); add fp16 to them or drop this"
+        )
     pu = ProcessingUnit(
         name=name,
         kind=kind,
@@ -179,6 +184,7 @@ def _pu(raw: Any, path: str, hosts: list[str]) -> ProcessingUnit:
         cluster=r.get("cluster", str, ""),
         throttle=throttle,
         precisions=precisions,
+        fp16_peak_ratio=fp16_ratio,
     )
     r.finish()
     return pu

@@ -76,6 +76,9 @@ class ProcessingUnit:
     cluster: str = ""
     throttle: Throttle | None = None
     precisions: Precisions | None = None  # None: DEFAULT_PRECISIONS of its kind
+    # a PU that computes fp16: its fp16 arithmetic peak as a multiple of its fp32 peak (what an fp16 block's
+    # time is derived from where none is measured); None: fp16 blocks are not offered without measured times
+    fp16_peak_ratio: Quantity | None = None
 
     def supports(self, op_type: str) -> bool:
         return not self.supported_ops or op_type in self.supported_ops
@@ -184,6 +187,8 @@ class DeviceProfile:
         for pu in data["pus"]:  # profiles that say nothing of precisions keep the hash they had
             if pu.get("precisions") is None:
                 pu.pop("precisions", None)
+            if pu.get("fp16_peak_ratio") is None:
+                pu.pop("fp16_peak_ratio", None)
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
 
     def quantities(self) -> list[tuple[str, Quantity]]:
@@ -196,6 +201,8 @@ class DeviceProfile:
                 out.append((f"pus.{p.name}.{f}", getattr(p, f)))
             if p.host_cpu_us_per_tensor is not None:
                 out.append((f"pus.{p.name}.host_cpu_us_per_tensor", p.host_cpu_us_per_tensor))
+            if p.fp16_peak_ratio is not None:
+                out.append((f"pus.{p.name}.fp16_peak_ratio", p.fp16_peak_ratio))
         for link in (*self.links, *([self.default_link] if self.default_link else [])):
             for f in ("bandwidth_gbps", "latency_us", "conversion_us_per_mb"):
                 out.append((f"links.{link.a}-{link.b}.{f}", getattr(link, f)))

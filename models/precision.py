@@ -420,14 +420,49 @@ def _opset_for_per_channel(model: onnx.ModelProto) -> onnx.ModelProto:
         ) from None
 
 
-def to_fp16(model: onnx.ModelProto) -> bytes:
+def to_fp16(model: onnx.ModelProto, keep_fp32: Iterable[str] = ()) -> bytes:
+    """``model`` in fp16, its inputs and outputs kept in their dtypes (Casts at the boundary, part of the model);
+    the nodes named in ``keep_fp32`` stay fp32 (Casts around them), as do operators onnxruntime's converter
+    keeps in fp32 by its block list."""
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
+    kept = [n for n in dict.fromkeys(keep_fp32)]
     with _quiet():
         copy = onnx.ModelProto()
         copy.CopyFrom(model)
-        half = convert_float_to_float16(copy, keep_io_types=True)
+        try:
+            half = convert_float_to_float16(copy, keep_io_types=True, node_block_list=kept or None)
+        except Exception as exc:  # the converter raises several types
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise PrecisionError(f"onnxruntime's fp16 converter could not convert the model: {first}") from None
     return half.SerializeToString()
+
+
+def fp16_nodes(model: bytes) -> int:
+    """Nodes of a model that compute in fp16 (an output of type float16): 0 for an fp32 one."""
+    proto = onnx.load_from_string(model)
+    half = {v.name for v in (*proto.graph.value_info, *proto.graph.output) if v.type.tensor_type.elem_type == 10}
+    half |= {i.name for i in proto.graph.initializer if i.data_type == onnx.TensorProto.FLOAT16}
+    casts = {
+        o
+        for n in proto.graph.node
+        if n.op_type == "Cast"
+        for a in n.attribute
+        if a.name == "to" and a.i == onnx.TensorProto.FLOAT16
+        for o in n.output
+    }
+    half |= casts
+    return sum(n.op_type != "Cast" and any(t in half for t in n.input) for n in proto.graph.node)
+
+
+def assemble_fp16(model: LoadedModel, fp16: Iterable[str], frames: int = 0) -> Variant:
+    """The whole model with only the ``fp16`` nodes in fp16 (one session; Casts where they meet fp32 nodes)."""
+    chosen = set(fp16)
+    if not chosen:
+        return _whole("fp32", model.ort_proto.SerializeToString(), model, "as loaded", 0)
+    keep = [n.name for n in model.ort_proto.graph.node if n.name not in chosen]
+    v = _whole("mixed" if keep else "fp16", to_fp16(model.ort_proto, keep), model, FP16_METHOD, frames)
+    return v
 
 
 # --------------------------------------------------------------------------------------------- whole model

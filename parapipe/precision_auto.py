@@ -8,11 +8,16 @@
 4. Its int8 time on each unit: the cost model's fp32 figure times the measured int8/fp32 ratio of the
    block's variants in the cost table (``profiler.variants``), timed here first where missing when the
    device is this machine; a PU that computes int8 only is priced by the cost model as before.
+   Where the device has PUs that compute fp16 and fp32 (GPUs), each candidate block also gets its fp16
+   sensitivity (the model with that block alone in fp16: real fp16 rounding, run in onnxruntime here) and
+   its fp16 time there: the fp32 figure times the measured fp16/fp32 ratio of its variants where the cost
+   table has them, else times the roofline's ratio from the PU's ``fp16_peak_ratio`` (labelled with that
+   figure's source: spec-sheet or estimate).
 5. The ILP chooses placement and precision with the summed sensitivities within the budget
-   (``Int8Choice``).
+   (``Int8Choice``): fp16 on the PUs that offer it, int8 on the others.
 6. Every plan offered is compiled and run end to end (its chained partitions, as the agents run them) on
-   the held-back frames; while its loss exceeds the budget, its most sensitive int8 block goes back to
-   fp32 (``models.precision.repair``). The loss measured is recorded in the plan.
+   the held-back frames; while its loss exceeds the budget, its most sensitive int8 or fp16 block goes back
+   to fp32 (``models.precision.repair``). The loss measured is recorded in the plan.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from models.errors import ParapipeError
 from models.graph import OpGraph
 from models.onnx_io import LoadedModel
 from models.precision import (
+    FP16_METHOD,
     INT8_METHOD,
     METRICS,
     REFUSED_LOSS,
@@ -38,8 +44,10 @@ from models.precision import (
     PrecisionError,
     RefusedMix,
     assemble,
+    assemble_fp16,
     check_precision,
     int8_nodes,
+    measure_accuracy,
     quantizable_groups,
     repair,
     sensitivity,
@@ -98,6 +106,11 @@ def request_from_flags(
         raise PrecisionPlanError(f"--calibration {calibration}: no such file or folder")
     spec = parse_preprocess(preprocess) if preprocess else None
     return PrecisionRequest(calibration, parse_budget(max_accuracy_loss or "1%"), metric or "relerr", spec)
+
+
+def sweep_budgets(budget: float) -> tuple[float, ...]:
+    """The accuracy budgets a Pareto sweep plans within, up to the user's: none, half of it, all of it."""
+    return tuple(sorted({0.0, budget / 2, budget}))
 
 
 def parse_budget(text: str) -> float:
@@ -185,16 +198,37 @@ class Auto:
     tie_break: dict[str, float]  # relerr sensitivities: rank blocks a discrete metric ties
     ms: dict[tuple[str, str, int], float]
     notes: list[str]
+    # fp16 on PUs that compute it (GPUs): each block's loss alone in fp16 (and its relerr, to break ties), its
+    # fp16 time per (block, PU, cores) and where that time comes from (measured, or the profile's figure's source)
+    fp16_sensitivity: dict[str, float] = dataclasses.field(default_factory=dict)
+    fp16_tie_break: dict[str, float] = dataclasses.field(default_factory=dict)
+    fp16_ms: dict[tuple[str, str, int], float] = dataclasses.field(default_factory=dict)
+    fp16_source: dict[tuple[str, str, int], str] = dataclasses.field(default_factory=dict)
 
-    def choice(self) -> Int8Choice:
+    def choice(self, budget: float | None = None) -> Int8Choice:
+        """The precision choice for the ILP, within ``budget`` (default: the user's)."""
+        budget = self.request.budget if budget is None else budget
+        method = f"{INT8_METHOD}, MinMax over {len(self.calibration)} frames"
+        sources: dict[str, dict[str, str]] = {}
+        for (b, pu, k), src in self.fp16_source.items():
+            sources.setdefault(b, {})[f"{pu}x{k}"] = src
         precision = PlanPrecision(
             self.ranges,
             self.request.metric,
-            self.request.budget,
+            budget,
             len(self.calibration),
-            method=f"{INT8_METHOD}, MinMax over {len(self.calibration)} frames",
+            method=method + (f"; fp16: {FP16_METHOD}" if self.fp16_ms else ""),
+            fp16_source=sources,
         )
-        return Int8Choice(self.sensitivity, self.request.budget, self.ms, precision)
+        return Int8Choice(
+            self.sensitivity, budget, self.ms, precision, dict(self.fp16_sensitivity) if self.fp16_ms else {},
+            self.fp16_ms,
+        )  # fmt: skip
+
+    def loss_alone(self, block: str, precision: str) -> float:
+        """The block's sensitivity in ``precision`` (int8 or fp16)."""
+        table = self.fp16_sensitivity if precision == "fp16" else self.sensitivity
+        return table.get(block, 0.0)
 
 
 def measure(
@@ -254,7 +288,103 @@ def measure(
             progress("timing the whole model in fp32 and with every candidate block in int8, on each core count")
             ms, more = calibrate_int8(ms, loaded, groups, cost, cache, calibration[0])
             notes += more
-    return Auto(loaded, graph, request, calibration, held_out, ranges, sens, rel, ms, notes)
+        # fp16 candidates: the blocks a PU that computes fp16 (a GPU) can run at all
+        half_pus = [p for p in cost.profile.pus if p.computes("fp16") and p.computes("fp32")]
+        op_types = {n.name: n.op_type for n in graph.nodes}
+        runnable = {g: m for g, m in groups.items() if any(all(p.supports(op_types[x]) for x in m) for p in half_pus)}
+        half_ms, half_source, more = fp16_times(loaded, runnable, cost, table)
+        notes += more
+        half_sens: dict[str, float] = {}
+        half_rel: dict[str, float] = {}
+        if half_ms:
+            half_sens, half_rel = fp16_sensitivity(loaded, runnable, calibration, evaluator, request.metric, progress)
+    return Auto(
+        loaded, graph, request, calibration, held_out, ranges, sens, rel, ms, notes, half_sens, half_rel, half_ms,
+        half_source,
+    )  # fmt: skip
+
+
+def fp16_sensitivity(
+    loaded: LoadedModel,
+    groups: Mapping[str, Sequence[str]],
+    calibration: Sequence[Frame],
+    evaluator: MixEvaluator,
+    metric_name: str,
+    progress: Progress,
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Per candidate block: the end-to-end loss (by ``metric_name``, and by relerr) of the model with that block
+    alone in fp16, on the calibration frames. The fp16 model runs in onnxruntime on this CPU: its numerics are
+    real fp16 rounding, whatever PU the block is planned for."""
+    sens: dict[str, float] = {}
+    rel: dict[str, float] = {}
+    for i, (g, members) in enumerate(groups.items()):
+        progress(f"sensitivity of each block alone in fp16: {i}/{len(groups)}")
+        try:
+            got = assemble_fp16(loaded, members).run(calibration)
+        except Exception:  # onnxruntime has no fp16 kernel for an operator here: never offer it in fp16
+            sens[g] = rel[g] = REFUSED_LOSS
+            continue
+        acc = measure_accuracy(evaluator.reference, got, METRICS)
+        sens[g] = acc.loss(metric_name)
+        rel[g] = acc.loss("relerr")
+    return sens, rel
+
+
+def fp16_times(
+    loaded: LoadedModel, groups: Mapping[str, Sequence[str]], cost: CostModel, table: CostTable
+) -> tuple[dict[tuple[str, str, int], float], dict[tuple[str, str, int], str], list[str]]:
+    """(block, PU, cores) -> fp16 ms on the PUs that compute fp16 and fp32 (GPUs), with each figure's source: the
+    calibrated fp32 figure times the measured fp16/fp32 ratio of the block's variants where the cost table has
+    them ("measured"), else times the roofline's fp16/fp32 ratio from the PU's ``fp16_peak_ratio`` (labelled with
+    that figure's source). A PU with neither offers no fp16."""
+    from profiler.roofline import Roofline
+
+    profile: DeviceProfile = cost.profile
+    pus = [p for p in profile.pus if p.computes("fp16") and p.computes("fp32")]
+    ms: dict[tuple[str, str, int], float] = {}
+    source: dict[tuple[str, str, int], str] = {}
+    notes: list[str] = []
+    if not pus:
+        return ms, source, notes
+    by_members = {tuple(m): g for g, m in groups.items()}
+    names = {p.name for p in pus}
+    for e in table.select(model_sha256=loaded.sha256, kind="block", board=profile.name, precision="fp16"):
+        block = by_members.get(tuple(e.members))
+        if block is None or e.conditions.pu not in names:
+            continue
+        twin = table.entries.get(
+            entry_key(loaded.sha256, "block", e.members, dataclasses.replace(e.conditions, precision="fp32"))
+        )
+        if twin is None or twin.median_ms <= 0:
+            continue
+        pu = profile.pu(e.conditions.pu)
+        cores = e.conditions.cores if pu.kind == "cpu" else 1
+        ms[(block, pu.name, cores)] = cost.block_ms(groups[block], pu.name, cores) * e.median_ms / twin.median_ms
+        source[(block, pu.name, cores)] = "measured"
+    roofline = Roofline(profile, cost.graph)
+    for pu in pus:
+        ratio = pu.fp16_peak_ratio
+        if ratio is None:
+            if not any(p == pu.name for _, p, _ in ms):
+                notes.append(
+                    f"PU {pu.name} computes fp16 but the cost table has no fp16 times of this model's blocks on it and "
+                    "its profile gives no fp16_peak_ratio: fp16 is not offered there"
+                )
+            continue
+        sizes = range(1, len(pu.cores) + 1) if pu.kind == "cpu" else (1,)
+        for k in sizes:
+            for g, members in groups.items():
+                if (g, pu.name, k) in ms:
+                    continue
+                ms[(g, pu.name, k)] = cost.block_ms(members, pu.name, k) * roofline.fp16_ratio(members, pu.name, k)
+                source[(g, pu.name, k)] = ratio.source
+        derived = sum(1 for (_, p, _), src in source.items() if p == pu.name and src != "measured")
+        if derived:
+            notes.append(
+                f"fp16 on {pu.name}: {derived} block time(s) derived from its fp16 peak ({ratio.value:g}x fp32, "
+                f"{ratio.source}: {ratio.cite}), not measured"
+            )
+    return ms, source, notes
 
 
 def int8_times(
@@ -273,8 +403,10 @@ def int8_times(
     from profiler.variants import VariantOptions, time_variants
 
     profile: DeviceProfile = cost.profile
+    # the CPU clusters here can be timed (a board's GPU or NPU is priced from its profile)
+    timed = [p.name for p in profile.pus if p.kind == "cpu" and p.execution_provider == "CPUExecutionProvider"]
     configs = [
-        c for c in pu_configs(profile) if profile.pu(c.pu).computes("fp32") and profile.pu(c.pu).computes("int8")
+        c for c in pu_configs(profile, timed) if profile.pu(c.pu).computes("fp32") and profile.pu(c.pu).computes("int8")
     ]
     notes: list[str] = []
     if local and configs:
@@ -387,7 +519,7 @@ def grow(plan: Plan, auto: Auto, cost: CostModel, graph: OpGraph, progress: Prog
             where.setdefault(b, []).append((str(a.pu), a.cores))
     gains: dict[str, float] = {}
     for b in auto.sensitivity:
-        if b in int8 or b not in where:
+        if b in int8 or b in plan.fp16 or b not in where:
             continue
         saved = [cost.block_ms(plan.blocks[b], pu, k) - auto.ms.get((b, pu, k), float("inf")) for pu, k in where[b]]
         if all(x > 0 for x in saved):
@@ -404,7 +536,7 @@ def grow(plan: Plan, auto: Auto, cost: CostModel, graph: OpGraph, progress: Prog
         while lo < hi:
             mid = (lo + hi + 1) // 2
             progress(f"trying {len(int8) + mid} int8 blocks on {len(auto.calibration)} calibration frames")
-            if evaluator.loss([*int8, *order[:mid]]) <= auto.request.budget:
+            if evaluator.loss([*int8, *order[:mid]]) <= plan.precision.budget:
                 lo = mid
             else:
                 hi = mid - 1
@@ -428,9 +560,9 @@ def check_and_repair(
     plan: Plan, auto: Auto, cost: CostModel, graph: OpGraph, progress: Progress
 ) -> tuple[Plan, tuple[str, ...]]:
     """Step 6: the plan's chained partitions on the held-back frames against fp32; while over budget, its most
-    sensitive int8 block back to fp32. Returns the plan (re-priced, with the loss it measured) and the blocks
-    put back."""
-    if not plan.int8 or plan.precision is None:
+    sensitive int8 or fp16 block back to fp32. Returns the plan (re-priced, with the loss it measured) and the
+    blocks put back."""
+    if not plan.reduced or plan.precision is None:
         return plan, ()
     import onnxruntime as ort
 
@@ -438,24 +570,32 @@ def check_and_repair(
     from planner.build import evaluate
 
     plan = grow(plan, auto, cost, graph, progress)
+    budget = plan.precision.budget if plan.precision is not None else auto.request.budget
 
     full = ort.InferenceSession(auto.loaded.ort_proto.SerializeToString(), providers=["CPUExecutionProvider"])
     names = [o.name for o in full.get_outputs()]
     reference = [dict(zip(names, full.run(None, dict(f)), strict=True)) for f in auto.held_out]
     measured: dict[frozenset[str], tuple[tuple[str, float], ...]] = {}
 
-    def with_int8(int8: Sequence[str]) -> Plan:
-        kept = tuple(b for b in plan.int8 if b in set(int8))
+    def with_int8(reduced: Sequence[str]) -> Plan:
+        """The plan with only the ``reduced`` blocks of its int8 and fp16 ones left in their precision."""
+        keep = set(reduced)
+        kept, half = tuple(b for b in plan.int8 if b in keep), tuple(b for b in plan.fp16 if b in keep)
         assert plan.precision is not None
-        times = {b: t for b, t in plan.precision.int8_ms.items() if b in kept}
-        precision = dataclasses.replace(plan.precision, int8_ms=times) if kept else None
-        return dataclasses.replace(plan, int8=kept, precision=precision)
+        precision = dataclasses.replace(
+            plan.precision,
+            int8_ms={b: t for b, t in plan.precision.int8_ms.items() if b in kept},
+            fp16_ms={b: t for b, t in plan.precision.fp16_ms.items() if b in half},
+            fp16_source={b: t for b, t in plan.precision.fp16_source.items() if b in half},
+        )
+        return dataclasses.replace(plan, int8=kept, fp16=half, precision=precision if kept or half else None)
 
     def loss(int8) -> float:  # type: ignore[no-untyped-def]
         key = frozenset(int8)
         if key not in measured:
             progress(
-                f"checking {plan.name} end to end on {len(auto.held_out)} held-back frames ({len(key)} int8 blocks)"
+                f"checking {plan.name} end to end on {len(auto.held_out)} held-back frames ({len(key)} int8/fp16 "
+                "blocks)"
             )
             trial = with_int8(tuple(key))
             try:
@@ -463,15 +603,17 @@ def check_and_repair(
             except RefusedMix:  # onnxruntime cannot run a partition of this mix: as bad as a mix can be
                 measured[key] = ((auto.request.metric, REFUSED_LOSS),)
                 return REFUSED_LOSS
-            period = compiled.manifest.replica_period()
+            period, sessions = compiled.manifest.replica_period(), {}
             got = [
-                {t: v for t, v in run_chained(compiled.manifest, compiled.files, dict(f), k % period).items()}
+                run_chained(compiled.manifest, compiled.files, dict(f), k % period, sessions)
                 for k, f in enumerate(auto.held_out)
             ]
-            measured[key] = check_precision(reference, got, auto.request.metric, auto.request.budget).accuracy.losses
+            measured[key] = check_precision(reference, got, auto.request.metric, budget).accuracy.losses
         return dict(measured[key])[auto.request.metric]
 
-    fixed = repair(plan.int8, auto.sensitivity, loss, auto.request.budget, tie_break=auto.tie_break, refill=False)
+    sens = {b: auto.loss_alone(b, plan.precision_of(b)) for b in plan.reduced}
+    ties = {b: (auto.fp16_tie_break if b in plan.fp16 else auto.tie_break).get(b, 0.0) for b in plan.reduced}
+    fixed = repair(plan.reduced, sens, loss, budget, tie_break=ties, refill=False)
     repaired = with_int8(fixed.int8)
     if repaired.precision is not None:
         repaired = dataclasses.replace(
@@ -482,6 +624,6 @@ def check_and_repair(
         )
     if fixed.reverted:
         repaired = evaluate(repaired, graph, cost)
-        note = f"{len(fixed.reverted)} int8 block(s) put back to fp32 to hold the budget on held-back frames"
+        note = f"{len(fixed.reverted)} int8/fp16 block(s) put back to fp32 to hold the budget on held-back frames"
         repaired = dataclasses.replace(repaired, notes=(*repaired.notes, note))
     return repaired, fixed.reverted

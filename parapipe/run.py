@@ -238,7 +238,7 @@ def _measure(job: Measurement, client: AgentClient, started: Started, progress) 
     plan, loaded = job.plan, job.loaded
     check = None
     mixed: PrecisionCheck | None = None
-    if job.verify and plan.int8 and plan.precision is not None:
+    if job.verify and plan.reduced and plan.precision is not None:
         mixed = _verify_precision(plan, loaded, client)
     elif job.verify:
         import onnxruntime as ort

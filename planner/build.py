@@ -33,9 +33,11 @@ def to_plan(
     if solution.int8 and problem.precision is None:
         # without calibration ranges the int8 blocks cannot be built: refuse rather than run them in fp32
         raise PlanError(
-            f"the solution runs {len(solution.int8)} block(s) in int8 but the problem carries no calibration "
-            "ranges (Int8Choice.precision); plan with --precision auto --calibration FILE"
+            f"the solution runs {len(solution.int8)} block(s) in int8 or fp16 but the problem carries no "
+            "calibration ranges (Int8Choice.precision); plan with --precision auto --calibration FILE"
         )
+    # a block in reduced precision runs in its unit's: fp16 on the units that offer fp16, else int8
+    half = {b for b in solution.int8 if solution.block_unit[b] in problem.fp16_units}
     used = list(dict.fromkeys(solution.block_unit))
     # each assignment lists its blocks in the order its unit runs them (the solver's order)
     blocks_of = {u: tuple(problem.blocks[b] for b in solution.sequence() if solution.block_unit[b] == u) for u in used}
@@ -74,21 +76,24 @@ def to_plan(
         provenance=provenance,
         name=name,
         pipelined=pipelined,
-        int8=tuple(problem.blocks[b] for b in sorted(solution.int8)),
+        int8=tuple(problem.blocks[b] for b in sorted(solution.int8) if b not in half),
         precision=_precision(problem, solution) if solution.int8 else None,
+        fp16=tuple(problem.blocks[b] for b in sorted(half)),
     )
 
 
 def _precision(problem: Problem, solution: UnitAssignment) -> PlanPrecision:
-    """The problem's precision record with the int8 times of the plan's int8 blocks on every unit size that
-    runs them in fp32 too (what ``evaluate`` prices them at)."""
+    """The problem's precision record with the int8 (fp16) times of the plan's int8 (fp16) blocks on every unit
+    size of that precision that runs them in fp32 too (what ``evaluate`` prices them at)."""
     assert problem.precision is not None
-    times: dict[str, dict[str, float]] = {}
+    times: dict[str, dict[str, dict[str, float]]] = {"int8": {}, "fp16": {}}
     for (b, u), ms in sorted(problem.int8_cost.items()):
         if b in solution.int8 and (b, u) in problem.cost:
-            unit = problem.units[u]
-            times.setdefault(problem.blocks[b], {})[f"{unit.pu}x{unit.cores}"] = ms
-    return dataclasses.replace(problem.precision, int8_ms=times)
+            unit, mine = problem.units[u], problem.reduced(solution.block_unit[b])
+            if problem.reduced(u) == mine:
+                times[mine].setdefault(problem.blocks[b], {})[f"{unit.pu}x{unit.cores}"] = ms
+    half = {b: src for b, src in problem.precision.fp16_source.items() if b in times["fp16"]}
+    return dataclasses.replace(problem.precision, int8_ms=times["int8"], fp16_ms=times["fp16"], fp16_source=half)
 
 
 def _levels(units: list[int], succ: dict[int, set[int]]) -> dict[int, int]:
@@ -106,18 +111,17 @@ def _levels(units: list[int], succ: dict[int, set[int]]) -> dict[int, int]:
 
 
 def priced(plan: Plan, graph: OpGraph, cost: CostModel) -> PlanModel:
-    """The plan lowered and priced; a segment's int8 blocks at the int8 times the plan records (the cost model
-    prices every block in fp32 on PUs that compute fp32)."""
+    """The plan lowered and priced; a segment's int8 (fp16) blocks at the int8 (fp16) times the plan records (the
+    cost model prices every block in fp32 on PUs that compute fp32)."""
     model = PlanModel(plan, graph, cost)
-    if plan.int8 and plan.precision is not None:
-        times = plan.precision.int8_ms
+    if plan.reduced and plan.precision is not None:
         wholes: dict[tuple[str, int], tuple[float, float]] = {}
         for seg in model.segments:
             fp32 = saved = 0.0
             for b in seg.blocks:
                 ms = cost.block_ms(plan.blocks[b], seg.pu, seg.cores)
                 fp32 += ms
-                int8 = times.get(b, {}).get(f"{seg.pu}x{seg.cores}") if b in plan.int8 else None
+                int8 = plan.reduced_ms(b, f"{seg.pu}x{seg.cores}")
                 if int8 is not None:
                     saved += ms - int8
             if saved and fp32 > 0:
@@ -138,7 +142,7 @@ def priced(plan: Plan, graph: OpGraph, cost: CostModel) -> PlanModel:
                 whole_ms, whole_traffic = wholes[config]
                 less = 0.0
                 for b in seg.blocks:
-                    int8 = times.get(b, {}).get(f"{seg.pu}x{seg.cores}") if b in plan.int8 else None
+                    int8 = plan.reduced_ms(b, f"{seg.pu}x{seg.cores}")
                     ms = cost.block_ms(plan.blocks[b], seg.pu, seg.cores)
                     if int8 is not None and ms > 0 and int8 < ms:
                         own = cost.traffic_ms(plan.blocks[b], seg.pu)

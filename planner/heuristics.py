@@ -388,7 +388,10 @@ def segmented(problem: Problem, units: Sequence[int], time_limit: float = 1.0) -
             return None  # a block none of these units can run
         if ordering_rows(sub) > rows_within(per):
             return None  # a segment too wide for its share of the time (HEFT stands in)
-        sub = dataclasses.replace(sub, cost=cost, derived={})
+        # fp32 placements, as every heuristic's (``with_int8`` adds the precision choice to the start): the segment's
+        # int8/fp16 times would let its ILP put blocks on units outside ``units`` (an NPU) in a precision the
+        # assignment returned here does not record
+        sub = dataclasses.replace(sub, cost=cost, int8_cost={}, derived={})
         try:  # HEFT on the segment is the start: a share of the time too short for a solution keeps it
             solution = solve(sub, "latency", per, gap=1e-4, warm=heft(sub, sorted({u for _, u in cost})))
         except PlanError:
@@ -437,11 +440,12 @@ def fastest(problem: Problem, tries: int = 2, time_limit: float = 2.0) -> Assign
 
 
 def with_int8(problem: Problem, a: Assignment) -> Assignment:
-    """The same placement with blocks switched to int8 where their unit runs them faster so, most time saved
+    """The same placement with blocks switched to int8 (fp16 on a unit that offers fp16) where their unit runs them
+    faster so, most time saved
     per unit of sensitivity first, while the summed sensitivities stay within the accuracy budget (a warm
     start for plans with a precision choice; blocks on a unit that computes int8 only stay int8)."""
     forced = {b for b, u in enumerate(a.block_unit) if (b, u) not in problem.cost and (b, u) in problem.int8_cost}
-    spent = sum(problem.sensitivity.get(b, 0.0) for b in forced)
+    spent = sum(problem.loss(b, a.block_unit[b]) for b in forced)
     budget = problem.accuracy_budget if problem.accuracy_budget is not None else float("inf")
     gains = []
     for b, u in enumerate(a.block_unit):
@@ -449,10 +453,10 @@ def with_int8(problem: Problem, a: Assignment) -> Assignment:
             continue
         saved = problem.cost[(b, u)] - problem.int8_cost[(b, u)]
         if saved > 0:
-            gains.append((saved / max(problem.sensitivity.get(b, 0.0), 1e-9), b))
+            gains.append((saved / max(problem.loss(b, u), 1e-9), b))
     chosen = set(forced)
     for _, b in sorted(gains, reverse=True):
-        loss = problem.sensitivity.get(b, 0.0)
+        loss = problem.loss(b, a.block_unit[b])
         if spent + loss <= budget:
             chosen.add(b)
             spent += loss

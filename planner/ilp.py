@@ -6,8 +6,8 @@ Decision variables (names as in the code):
   t[b]       start time of block b within one frame; L latency; P period (1 / throughput); E energy per frame
   r[e,p,q]   edge e carries its tensor from PU p to PU q (continuous, forced to 1 when it must)
   o[i,j]     order of independent blocks i, j when they share a unit; same[i,j] they share one
-  q[b,u]     block b runs on unit u in int8 (where its int8 variant was validated and u runs it in fp32 too;
-             on a unit that computes int8 only, a[b,u] itself means int8)
+  q[b,u]     block b runs on unit u in int8, or fp16 on a unit of Problem.fp16_units (where that variant was
+             validated and u runs it in fp32 too; on a unit that computes int8 only, a[b,u] itself means int8)
 Every constraint is named after what it means: assign, unit_on, cores, memory,
 symmetry, int8_on, accuracy_budget (the int8 blocks' summed accuracy losses alone in int8 stay within the
 budget), transfer, handoff_cpu, precedence, serialize, region (a valid cut: what one unit runs
@@ -187,7 +187,7 @@ def twin_branches(problem: Problem) -> tuple[tuple[tuple[int, ...], ...], ...]:
                     tuple(problem.cost.get((b, u)) for u in units),
                     tuple(problem.int8_cost.get((b, u)) for u in units),
                     problem.held_bytes(b),
-                    problem.sensitivity.get(b),
+                    (problem.sensitivity.get(b), problem.fp16_sensitivity.get(b)),
                     tuple(sorted((m, v) for (c, m), v in problem.traffic.items() if c == b)),
                 )
                 for b in part
@@ -671,8 +671,9 @@ def _variables(problem: Problem, timed: bool) -> _Model:
 
 
 def _precision_rows(m: _Model) -> None:
-    """q[b,u]: block b runs in int8 on u (only where u runs it in fp32 too; on a unit that computes int8 only,
-    a[b,u] says it). The blocks in int8 keep the sum of their accuracy losses alone within the budget."""
+    """q[b,u]: block b runs in int8 (fp16 on ``Problem.fp16_units``) on u (only where u runs it in fp32 too; on a
+    unit that computes int8 only, a[b,u] says it). The blocks in int8 or fp16 keep the sum of their accuracy
+    losses alone in that precision within the budget."""
     problem, lp = m.problem, m.lp
     for b, u in sorted(problem.int8_cost):
         if (b, u) in problem.cost:
@@ -681,7 +682,8 @@ def _precision_rows(m: _Model) -> None:
     if problem.accuracy_budget is not None and problem.int8_cost:
         # in millionths: the solver's feasibility tolerance (1e-7) would otherwise let a loss of 1e-7 through a
         # budget of 0; the budget holds to BUDGET_SLACK (1e-9), and the tolerance adds only 1e-13 to it
-        spent = pulp.lpSum(1e6 * problem.sensitivity.get(b, 0.0) * m.int8(b, u) for b, u in sorted(problem.int8_cost))
+        # (a block's loss in its unit's reduced precision: int8, or fp16 on a unit that computes fp16)
+        spent = pulp.lpSum(1e6 * problem.loss(b, u) * m.int8(b, u) for b, u in sorted(problem.int8_cost))
         lp += spent <= 1e6 * (problem.accuracy_budget + BUDGET_SLACK), "accuracy_budget"
 
 

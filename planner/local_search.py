@@ -61,7 +61,9 @@ class _Latency:
     """The latency ``schedule`` computes, and only it: the inner loop of the search (several thousand plans a
     second on a 200-block model). Equal to ``schedule(problem, a).latency_ms`` for every assignment."""
 
-    def __init__(self, problem: Problem, int8: frozenset[int]) -> None:
+    def __init__(self, problem: Problem, int8: frozenset[int], unit_of: Sequence[int] | None = None) -> None:
+        """With ``unit_of`` (the start's units), a block in reduced precision may run only on units of the same
+        one as its start's (int8, or fp16: the budget counted its loss in that one)."""
         self.problem = problem
         self.int8 = int8
         self.n = len(problem.blocks)
@@ -72,7 +74,13 @@ class _Latency:
             self.succs[i].append((j, ei))
         table = [problem.int8_cost if b in int8 else problem.cost for b in range(self.n)]
         self.ms = [
-            {u: table[b][(b, u)] for u in range(len(problem.units)) if (b, u) in table[b]} for b in range(self.n)
+            {
+                u: table[b][(b, u)]
+                for u in range(len(problem.units))
+                if (b, u) in table[b]
+                and (unit_of is None or b not in int8 or problem.reduced(u) == problem.reduced(unit_of[b]))
+            }
+            for b in range(self.n)
         ]
         self.overheads = any(v > 0 for v in problem.unit_overhead.values())
         # a block's time is its own unit's alone: a plan changed from some position of its order on can be
@@ -220,7 +228,7 @@ class _Search:
         self.problem = problem
         self.bounds = bounds
         self.int8 = start.int8
-        self.latency = _Latency(problem, start.int8)
+        self.latency = _Latency(problem, start.int8, start.block_unit)
         self.rng = random.Random(seed)
         n = len(problem.blocks)
         self.allowed = [sorted(self.latency.ms[b]) for b in range(n)]

@@ -3,11 +3,12 @@
 Serialised as versioned JSON. A plan names its blocks (block -> ONNX node names), so
 it can be cut out of the model without re-coarsening; each stage holds one or more
 replica groups (frame f goes to group f mod R), each group a set of PU assignments.
-A plan runs every block in fp32 unless it names blocks in ``int8``; such a plan carries
-what quantising them takes (``PlanPrecision``: the calibration ranges, the accuracy metric
-and budget, the accuracy measured when it was planned), so it stays one self-contained
-file. All-fp32 plans are written as version 1 (as before precisions existed); plans with
-int8 blocks as version 2, which an older parapipe refuses rather than run in fp32.
+A plan runs every block in fp32 unless it names blocks in ``int8`` or ``fp16``; such a plan
+carries what building and checking them takes (``PlanPrecision``: the calibration ranges, the
+accuracy metric and budget, the accuracy measured when it was planned), so it stays one
+self-contained file. All-fp32 plans are written as version 1 (as before precisions existed);
+plans with int8 blocks as version 2 and plans with fp16 blocks as version 3, which an older
+parapipe refuses rather than run those blocks in fp32.
 ``validate`` checks a plan against the model graph and the device profile and names
 the field that is wrong.
 """
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
@@ -31,7 +32,8 @@ from models.inputs import InputSpec
 from models.schema import first_problem, load_record, record_schema
 from planner.unitname import UnitName
 
-PLAN_VERSION = 2  # the newest version this parapipe writes (for plans with int8 blocks)
+INT8_PLAN_VERSION = 2  # plans with int8 blocks (and none in fp16): what parapipes that know int8 only read
+PLAN_VERSION = 3  # the newest version this parapipe writes (for plans with fp16 blocks)
 FP32_PLAN_VERSION = 1  # all-fp32 plans keep version 1, so older parapipes still read them
 # Frames whose outputs a unit holds at once: the one it is producing and the one waiting in the bounded
 # queue in front of its consumer (the executor's queues hold one frame). A bound, not a measurement.
@@ -120,12 +122,20 @@ class PlanPrecision:
     # block -> "PUxCORES" -> its int8 time there (ms), where the PU computes fp32 too: what predictions price
     # the block at (the cost model prices blocks in fp32)
     int8_ms: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    # the same for fp16 blocks, with where each time comes from (block -> "PUxCORES" -> source: measured, or
+    # the profile's fp16 peak's source: spec-sheet / estimate)
+    fp16_ms: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    fp16_source: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["ranges"] = {t: [lo, hi] for t, (lo, hi) in self.ranges.items()}
         data["measured"] = dict(self.measured)
         data["int8_ms"] = {b: dict(t) for b, t in self.int8_ms.items()}
+        data["fp16_ms"] = {b: dict(t) for b, t in self.fp16_ms.items()}
+        data["fp16_source"] = {b: dict(t) for b, t in self.fp16_source.items()}
+        if not self.fp16_ms and not self.fp16_source:  # an int8 plan's file as it was
+            del data["fp16_ms"], data["fp16_source"]
         return data
 
 
@@ -148,18 +158,45 @@ class Plan:
     notes: tuple[str, ...] = field(default=())
     inputs: tuple[InputSpec, ...] = ()  # the input shapes/dtypes (and how frames are made) it was planned for
     int8: tuple[str, ...] = ()  # blocks that run in int8 (static QDQ); every other block runs in fp32
-    precision: PlanPrecision | None = None  # what the int8 blocks need; None for an all-fp32 plan
+    precision: PlanPrecision | None = None  # what the int8/fp16 blocks need; None for an all-fp32 plan
+    fp16: tuple[str, ...] = ()  # blocks that run in fp16 (on PUs that compute fp16: GPUs)
 
     def precision_of(self, block: str) -> str:
-        return "int8" if block in self.int8 else "fp32"
+        return "int8" if block in self.int8 else "fp16" if block in self.fp16 else "fp32"
+
+    @property
+    def reduced(self) -> tuple[str, ...]:
+        """The blocks that do not run in fp32 (int8 and fp16), in block order."""
+        return tuple(b for b in self.blocks if b in self.int8 or b in self.fp16)
+
+    def reduced_ms(self, block: str, config: str) -> float | None:
+        """The time the plan records for a block in its int8 or fp16 precision on ``PUxCORES``; None for fp32."""
+        if self.precision is None:
+            return None
+        table = self.precision.int8_ms if block in self.int8 else self.precision.fp16_ms if block in self.fp16 else {}
+        return table.get(block, {}).get(config)
+
+    def accuracy_loss(self) -> float:
+        """The loss against fp32 by the plan's metric, as measured end to end when it was planned: 0 for an all-fp32
+        plan; the budget it promises where it was not measured."""
+        if not self.int8 and not self.fp16:
+            return 0.0
+        if self.precision is None:
+            return 1.0
+        return dict(self.precision.measured).get(self.precision.metric, self.precision.budget)
 
     def precision_mix(self) -> str:
-        """``fp32``, or e.g. ``int8 12/40 blocks (310 of 860 nodes)``."""
-        if not self.int8:
+        """``fp32``, or e.g. ``int8 12/40 blocks (310 of 860 nodes)``, ``fp16 5/40 blocks (...)``, or both joined
+        by ``+``."""
+        if not self.int8 and not self.fp16:
             return "fp32"
-        nodes = sum(len(self.blocks[b]) for b in self.int8 if b in self.blocks)
         total = sum(len(m) for m in self.blocks.values())
-        return f"int8 {len(self.int8)}/{len(self.blocks)} blocks ({nodes} of {total} nodes)"
+        parts = []
+        for name, chosen in (("int8", self.int8), ("fp16", self.fp16)):
+            if chosen:
+                nodes = sum(len(self.blocks[b]) for b in chosen if b in self.blocks)
+                parts.append(f"{name} {len(chosen)}/{len(self.blocks)} blocks ({nodes} of {total} nodes)")
+        return " + ".join(parts)
 
     def replica_period(self) -> int:
         """Frames after which replica groups repeat: frame f runs on group f mod R of each stage."""
@@ -174,9 +211,12 @@ class Plan:
         data["blocks"] = {k: list(v) for k, v in self.blocks.items()}
         data["inputs"] = [s.to_json() for s in self.inputs]
         data["int8"] = list(self.int8)
+        data["fp16"] = list(self.fp16)
         data["precision"] = self.precision.to_json() if self.precision else None
-        data["version"] = PLAN_VERSION if self.int8 else FP32_PLAN_VERSION
-        if not self.int8 and self.precision is None:  # an fp32 plan's file as it always was
+        data["version"] = PLAN_VERSION if self.fp16 else INT8_PLAN_VERSION if self.int8 else FP32_PLAN_VERSION
+        if not self.fp16:
+            del data["fp16"]
+        if not self.int8 and not self.fp16 and self.precision is None:  # an fp32 plan's file as it always was
             del data["int8"], data["precision"]
         return data
 
@@ -213,6 +253,8 @@ class _PrecisionFile(_File):
     held_out_frames: int = Field(default=0, ge=0)
     method: str = ""
     int8_ms: dict[str, dict[str, Annotated[float, Field(ge=0.0, allow_inf_nan=False)]]] = {}
+    fp16_ms: dict[str, dict[str, Annotated[float, Field(ge=0.0, allow_inf_nan=False)]]] = {}
+    fp16_source: dict[str, dict[str, str]] = {}
 
     @field_validator("ranges", mode="after")
     @classmethod
@@ -258,6 +300,7 @@ class _PlanFile(_File):
     notes: list[str] = []
     inputs: list[dict[str, Any]] = []
     int8: list[str] = []
+    fp16: list[str] = []
     precision: _PrecisionFile | None = None
 
 
@@ -266,9 +309,9 @@ def plan_from_json(data: Any, origin: str = "plan") -> Plan:
     if not isinstance(data, Mapping):
         raise PlanError(f"{origin}: a plan is a JSON object")
     version = data.get("version")
-    if version is not None and version not in (FP32_PLAN_VERSION, PLAN_VERSION):
+    if version is not None and version not in (FP32_PLAN_VERSION, INT8_PLAN_VERSION, PLAN_VERSION):
         raise PlanError(
-            f"version: {version!r} is not supported; this parapipe reads plan versions {FP32_PLAN_VERSION} and "
+            f"version: {version!r} is not supported; this parapipe reads plan versions {FP32_PLAN_VERSION} to "
             f"{PLAN_VERSION}"
         )
     try:
@@ -294,23 +337,28 @@ def plan_from_json(data: Any, origin: str = "plan") -> Plan:
         notes=tuple(checked.notes),
         inputs=_inputs(checked.inputs),
         int8=_int8(checked.int8, checked.blocks),
-        precision=_precision(checked.precision, checked.int8),
+        precision=_precision(checked.precision, checked.int8, checked.fp16),
+        fp16=_int8(checked.fp16, checked.blocks, "fp16"),
     )
 
 
-def _int8(names: list[str], blocks: Mapping[str, list[str]]) -> tuple[str, ...]:
+def _int8(names: list[str], blocks: Mapping[str, list[str]], field: str = "int8") -> tuple[str, ...]:
     for i, b in enumerate(names):
         if b not in blocks:
-            raise PlanError(f"int8[{i}]: unknown block {b!r} (not in the plan's blocks)")
+            raise PlanError(f"{field}[{i}]: unknown block {b!r} (not in the plan's blocks)")
     return tuple(dict.fromkeys(names))
 
 
-def _precision(raw: _PrecisionFile | None, int8: list[str]) -> PlanPrecision | None:
+def _precision(raw: _PrecisionFile | None, int8: Sequence[str], fp16: Sequence[str] = ()) -> PlanPrecision | None:
+    both = set(int8) & set(fp16)
+    if both:
+        raise PlanError(f"fp16: block {sorted(both)[0]!r} is in int8 too; a block runs in one precision")
     if raw is None:
-        if int8:
+        if int8 or fp16:
+            which = "int8" if int8 else "fp16"
             raise PlanError(
-                f"precision: the plan runs {len(int8)} block(s) in int8 but carries no calibration ranges; "
-                "plan again with --precision auto --calibration FILE"
+                f"precision: the plan runs {len(int8) or len(fp16)} block(s) in {which} but carries no calibration "
+                "ranges, metric or budget; plan again with --precision auto --calibration FILE"
             )
         return None
     if int8 and not raw.ranges:
@@ -324,6 +372,8 @@ def _precision(raw: _PrecisionFile | None, int8: list[str]) -> PlanPrecision | N
         held_out_frames=raw.held_out_frames,
         method=raw.method,
         int8_ms={b: dict(t) for b, t in raw.int8_ms.items()},
+        fp16_ms={b: dict(t) for b, t in raw.fp16_ms.items()},
+        fp16_source={b: dict(t) for b, t in raw.fp16_source.items()},
     )
 
 

@@ -67,12 +67,16 @@ class Problem:
     # (edge index, from PU, to PU) -> ms the consumer waits beyond the transfer (the handoff delay ``tune``
     # learns between PUs of one host): latency only, it occupies no link; absent: none
     handoff_delay: dict[tuple[int, str, str], float] = field(default_factory=dict)
-    # precision: (block, unit) -> ms of the block's validated int8 variant there (``cost`` holds fp32 times, absent
-    # where the PU does not compute fp32: an NPU runs a block only in int8); each such block's accuracy loss
-    # alone in int8 (the sensitivity proxy) and the budget their sum stays under (None: no budget)
+    # precision: (block, unit) -> ms of the block's validated reduced-precision variant there: int8, or fp16 on
+    # the ``fp16_units`` (``cost`` holds fp32 times, absent where the PU does not compute fp32: an NPU runs a
+    # block only in int8); each such block's accuracy loss alone in int8 (``sensitivity``) or alone in fp16
+    # (``fp16_sensitivity``), the proxy the ILP sums, and the budget their sum stays under (None: no budget).
+    # A unit offers one reduced precision: fp16 where its PU computes fp16 and fp16 times are given, else int8.
     int8_cost: dict[tuple[int, int], float] = field(default_factory=dict)
     sensitivity: dict[int, float] = field(default_factory=dict)
     accuracy_budget: float | None = None
+    fp16_units: frozenset[int] = frozenset()
+    fp16_sensitivity: dict[int, float] = field(default_factory=dict)
     # what a plan with int8 blocks carries (calibration ranges, metric, budget); None: plans cannot have int8 blocks
     precision: PlanPrecision | None = None
     # what is derived from the problem alone (baselines, warm starts), computed once per problem
@@ -81,6 +85,15 @@ class Problem:
     def runs(self, block: int, unit: int) -> bool:
         """Whether the block can run on the unit in some precision."""
         return (block, unit) in self.cost or (block, unit) in self.int8_cost
+
+    def reduced(self, unit: int) -> str:
+        """The precision ``int8_cost`` holds on the unit: fp16 or int8."""
+        return "fp16" if unit in self.fp16_units else "int8"
+
+    def loss(self, block: int, unit: int) -> float:
+        """The block's accuracy loss alone in the unit's reduced precision (the proxy summed under the budget)."""
+        table = self.fp16_sensitivity if unit in self.fp16_units else self.sensitivity
+        return table.get(block, 0.0)
 
     def ms(self, block: int, unit: int, int8: bool = False) -> float:
         """The block's time on the unit in fp32 or in int8; KeyError where it cannot run so."""
@@ -159,6 +172,7 @@ class Problem:
                 (b - lo, u): 0.0 if sink and b == hi else v for (b, u), v in self.int8_cost.items() if lo <= b <= hi
             },
             sensitivity={b - lo: v for b, v in self.sensitivity.items() if lo <= b <= hi},
+            fp16_sensitivity={b - lo: v for b, v in self.fp16_sensitivity.items() if lo <= b <= hi},
             edges=tuple((i - lo, j - lo, n) for ei, (i, j, n) in enumerate(self.edges) if ei in index),
             transfer=by_edge(self.transfer),
             transfer_mj=by_edge(self.transfer_mj),
@@ -198,12 +212,17 @@ class Int8Choice:
     ``ms``: (block, PU, cores) -> the block's int8 time there, for PUs that compute fp32 too (a CPU): only
     where it is given is the block offered in int8 on such a PU (on an int8-only PU the cost model's figure
     is the int8 one). ``precision``: what a plan with int8 blocks embeds (calibration ranges, metric,
-    budget); without it the solver may choose int8 but no plan can be written from such a solution."""
+    budget); without it the solver may choose int8 but no plan can be written from such a solution.
+
+    ``fp16_sensitivity`` and ``fp16_ms``: the same for fp16 (each block's loss alone in fp16, its fp16 time on
+    a PU that computes fp16, a GPU). A PU given fp16 times offers its blocks in fp16, not int8."""
 
     sensitivity: Mapping[str, float]
     budget: float | None = None
     ms: Mapping[tuple[str, str, int], float] = field(default_factory=dict)
     precision: PlanPrecision | None = None
+    fp16_sensitivity: Mapping[str, float] = field(default_factory=dict)
+    fp16_ms: Mapping[tuple[str, str, int], float] = field(default_factory=dict)
 
 
 FP32_ONLY = Int8Choice({})
@@ -219,7 +238,7 @@ def build_problem(
     units = candidate_units(cost, max_stages)
     names = [b.name for b in blocks.nodes]
     index = {n: i for i, n in enumerate(names)}
-    table, table8 = _block_costs(blocks, units, cost, int8)
+    table, table8, fp16_units = _block_costs(blocks, units, cost, int8)
     flows: dict[tuple[int, int], dict[str, int]] = {}
     for e in blocks.edges:
         flows.setdefault((index[e.src], index[e.dst]), {})[e.tensor] = e.nbytes
@@ -236,6 +255,8 @@ def build_problem(
         int8_cost=table8,
         sensitivity={index[name]: loss for name, loss in int8.sensitivity.items() if name in index},
         accuracy_budget=int8.budget,
+        fp16_units=fp16_units,
+        fp16_sensitivity={index[name]: loss for name, loss in int8.fp16_sensitivity.items() if name in index},
         precision=int8.precision,
         edges=edges,
         transfer=links.transfer,
@@ -262,11 +283,18 @@ def build_problem(
 
 def _block_costs(
     blocks: OpGraph, units: list[Unit], cost: CostModel, int8: Int8Choice
-) -> tuple[dict[tuple[int, int], float], dict[tuple[int, int], float]]:
-    """(block, unit) -> ms in fp32 where the unit's PU computes fp32, and in int8 for validated blocks where it
-    computes int8 only; a block no PU can run is an error naming it."""
+) -> tuple[dict[tuple[int, int], float], dict[tuple[int, int], float], frozenset[int]]:
+    """(block, unit) -> ms in fp32 where the unit's PU computes fp32, and in the unit's reduced precision for
+    validated blocks: fp16 on the units whose PU computes fp16 and fp32 and has fp16 times (returned), else int8
+    where given, and int8 where the PU computes int8 only; a block no PU can run is an error naming it."""
     table: dict[tuple[int, int], float] = {}
     table8: dict[tuple[int, int], float] = {}
+    half_pus = {pu for _, pu, _ in int8.fp16_ms}
+    fp16_units = frozenset(
+        ui
+        for ui, u in enumerate(units)
+        if u.pu in half_pus and cost.profile.pu(u.pu).computes("fp16") and cost.profile.pu(u.pu).computes("fp32")
+    )
     by_config: dict[tuple[str, int, str], float] = {}
     unsupported: list[str] = []
     int8_only: set[str] = set()
@@ -279,9 +307,14 @@ def _block_costs(
             key = (u.pu, u.cores, b.name)
             if pu.computes("fp32"):
                 target = table
-                mine = int8.ms.get((b.name, u.pu, u.cores))
-                if mine is not None and pu.computes("int8") and b.name in int8.sensitivity:
-                    table8[(bi, ui)] = mine
+                if ui in fp16_units:
+                    half = int8.fp16_ms.get((b.name, u.pu, u.cores))
+                    if half is not None and b.name in int8.fp16_sensitivity:
+                        table8[(bi, ui)] = half
+                else:
+                    mine = int8.ms.get((b.name, u.pu, u.cores))
+                    if mine is not None and pu.computes("int8") and b.name in int8.sensitivity:
+                        table8[(bi, ui)] = mine
             elif pu.computes("int8") and b.name in int8.sensitivity:
                 target = table8  # the cost model's figure for such a PU is its int8 figure
             else:
@@ -306,7 +339,7 @@ def _block_costs(
             f"no PU of {cost.profile.name} can run block(s) {'; '.join(unsupported[:3])}: every PU lacks one of their "
             f"op types{why}. Add the op type to a PU's supported_ops in the profile, or plan for a board with a CPU."
         )
-    return table, table8
+    return table, table8, fp16_units
 
 
 @dataclass(frozen=True)
@@ -407,6 +440,8 @@ def toy_problem(
     int8_cost: dict[tuple[int, int], float] | None = None,
     sensitivity: dict[int, float] | None = None,
     accuracy_budget: float | None = None,
+    fp16_units: frozenset[int] = frozenset(),
+    fp16_sensitivity: dict[int, float] | None = None,
 ) -> Problem:
     """A problem from plain numbers (blocks 0..n-1 in topological order): for tests and examples."""
     n = 1 + max(b for b, _ in [*cost, *(int8_cost or {})])
@@ -431,6 +466,8 @@ def toy_problem(
         int8_cost=dict(int8_cost or {}),
         sensitivity=dict(sensitivity or {}),
         accuracy_budget=accuracy_budget,
+        fp16_units=fp16_units,
+        fp16_sensitivity=dict(fp16_sensitivity or {}),
         edges=tuple((i, j, 1) for i, j in sorted(edges)),
         transfer=transfer,
         transfer_mj=dict.fromkeys(transfer, 0.0),

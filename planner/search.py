@@ -444,18 +444,27 @@ def _fits(plan: Plan, graph: OpGraph, profile: DeviceProfile) -> bool:
 
 
 def dominates(a: Plan, b: Plan) -> bool:
+    """``a`` is no worse than ``b`` in latency, throughput, energy and accuracy loss (``Plan.accuracy_loss``), and
+    better in one of them."""
     pa, pb = a.predicted, b.predicted
     assert pa and pb
+    la, lb = a.accuracy_loss(), b.accuracy_loss()
     no_worse = (
-        pa.latency_ms <= pb.latency_ms and pa.throughput_fps >= pb.throughput_fps and pa.energy_mj <= pb.energy_mj
+        pa.latency_ms <= pb.latency_ms
+        and pa.throughput_fps >= pb.throughput_fps
+        and pa.energy_mj <= pb.energy_mj
+        and la <= lb
     )
-    better = pa.latency_ms < pb.latency_ms or pa.throughput_fps > pb.throughput_fps or pa.energy_mj < pb.energy_mj
+    better = (
+        pa.latency_ms < pb.latency_ms or pa.throughput_fps > pb.throughput_fps or pa.energy_mj < pb.energy_mj or la < lb
+    )
     return no_worse and better
 
 
 def signature(plan: Plan) -> tuple:
+    """Where every block runs and in which precision."""
     return tuple(
-        (s, g, a.pu, a.cores, tuple(sorted(a.blocks)))
+        (s, g, a.pu, a.cores, tuple(sorted((b, plan.precision_of(b)) for b in a.blocks)))
         for s, st in enumerate(plan.stages)
         for g, grp in enumerate(st.groups)
         for a in grp

@@ -30,12 +30,26 @@ class Roofline:
         """Bytes these operators move through memory per frame."""
         return sum(self.node_bytes(m) for m in sorted(set(members)))
 
-    def ms(self, node: str, pu: str, cores: int) -> float:
+    def ms(self, node: str, pu: str, cores: int, precision: str = "fp32") -> float:
+        """The operator's time in fp32, or in fp16 (``precision="fp16"``, on a PU whose profile gives its
+        ``fp16_peak_ratio``): its compute at that multiple of the fp32 peak, half its bytes to move."""
         n = self.graph.index[node]
         p = self.profile.pu(pu)
+        speed, width = 1.0, 1.0
+        if precision == "fp16":
+            if p.fp16_peak_ratio is None:
+                raise ValueError(f"PU {pu!r} gives no fp16_peak_ratio: its fp16 times cannot be derived")
+            speed, width = p.fp16_peak_ratio.value, 0.5
         share = cores / max(1, len(p.cores)) if p.kind == "cpu" else 1.0
         compute = 0.0
         for cls, flops in n.flops_by_class:
-            compute += flops / (p.peak_gflops[cls].value * share * 1e9)
-        memory = self.node_bytes(node) / (p.memory_bandwidth_gbps.value * 1e9)
+            compute += flops / (p.peak_gflops[cls].value * speed * share * 1e9)
+        memory = width * self.node_bytes(node) / (p.memory_bandwidth_gbps.value * 1e9)
         return (max(compute, memory) + p.launch_overhead_us.value / 1e6) * 1e3
+
+    def fp16_ratio(self, members: Iterable[str], pu: str, cores: int) -> float:
+        """A group's fp16 time over its fp32 time on the PU, by the roofline (what scales a calibrated fp32
+        figure to an fp16 one where no fp16 time is measured)."""
+        nodes = sorted(set(members))
+        fp32 = sum(self.ms(m, pu, cores) for m in nodes)
+        return sum(self.ms(m, pu, cores, "fp16") for m in nodes) / fp32 if fp32 > 0 else 1.0

@@ -81,14 +81,26 @@ def plan_row(plan: Any) -> dict[str, Any]:
         "gap": prov.gap,
         "seconds": prov.seconds,
         "precision": plan.precision_mix(),
+        "int8_blocks": len(plan.int8),
+        "fp16_blocks": len(plan.fp16),
         "accuracy": _accuracy(plan),
+        "accuracy_loss": _loss(plan),
     }
 
 
-def _accuracy(plan: Any) -> str | None:
-    """The accuracy a plan with int8 blocks promises and was measured at, e.g. ``top1 0.004 <= 0.01 (24 held-back)``."""
+def _loss(plan: Any) -> float | None:
+    """The loss by the plan's metric measured on held-back frames (0 for an all-fp32 plan; None: not measured)."""
     pr = plan.precision
-    if not plan.int8 or pr is None:
+    if not plan.reduced:
+        return 0.0
+    return None if pr is None else dict(pr.measured).get(pr.metric)
+
+
+def _accuracy(plan: Any) -> str | None:
+    """The accuracy a plan with int8/fp16 blocks promises and was measured at, e.g. ``top1 loss 0.004 (budget 0.01,
+    24 held-back frames)``."""
+    pr = plan.precision
+    if not plan.reduced or pr is None:
         return None
     measured = dict(pr.measured).get(pr.metric)
     shown = f"{measured:.3g}" if measured is not None else "not measured"
@@ -165,6 +177,30 @@ def _auto(request, loaded, graph, blocks, cost, costs: Path | None, max_stages: 
     table = CostTable.load(table_path)
     auto = measure(loaded, graph, blocks, cost, table, table_path, request, cost.profile.name in LOCAL_BOARDS, progress)
     return auto, build_problem(blocks, graph, cost, max_stages, int8=auto.choice())
+
+
+def _accuracy_sweep(blocks, graph, cost, search, auto, max_stages, progress, reverted: dict) -> list:  # type: ignore[no-untyped-def]
+    """``--objective pareto --precision auto``: the Pareto sweep within a few accuracy budgets up to the user's
+    (``sweep_budgets``), every plan checked (and repaired) on the held-back frames; the front over latency,
+    throughput, energy and the accuracy loss measured."""
+    import dataclasses
+
+    from parapipe.precision_auto import sweep_budgets
+    from planner.problem import build_problem
+    from planner.search import pareto_front, pareto_set
+
+    found, back = [], {}
+    for budget in sweep_budgets(auto.request.budget):
+        progress(f"Pareto sweep within an accuracy loss of {budget:g}")
+        problem = build_problem(blocks, graph, cost, max_stages, int8=auto.choice(budget))
+        plans = pareto_set(blocks, graph, cost, search, problem=problem)
+        plans = [dataclasses.replace(p, name=f"{p.name.split('-', 2)[-1]}@loss{budget:g}") for p in plans]
+        found += _checked(plans, auto, cost, graph, progress, back)
+    front = []
+    for i, p in enumerate(pareto_front(found)):
+        front.append(dataclasses.replace(p, name=f"pareto-{i}-{p.name}"))
+        reverted[front[-1].name] = back.get(p.name, ())
+    return front
 
 
 def _checked(plans: list, auto, cost, graph, progress, reverted: dict) -> list:  # type: ignore[no-untyped-def]
@@ -270,12 +306,14 @@ def plan(
         base = baselines(blocks, graph, cost, max_stages, problem)
         if request is not None:
             auto, problem = _auto(request, loaded, graph, blocks, cost, costs, max_stages, progress)
-        if objective == "pareto":
+        if objective == "pareto" and auto is not None:
+            plans = _accuracy_sweep(blocks, graph, cost, search, auto, max_stages, progress, reverted)
+        elif objective == "pareto":
             plans = pareto_set(blocks, graph, cost, search, problem=problem)
         else:
             plans = [best_plan(blocks, graph, cost, objective, search, problem=problem)]
-        if auto is not None:
-            plans = _checked(plans, auto, cost, graph, progress, reverted)
+            if auto is not None:
+                plans = _checked(plans, auto, cost, graph, progress, reverted)
     import dataclasses
 
     where = {"model_path": str(model.resolve()), "inputs": loaded.inputs}
@@ -287,6 +325,8 @@ def plan(
     rows = [plan_row(p) for p in plans]
     base_rows = [plan_row(p) for p in base.values()]
     if as_json:
+        from parapipe.precision_auto import sweep_budgets
+
         print_json(
             {
                 "folder": str(folder),
@@ -302,6 +342,11 @@ def plan(
                     "calibration_frames": len(auto.calibration),
                     "held_out_frames": len(auto.held_out),
                     "sensitivity": auto.sensitivity,
+                    "fp16_sensitivity": auto.fp16_sensitivity,
+                    "fp16_ms": {f"{b}@{pu}x{k}": ms for (b, pu, k), ms in auto.fp16_ms.items()},
+                    "budgets": list(sweep_budgets(auto.request.budget))
+                    if objective == "pareto"
+                    else [auto.request.budget],
                     "reverted": {k: list(v) for k, v in reverted.items()},
                     "notes": auto.notes,
                 },
@@ -340,7 +385,8 @@ def pareto(
     plot: Annotated[Path | None, typer.Option("--plot", help="Write the front as a PNG.")] = None,
     fmt: Annotated[str, typer.Option("--format", help="table, json or csv.")] = "table",
 ) -> None:
-    """The Pareto front of a folder of plans (latency, throughput, energy), baselines beside it."""
+    """The Pareto front of a folder of plans (latency, throughput, energy, and the accuracy loss measured for plans
+    with int8 or fp16 blocks), baselines beside it."""
     from planner.plan import PlanError
     from planner.search import pareto_front
 
@@ -359,8 +405,11 @@ def pareto(
         buf = io.StringIO()
         writer = csv.writer(buf)
         writer.writerow(
-            ["plan", "kind", "latency_ms", "throughput_fps", "energy_mj", "energy_source", "stages", "units"]
-        )
+            [
+                "plan", "kind", "latency_ms", "throughput_fps", "energy_mj", "energy_source", "stages", "units",
+                "precision", "accuracy_loss",
+            ]
+        )  # fmt: skip
         for kind, group in (("pareto", front), ("baseline", base)):
             for p in group:
                 r = plan_row(p)
@@ -374,6 +423,8 @@ def pareto(
                         r["energy_source"],
                         r["stages"],
                         " ".join(r["units"]),
+                        r["precision"],
+                        r["accuracy_loss"],
                     ]
                 )
         sys.stdout.write(buf.getvalue())
@@ -501,14 +552,24 @@ def show(
         ),
         highlight=False,
     )
-    mixed = bool(the_plan.int8)
-    t = Table("stage", "replica", "PU", "cores", "core ids", "blocks", "ops", *(("int8 blocks",) if mixed else ()))
+    mixed = bool(the_plan.reduced)
+    t = Table(
+        "stage",
+        "replica",
+        "PU",
+        "cores",
+        "core ids",
+        "blocks",
+        "ops",
+        *(("int8 blocks", "fp16 blocks") if mixed else ()),
+    )
     for s, stage in enumerate(the_plan.stages):
         for g, group in enumerate(stage.groups):
             for a in group:
                 ops = sum(len(the_plan.blocks[b]) for b in a.blocks)
                 shown = ", ".join(a.blocks[:4]) + (f" … (+{len(a.blocks) - 4})" if len(a.blocks) > 4 else "")
                 int8 = sum(b in the_plan.int8 for b in a.blocks)
+                half = sum(b in the_plan.fp16 for b in a.blocks)
                 t.add_row(
                     str(s),
                     str(g),
@@ -517,7 +578,7 @@ def show(
                     ",".join(map(str, a.core_ids)) or "auto",
                     shown,
                     str(ops),
-                    *((f"{int8}/{len(a.blocks)}",) if mixed else ()),
+                    *((f"{int8}/{len(a.blocks)}", f"{half}/{len(a.blocks)}") if mixed else ()),
                 )
     out.print(t)
     out.print(f"precision: {the_plan.precision_mix()}" + _precision_detail(the_plan), highlight=False)
@@ -537,7 +598,7 @@ def show(
 
 def _precision_detail(plan: Any) -> str:
     pr = plan.precision
-    if not plan.int8 or pr is None:
+    if not plan.reduced or pr is None:
         return " (every block as the model has it)"
     measured = ", ".join(f"{k} {v:.3g}" for k, v in pr.measured) or "not measured"
     return (

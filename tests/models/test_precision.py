@@ -311,11 +311,19 @@ def test_precisions_default_by_kind_and_are_validated() -> None:
     data["pus"][1]["precisions"] = {"value": ["int8", "fp16"], "source": "spec-sheet", "cite": "data sheet"}
     after = parse_profile(data)
     assert after.pus[1].computes("fp16") and after.content_hash() != before.content_hash()
-    # a profile that says nothing of precisions keeps the hash it had before the field existed
+    # fp16's peak is given only where the PU computes fp16, and counts in the hash
+    data["pus"][1]["fp16_peak_ratio"] = {"value": 2.0, "source": "spec-sheet", "cite": "data sheet"}
+    assert parse_profile(data).pus[1].fp16_peak_ratio.value == 2.0  # type: ignore[union-attr]
+    assert parse_profile(data).content_hash() != after.content_hash()
+    data["pus"][1]["precisions"] = {"value": ["int8"], "source": "spec-sheet", "cite": "data sheet"}
+    with pytest.raises(ProfileError, match="fp16_peak_ratio: the PU does not compute fp16"):
+        parse_profile(data)
+    # a profile that says nothing of precisions nor fp16's peak keeps the hash it had before the fields existed
     legacy = dataclasses.asdict(before)
     legacy.pop("origin")
     for pu in legacy["pus"]:
         pu.pop("precisions")
+        pu.pop("fp16_peak_ratio")
     assert before.content_hash() == hashlib.sha256(json.dumps(legacy, sort_keys=True, default=str).encode()).hexdigest()
 
 

@@ -307,3 +307,45 @@ def test_more_blocks_go_to_int8_while_the_measured_mix_holds_the_budget(tiny: Lo
     assert fixed.predicted is not None and plan.predicted is not None
     assert fixed.predicted.latency_ms < plan.predicted.latency_ms
     assert dict(fixed.precision.measured)["relerr"] <= budget
+
+
+def test_the_pareto_sweep_trades_measured_accuracy_for_speed(tiny: LoadedModel) -> None:
+    """``plan --objective pareto --precision auto``: plans within budgets of none, half and all of the user's, each
+    checked on held-back frames; the front keeps exact plans beside faster ones that lose measured accuracy."""
+    from models.precision import MixEvaluator, quantizable_groups, sensitivity, write_ranges
+    from parapipe.commands.planning import _accuracy_sweep
+    from planner.search import dominates
+
+    graph = build_graph(tiny.proto, tiny.sha256, "tiny")
+    blocks = coarsen(graph, "fine")
+    cost = CostModel(load_profile("local"), graph)
+    rng = np.random.default_rng(4)
+    frames = [{"x": rng.random(SHAPE, dtype=np.float32)} for _ in range(8)]
+    calibration, held = frames[:6], frames[6:]
+    ranges = tensor_ranges(tiny, calibration)
+    groups = quantizable_groups(graph, {b.name: b.members for b in blocks.nodes})
+    with tempfile.TemporaryDirectory() as tmp:
+        evaluator = MixEvaluator(tiny, groups, calibration, "relerr", write_ranges(ranges, Path(tmp) / "r.json"))
+        sens = sensitivity(evaluator, groups)
+        everything = evaluator.loss(list(groups))
+    budget = 1.5 * everything  # every candidate in int8 fits; half of it does not
+    ms = {(b, "cpu", k): cost.block_ms(groups[b], "cpu", k) / 3 for b in groups for k in (1, 2)}
+    request = PrecisionRequest(Path("unused"), budget, "relerr")
+    auto = Auto(tiny, graph, request, calibration, held, ranges, sens, sens, ms, [])
+    reverted: dict[str, tuple[str, ...]] = {}
+    front = _accuracy_sweep(blocks, graph, cost, SearchOptions(1, 2), auto, 2, lambda _msg: None, reverted)
+
+    assert set(reverted) == {p.name for p in front}
+    for p in front:
+        assert p.name.startswith("pareto-") and "@loss" in p.name
+        assert not any(dominates(q, p) for q in front if q is not p)
+        if p.int8:  # checked on the held-back frames, within the budget it was planned in (none, half, all)
+            assert p.precision is not None and p.precision.held_out_frames == len(held)
+            assert p.precision.budget in (0.0, budget / 2, budget)
+            assert 0 < p.accuracy_loss() <= p.precision.budget
+        else:
+            assert p.accuracy_loss() == 0.0
+    exact = [p for p in front if not p.int8]
+    lossy = [p for p in front if p.int8]
+    assert exact and lossy, "the front offers exact plans and plans that trade accuracy for speed"
+    assert min(p.predicted.latency_ms for p in lossy) < min(p.predicted.latency_ms for p in exact)

@@ -37,6 +37,23 @@ INT8_PLAN: dict[str, Any] = {
         "int8_ms": {"b1": {"cpux1": 0.4}},
     },
 }
+# a plan with a block in fp16 (on a GPU): version 3, with the fp16 time it was priced at and that time's source
+FP16_PLAN: dict[str, Any] = {
+    **PLAN,
+    "version": 3,
+    "blocks": {"b0": ["n0"], "b1": ["n1"], "b2": ["n2"]},
+    "stages": [
+        {"groups": [[{"pu": "cpu", "cores": 1, "blocks": ["b0", "b1"], "core_ids": [0]}]]},
+        {"groups": [[{"pu": "gpu", "cores": 1, "blocks": ["b2"]}]]},
+    ],
+    "int8": ["b1"],
+    "fp16": ["b2"],
+    "precision": {
+        **INT8_PLAN["precision"],
+        "fp16_ms": {"b2": {"gpux1": 0.2}},
+        "fp16_source": {"b2": {"gpux1": "spec-sheet"}},
+    },
+}
 
 
 def _paths(value: Any, at: tuple = ()) -> list[tuple]:
@@ -69,7 +86,14 @@ JSON = st.recursive(
 
 
 @settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
-@given(st.sampled_from([(PLAN, p) for p in _paths(PLAN)] + [(INT8_PLAN, p) for p in _paths(INT8_PLAN)]), JSON)
+@given(
+    st.sampled_from(
+        [(PLAN, p) for p in _paths(PLAN)]
+        + [(INT8_PLAN, p) for p in _paths(INT8_PLAN)]
+        + [(FP16_PLAN, p) for p in _paths(FP16_PLAN)]
+    ),
+    JSON,
+)
 @example((PLAN, ("blocks",)), {"\n": None})  # a key with a line break: quoted in the one-line message
 def test_any_change_loads_or_is_one_line_naming_the_field(where: tuple, new: Any) -> None:
     base, path = where
@@ -83,7 +107,8 @@ def test_any_change_loads_or_is_one_line_naming_the_field(where: tuple, new: Any
     else:
         assert all(isinstance(a.pu, UnitName) for _, _, a in plan.assignments())
         written = json.loads(json.dumps(plan.to_json()))
-        assert written["version"] == (2 if plan.int8 else 1)  # all-fp32 plans stay readable by older parapipes
+        # all-fp32 plans stay readable by older parapipes, int8 ones by those that know int8
+        assert written["version"] == (3 if plan.fp16 else 2 if plan.int8 else 1)
         assert plan_from_json(written) == plan
 
 
@@ -112,8 +137,8 @@ def test_a_malformed_plan_names_the_field(path: tuple, value: Any, field: str) -
 def test_a_missing_field_and_a_later_version_say_so() -> None:
     with pytest.raises(PlanError, match=r"^stages: missing field"):
         plan_from_json({k: v for k, v in PLAN.items() if k != "stages"})
-    with pytest.raises(PlanError, match=r"^version: 3 is not supported"):
-        plan_from_json({**PLAN, "version": 3})
+    with pytest.raises(PlanError, match=r"^version: 4 is not supported"):
+        plan_from_json({**PLAN, "version": 4})
 
 
 def test_fields_a_newer_parapipe_wrote_are_ignored() -> None:
@@ -133,6 +158,35 @@ def test_an_int8_plan_round_trips_and_an_old_plan_loads_as_all_fp32() -> None:
     old = plan_from_json(PLAN)  # written before precisions existed
     assert old.int8 == () and old.precision is None and old.precision_mix() == "fp32"
     assert "int8" not in old.to_json() and old.to_json()["version"] == 1
+
+
+def test_an_fp16_plan_round_trips_as_version_3() -> None:
+    plan = plan_from_json(FP16_PLAN)
+    assert plan.fp16 == ("b2",) and plan.int8 == ("b1",) and plan.reduced == ("b1", "b2")
+    assert [plan.precision_of(b) for b in ("b0", "b1", "b2")] == ["fp32", "int8", "fp16"]
+    assert plan.reduced_ms("b2", "gpux1") == 0.2 and plan.reduced_ms("b1", "cpux1") == 0.4
+    assert plan.reduced_ms("b0", "cpux1") is None
+    assert plan.precision_mix() == "int8 1/3 blocks (1 of 3 nodes) + fp16 1/3 blocks (1 of 3 nodes)"
+    again = json.loads(json.dumps(plan.to_json()))
+    assert again["version"] == 3 and again["fp16"] == ["b2"] and plan_from_json(again) == plan
+    assert again["precision"]["fp16_source"] == {"b2": {"gpux1": "spec-sheet"}}
+    int8_only = plan_from_json(INT8_PLAN).to_json()  # an int8 plan's file is as it was
+    assert "fp16" not in int8_only and "fp16_ms" not in int8_only["precision"] and int8_only["version"] == 2
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "message"),
+    [
+        (("fp16", 0), "b9", "fp16[0]: unknown block 'b9'"),
+        (("fp16", 0), "b1", "fp16: block 'b1' is in int8 too"),
+        (("precision",), None, "precision: the plan runs 1 block(s) in int8 but carries no calibration ranges"),
+        (("precision", "fp16_ms", "b2", "gpux1"), "fast", "precision.fp16_ms.b2.gpux1"),
+    ],
+)
+def test_a_malformed_fp16_plan_names_the_field(path: tuple, value: Any, message: str) -> None:
+    with pytest.raises(PlanError) as info:
+        plan_from_json(_replace(FP16_PLAN, path, value))
+    assert str(info.value).startswith(message), str(info.value)
 
 
 @pytest.mark.parametrize(

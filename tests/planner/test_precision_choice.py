@@ -247,3 +247,65 @@ def test_an_int8_mix_takes_the_share_of_the_memory_row_it_takes_of_the_time(fp32
         assert row > 0
         a = Assignment(tuple(u for _ in range(n)), int8=chosen)
         assert schedule(problem, a).loads[-1] == pytest.approx(row, rel=1e-9)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_every_block_runs_in_a_precision_its_units_pu_computes(data: st.DataObject) -> None:
+    """On khadas-vim3 (CPUs fp32+int8, a GPU fp32+fp16, an NPU int8 only), with any blocks validated in int8 and
+    in fp16 at any losses and times: every block of the plan runs in a precision its PU computes, fp16 only on
+    the GPU (the unit that offers it), int8 only where int8 was validated, within the budget."""
+    from planner.build import to_plan
+    from planner.plan import PlanPrecision, Provenance
+    from planner.search import SearchOptions, best_plan
+    from tests.support.graphs import dag_graph
+
+    n = data.draw(st.integers(2, 5), label="blocks")
+    edges = sorted(
+        {(i, j) for j in range(1, n) for i in data.draw(st.sets(st.integers(0, j - 1), min_size=1, max_size=2))}
+    )
+    flops = data.draw(st.lists(st.integers(10**7, 2 * 10**9), min_size=n, max_size=n), label="flops")
+    graph, blocks = dag_graph(flops, edges, [1 << 16] * n)
+    cost = CostModel(load_profile("khadas-vim3"), graph)
+    names = [b.name for b in blocks.nodes]
+    members = {b.name: b.members for b in blocks.nodes}
+    loss = st.floats(0.0, 0.02)
+    int8_ok = data.draw(st.dictionaries(st.sampled_from(names), loss), label="int8 sensitivity")
+    fp16_ok = data.draw(st.dictionaries(st.sampled_from(names), loss), label="fp16 sensitivity")
+    ms = {
+        (b, pu.name, k): cost.block_ms(members[b], pu.name, k) * data.draw(st.floats(0.2, 1.5))
+        for b in int8_ok
+        for pu in cost.profile.pus
+        if pu.kind == "cpu"
+        for k in range(1, len(pu.cores) + 1)
+    }
+    half = {(b, "mali", 1): cost.block_ms(members[b], "mali", 1) * data.draw(st.floats(0.2, 1.5)) for b in fp16_ok}
+    budget = data.draw(st.sampled_from([0.0, 0.01, 0.05]), label="budget")
+    ranges = {t: (-1.0, 1.0) for t in graph.tensors}
+    precision = PlanPrecision(ranges, "relerr", budget)
+    problem = build_problem(blocks, graph, cost, int8=Int8Choice(int8_ok, budget, ms, precision, fp16_ok, half))
+    assert {problem.units[u].pu for u in problem.fp16_units} == ({"mali"} if fp16_ok else set())
+    objective = data.draw(st.sampled_from(OBJECTIVES), label="objective")
+    # the whole search (warm starts, local search, the ILP, replicas) and the solver's own assignment alike
+    searched = best_plan(blocks, graph, cost, objective, SearchOptions(1, 4), problem=problem)
+    solved = solve(problem, objective, time_limit=5, warm=_warm(problem, objective)).assignment
+    for made in (searched, to_plan(problem, solved, blocks, cost.profile, Provenance("ilp"), "p")):
+        _check_precisions(made, graph, cost, int8_ok, fp16_ok, budget)
+
+
+def _check_precisions(plan, graph, cost, int8_ok: dict, fp16_ok: dict, budget: float) -> None:  # type: ignore[no-untyped-def]
+    from planner.plan import validate
+
+    validate(plan, graph, cost.profile)  # every block on a PU that computes its precision, every range there
+    for _, _, unit in plan.assignments():
+        pu = cost.profile.pu(str(unit.pu))
+        for b in unit.blocks:
+            precision_of = plan.precision_of(b)
+            assert pu.computes(precision_of), (b, precision_of, pu.name)
+            assert precision_of != "fp16" or (pu.name == "mali" and b in fp16_ok)
+            assert precision_of != "int8" or b in int8_ok
+            assert pu.name != "npu" or precision_of == "int8"
+            assert pu.kind != "cpu" or precision_of != "fp16", "a CPU without fp16 never gets fp16"
+    spent = sum(int8_ok[b] for b in plan.int8) + sum(fp16_ok[b] for b in plan.fp16)
+    assert spent <= budget + BUDGET_SLACK
+    assert set(plan.fp16) <= set(fp16_ok) and not set(plan.fp16) & set(plan.int8)
