@@ -244,16 +244,21 @@ def replicated_bundle(model: Path, folder: Path, cores: list[int], replicas: boo
     return folder
 
 
+def two_ms_model(tmp: Path, cores: list[int]) -> Path:
+    """A conv chain of about 2 ms a frame on one of ``cores``: a 4-layer probe timed there sets its depth."""
+    probe = conv_chain(tmp / "probe.onnx", 4)
+    feeds = generate_inputs(replicated_bundle_inputs(probe))
+    per_layer = ort_one_session(probe, feeds, 50, cores)[0] / 4
+    return conv_chain(tmp / "conv_chain_2ms.onnx", max(1, round(2.0 / per_layer)))
+
+
 def overhead(agent: LocalAgent, zoo_dir: Path, tmp: Path, frames: int, repeats: int) -> None:
     """The executor's per-frame cost against plain sessions on the same cores (see the module doc)."""
     from models.export import export_model
 
     cores = sorted(__import__("os").sched_getaffinity(0))[:2]
     med = statistics.median
-    probe = conv_chain(tmp / "probe.onnx", 4)
-    feeds = generate_inputs(replicated_bundle_inputs(probe))
-    per_layer = ort_one_session(probe, feeds, 50, cores[:1])[0] / 4
-    small = conv_chain(tmp / "conv_chain_2ms.onnx", max(1, round(2.0 / per_layer)))
+    small = two_ms_model(tmp, cores[:1])
     resnet = zoo_dir / "resnet18.onnx"
     if not resnet.exists():
         export_model("resnet18", resnet)
@@ -554,10 +559,7 @@ def feeders(tmp: Path, frames: int, repeats: int) -> None:
 
     cores = sorted(__import__("os").sched_getaffinity(0))[:2]
     med = statistics.median
-    probe = conv_chain(tmp / "probe.onnx", 4)
-    feeds = generate_inputs(replicated_bundle_inputs(probe))
-    per_layer = ort_one_session(probe, feeds, 50, cores[:1])[0] / 4
-    small = conv_chain(tmp / "conv_chain_2ms.onnx", max(1, round(2.0 / per_layer)))
+    small = two_ms_model(tmp, cores[:1])
     feeds = generate_inputs(replicated_bundle_inputs(small))
     bundle = replicated_bundle(small, tmp / "feeders", cores, True)
     pipeline = Pipeline(parse_manifest((bundle / "manifest.json").read_text()), bundle)

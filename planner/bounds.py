@@ -40,12 +40,10 @@ import pulp
 from planner.ilp import (
     _latency_bound,
     _least,
-    _quiet,
     _sections,
-    _solver,
-    _status,
     section_paths,
     segment_bounds,
+    solve_for_bound,
     twin_branches,
 )
 from planner.problem import Problem
@@ -229,13 +227,10 @@ def load_bound(
     if relaxed:
         for var in lp.variables():
             var.cat = pulp.LpContinuous
-    backend = _solver("highs", max(time_limit, 0.05), 1e-4, False)
-    try:
-        with _quiet():
-            lp.solve(backend)
-    except pulp.PulpSolverError:
+    solved = solve_for_bound(lp, time_limit)
+    if solved is None:
         return None
-    status, _, bound = _status(lp, backend)
+    status, bound = solved
     if status == "infeasible":
         return math.inf
     if relaxed:

@@ -1158,6 +1158,16 @@ def _latency_bound(problem: Problem, time_limit: float) -> float | None:
     """The proven lower bound on a problem's latency (HiGHS's dual bound of the pure latency ILP)."""
     lp, v = _formulate(problem, "latency", cuts=Cuts(upper_load=_load_bound(problem)))
     lp.setObjective(v["L"])
+    solved = solve_for_bound(lp, time_limit)
+    if solved is None:
+        return None
+    status, bound = solved
+    return bound if status != "infeasible" else None
+
+
+def solve_for_bound(lp: pulp.LpProblem, time_limit: float) -> tuple[str, float | None] | None:
+    """Solve a problem that is only there for its bound with HiGHS, quietly, within ``time_limit`` seconds:
+    (status, proven bound), or None where the solver failed."""
     backend = _solver("highs", max(time_limit, 0.05), 1e-4, False)
     try:
         with _quiet():
@@ -1165,7 +1175,7 @@ def _latency_bound(problem: Problem, time_limit: float) -> float | None:
     except pulp.PulpSolverError:
         return None
     status, _, bound = _status(lp, backend)
-    return bound if status != "infeasible" else None
+    return status, bound
 
 
 def _load_rows(m: _Model, upper_load: float | None) -> None:
