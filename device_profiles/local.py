@@ -93,20 +93,17 @@ def build_local_profile(biglittle: bool = False, edge_cloud: bool = False) -> De
     overhead = Quantity(4.0, "estimate", "onnxruntime CPU kernel launch, order of microseconds")
     notes: list[str] = ["energy on this host is modelled: no RAPL or hwmon power sensor is read unless present"]
 
-    def peaks(n_cores: int, share: float = 1.0) -> dict[str, Quantity]:
+    def peaks(n_cores: int) -> dict[str, Quantity]:
         return {
             cls: Quantity(
-                round(n_cores * ghz * per_cycle * _CLASS_EFFICIENCY[cls] * share, 3),
+                round(n_cores * ghz * per_cycle * _CLASS_EFFICIENCY[cls], 3),
                 "estimate",
-                f"{how} x {n_cores} core(s) x efficiency {_CLASS_EFFICIENCY[cls]}"
-                + (f" x quota {share:.0%}" if share < 1 else ""),
+                f"{how} x {n_cores} core(s) x efficiency {_CLASS_EFFICIENCY[cls]}",
             )
             for cls in OP_CLASSES
         }
 
-    def pu(
-        name: str, pu_cores: list[int], share: float = 1.0, throttle: Throttle | None = None, host: str = "local"
-    ) -> ProcessingUnit:
+    def pu(name: str, pu_cores: list[int], throttle: Throttle | None = None, host: str = "local") -> ProcessingUnit:
         n = len(pu_cores)
         return ProcessingUnit(
             name=name,
@@ -115,13 +112,11 @@ def build_local_profile(biglittle: bool = False, edge_cloud: bool = False) -> De
             cores=tuple(pu_cores),
             execution_provider="CPUExecutionProvider",
             ep_options=(),
-            peak_gflops=peaks(n, share),
+            peak_gflops=peaks(n),
             memory_bandwidth_gbps=bandwidth,
             memory_bytes=mem,
             launch_overhead_us=overhead,
-            active_power_w=Quantity(
-                round(6.0 * n * share, 2), "estimate", "about 6 W per busy server core (TDP / cores)"
-            ),
+            active_power_w=Quantity(round(6.0 * n, 2), "estimate", "about 6 W per busy server core (TDP / cores)"),
             idle_power_w=Quantity(round(1.0 * n, 2), "estimate", "about 1 W per idle core"),
             cluster=name,
             throttle=throttle,
@@ -151,8 +146,9 @@ def build_local_profile(biglittle: bool = False, edge_cloud: bool = False) -> De
         why_not = throttling_available()
         if why_not:
             raise ProfileError(f"local-biglittle is unavailable: {why_not}; use the 'local' profile instead")
-        share = LITTLE_QUOTA_PERCENT / 100
-        pus = (pu("big", [cores[0]]), pu("little", [cores[1]], share, Throttle(LITTLE_QUOTA_PERCENT)))
+        # Its peaks and power are the core's own: a frame alone runs at full speed on the quota the period
+        # refilled; back to back it gets the quota's share of each period (CostModel.sustained_factor).
+        pus = (pu("big", [cores[0]]), pu("little", [cores[1]], throttle=Throttle(LITTLE_QUOTA_PERCENT)))
         notes.append(
             f"core {cores[1]} is made slow on purpose: threads pinned to it get {LITTLE_QUOTA_PERCENT:.0f}% of each CFS period"
         )

@@ -6,8 +6,10 @@ like the profiler's), so the next round's cost model predicts those partitions f
 board did. The time fed back is the one-at-a-time figure, and what units running at once cost
 each other goes into the shared memory's bandwidth, fitted to the measured throughputs (and what
 a tensor between hosts costs each end's CPU into the network link's figures, fitted to the plans
-measured across it); where the profile names no shared memory, or the PU is CFS-throttled, a
-partition keeps its back-to-back time (a unit runs its partitions in turn, so that time is its own).
+measured across it; and what a CFS-throttled PU's quota costs back to back into its sustained factor,
+fitted to the measured throughputs); where the profile names no shared memory (and the PU is not
+throttled), a partition keeps its back-to-back time (a unit runs its partitions in turn, so that time
+is its own).
 
 A recalibration is kept only if the new table predicts every plan measured so far (each
 re-evaluated under both tables) better than the table before it; otherwise this model's
@@ -16,7 +18,7 @@ never grows from round to round, and a noisy run cannot make the model worse.
 
 The first plan of round 1 is measured more than once: the spread of those runs is the
 measurement noise, reported with every round, and pooled with every plan measured again: in a
-later round, or at once when its measurement is more than 3x the target (or the noise) off its
+later round (each later round measures that first plan once more if it did not plan it), or at once when its measurement is more than 3x the target (or the noise) off its
 prediction (then the two runs are averaged), so it takes in what drifts between rounds and the
 bursts of other work on a shared machine. While it is above a third of the target,
 the frames per measurement double (up to a cap). Where the target is still below what the
@@ -63,8 +65,9 @@ class Noise:
     """The spread of repeated measurements of a plan: the relative std (%) of one measurement.
 
     First the first plan measured ``noise_runs`` times; then, pooled with it, every plan a later
-    round measures again (a round after a reverted recalibration plans the same plans), so the
-    noise includes what drifts between rounds on a shared machine."""
+    round measures again (a round after a reverted recalibration plans the same plans, and a round
+    that does not plan the first plan measures it once more), so the noise includes what drifts
+    between rounds on a shared machine."""
 
     plan: str
     runs: int
@@ -94,6 +97,8 @@ class Recalibration:
     memory_gbps: tuple[tuple[str, float], ...] = ()  # shared memories' bandwidths learnt (kept) from the throughputs
     # network links learnt (kept) from plans measured across them: (link, GB/s, µs per message, µs per MB)
     network: tuple[tuple[str, float, float, float], ...] = ()
+    # CFS-throttled PUs' sustained factors learnt (kept) from the throughputs: (PU, factor)
+    sustained: tuple[tuple[str, float], ...] = ()
 
     def to_json(self) -> dict[str, object]:
         return dataclasses.asdict(self)
@@ -153,13 +158,13 @@ def feed_back(
             continue
         # A partition's time is its time with frames run one at a time: what a frame's latency adds
         # up. What running beside the others costs it back to back (memory, caches, on a VM the
-        # host's cores) is the shared memory's term, which tune fits from the measured throughputs.
-        # Where the profile names no shared memory, and on a CFS-throttled PU (a frame alone may
-        # fit in one quota period, back to back it waits for the quota), the back-to-back time is
-        # what throughput needs: a unit runs its partitions in turn (``agents.modulo``), so each
-        # one's back-to-back time is its own, not shared with the unit's others.
+        # host's cores) is the shared memory's term, which tune fits from the measured throughputs;
+        # on a CFS-throttled PU, what waiting for its quota costs back to back is its sustained factor
+        # (``fit_sustained``). Where the profile names no shared memory (and the PU is not throttled),
+        # the back-to-back time is what throughput needs: a unit runs its partitions in turn
+        # (``agents.modulo``), so each one's back-to-back time is its own, not shared with the unit's others.
         pu = profile.pu(seg.pu)
-        sustained = pu.throttle is not None or profile.shared_memory(seg.pu) is None
+        sustained = pu.throttle is None and profile.shared_memory(seg.pu) is None
         if sustained and p.busy_per_frame_ms is not None:
             per_frame = p.busy_per_frame_ms
         else:
@@ -316,6 +321,68 @@ def fit_memory(
             )
         )
         learnt[memory.name] = gbps
+    return learnt or None
+
+
+# Tried for a CFS-throttled PU's sustained factor (its back-to-back time over its time alone): from none to well
+# beyond 100 / quota (a partition that starts out of quota waits a whole period first).
+SUSTAINED_GRID = (1.0, 1.25, 1.5, 1.75, 2.0, 2.25, 2.5, 2.75, 3.0, 3.5, 4.0, 5.0, 6.0, 8.0)
+
+
+def fit_sustained(
+    table: CostTable,
+    runs: list[tuple[Plan, RunResult]],
+    graph: OpGraph,
+    profile: DeviceProfile,
+    ort_version: str,
+) -> dict[str, float] | None:
+    """Learn each CFS-throttled PU's sustained factor from the measured throughputs of ``runs``.
+
+    Alone a partition on a throttled core runs at full speed on the quota its period refilled; back to back the
+    quota runs out, and the cost model counts its unit's load at the factor (``CostModel.sustained_factor``).
+    The factor on ``SUSTAINED_GRID`` (refined around the best) that predicts the measured throughputs best
+    becomes the cost table's ``sustained-factor`` value for that PU. None when no PU is throttled or no
+    candidate changes a prediction (no plan measured runs there, or its load binds none)."""
+    from planner.build import evaluate
+
+    throttled = [p for p in profile.pus if p.throttle is not None]
+    if not throttled or not runs:
+        return None
+    learnt: dict[str, float] = {}
+    for pu in throttled:
+        calibrated = CostModel.from_table(profile, graph, table)
+
+        def error(factor: float) -> float:
+            cost = calibrated.recalibrated(calibrated.calibration.with_sustained(pu.name, factor))  # noqa: B023
+            pairs = [
+                (evaluate(plan, graph, cost, frames=0).predicted.throughput_fps, res.measured.throughput_fps)  # type: ignore[union-attr]
+                for plan, res in runs
+            ]
+            return rmspe(pairs)
+
+        base = calibrated.sustained_factor(pu.name)
+        scored = [(f, error(f)) for f in sorted({*SUSTAINED_GRID, base})]
+        if max(e for _, e in scored) - min(e for _, e in scored) <= 1e-9:
+            continue  # no measured plan's throughput depends on it
+        best = min(scored, key=lambda fe: (fe[1], fe[0] != base))
+        for step in (-4, -3, -2, -1, 1, 2, 3, 4):  # then finer, around the best
+            factor = best[0] * (1 + step * 0.025)
+            if factor >= 1.0 and (err := error(factor)) < best[1] - 1e-9:
+                best = (factor, err)
+        if best[0] == base:
+            continue
+        cond = Conditions(
+            profile.name,
+            pu.name,
+            len(pu.cores),
+            len(pu.cores),
+            pu.execution_provider,
+            ort_version,
+            "all",
+            pu.throttle.quota_percent if pu.throttle else None,
+        )
+        table.learn(CalibrationRecord.learnt(graph.model_sha256, "sustained-factor", best[0], cond, len(runs), pu.name))
+        learnt[pu.name] = best[0]
     return learnt or None
 
 
@@ -625,6 +692,7 @@ def recalibrate(
     for plan, res in runs:
         feed_back(table, plan, res, graph, profile, ort_version)
     handoff = fit_handoff(table, runs, graph, profile, ort_version)
+    sustained = fit_sustained(table, measured, graph, profile, ort_version)
     memory = fit_memory(table, measured, graph, profile, ort_version)
     network = fit_network(table, measured, graph, profile, ort_version)
     power = fit_power(table, runs, graph, profile, ort_version)
@@ -632,10 +700,11 @@ def recalibrate(
     kept = after < before
     if not kept:
         previous.restore(table, graph.model_sha256, profile.name)
-        handoff = power = memory = network = None
+        handoff = power = memory = network = sustained = None
     learnt = tuple(sorted((memory or {}).items()))
     links = tuple(sorted((name, f.gbps, f.cpu_us_per_message, f.cpu_us_per_mb) for name, f in (network or {}).items()))
-    return Recalibration(kept, before, after, len(measured), learnt, links), handoff, power
+    factors = tuple(sorted((sustained or {}).items()))
+    return Recalibration(kept, before, after, len(measured), learnt, links, factors), handoff, power
 
 
 def stop_reason(round_rmspe: float, target: float, effective_target: float, last: bool) -> str | None:
@@ -706,6 +775,7 @@ def tune(
     measured: list[tuple[Plan, RunResult]] = []  # every plan measured so far, for the kept-calibration rule
     noise: Noise | None = None
     repeats: dict[str, list[tuple[float, float]]] = {}  # plan -> (latency, throughput) of each measurement
+    noise_plan: Plan | None = None  # the plan the noise was first measured on
     for r in range(rounds):
         cost = CostModel.from_table(profile, graph, table)
         say(f"round {r + 1}: planning")
@@ -720,7 +790,7 @@ def tune(
                 noise, result, runs = measure_noise(
                     plan, board, frames, cap, target_error, options.noise_runs, input_data, say
                 )
-                frames = noise.frames
+                frames, noise_plan = noise.frames, plan
                 repeats[plan_key(plan)] = [(m.latency_ms, m.throughput_fps) for m in runs]
             else:
                 say(f"round {r + 1}: running plan {i + 1}/{len(plans)} on {board} ({frames} frames)")
@@ -733,6 +803,11 @@ def tune(
                     seen.append((again.measured.latency_ms, again.measured.throughput_fps))
                     result = merge_runs([result, again])
             last.append((plan, result))
+        if noise_plan is not None and plan_key(noise_plan) not in {plan_key(p) for p, _ in last}:
+            # what drifts between rounds is noise too: the noise plan once more, if this round did not measure it
+            say(f"round {r + 1}: measuring {noise_plan.name} again for the noise ({frames} frames)")
+            again = run_plan(noise_plan, board, None, frames, input_data=input_data)
+            repeats[plan_key(noise_plan)].append((again.measured.latency_ms, again.measured.throughput_fps))
         measured += last
         assert noise is not None
         noise = pooled_noise(noise, repeats)

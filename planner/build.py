@@ -177,7 +177,8 @@ def replicate(plan: Plan, graph: OpGraph, cost: CostModel, profile: DeviceProfil
         model = priced(best, graph, cost)
         loads: dict[int, float] = {}
         for seg in model.segments:
-            loads[seg.stage] = max(loads.get(seg.stage, 0.0), model.ms[seg.key] / best.stages[seg.stage].replicas)
+            load = model.ms[seg.key] * model.factor[seg.key] / best.stages[seg.stage].replicas
+            loads[seg.stage] = max(loads.get(seg.stage, 0.0), load)
         if not loads:
             return best
         s = max(loads, key=loads.__getitem__)

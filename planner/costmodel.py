@@ -136,6 +136,22 @@ class CostModel:
         fit = self.fits.get((pu, cores))
         return max(0.0, fit.beta_ms) if fit and fit.partitions_fitted else 0.0
 
+    def sustained_factor(self, pu: str) -> float:
+        """How many times its time alone a partition on ``pu`` takes when the unit runs back to back.
+
+        1 except on a CFS-throttled PU (``Throttle``): alone, a partition runs at the core's full speed on
+        the quota its period refilled; back to back it gets the quota's share of the core, so ``100 /
+        quota_percent`` (what ``parapipe tune`` fitted, where it did). A session spanning clusters runs at
+        the pace of its slowest part."""
+        unit = UnitName(pu)
+        if unit.spans:
+            return max(self.sustained_factor(p) for p in unit.parts)
+        fitted = self.calibration.sustained.get(pu)
+        if fitted is not None:
+            return fitted
+        throttle = self.profile.pu(pu).throttle
+        return 100.0 / throttle.quota_percent if throttle is not None else 1.0
+
     def host_cpu_quantity(self, pu: str) -> Quantity | None:
         """The profile's host CPU time per tensor in or out of a GPU/NPU (or the default estimate); None: a CPU."""
         if UnitName(pu).spans or self.profile.pu(pu).kind == "cpu":

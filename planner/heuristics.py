@@ -178,7 +178,7 @@ def _pipe_split(problem: Problem, units: list[int], limit: int, n: int) -> Assig
     for u in units:
         acc = [0.0]
         for b in range(n):
-            acc.append(acc[-1] + problem.cost.get((b, u), 0.0))
+            acc.append(acc[-1] + problem.cost.get((b, u), 0.0) * problem.factor(u))  # its load in the period
         prefix[u] = acc
         nxt = [n] * (n + 1)
         for b in reversed(range(n)):
@@ -219,8 +219,9 @@ def _pipe_split(problem: Problem, units: list[int], limit: int, n: int) -> Assig
         return None
 
     singles = [prefix[u][n] for u in units if blocked_next[u][0] == n]
-    hi = min(singles) if singles else sum(max(v for (b, _), v in problem.cost.items() if b == c) for c in range(n))
-    lo = max(min(problem.cost[(b, u)] for u in units if (b, u) in problem.cost) for b in range(n))
+    load = {(b, u): v * problem.factor(u) for (b, u), v in problem.cost.items()}
+    hi = min(singles) if singles else sum(max(v for (b, _), v in load.items() if b == c) for c in range(n))
+    lo = max(min(load[(b, u)] for u in units if (b, u) in load) for b in range(n))
     if cover(hi) is None:
         return None
     for _ in range(60):
@@ -295,9 +296,9 @@ def balanced(problem: Problem, tries: int | None = None) -> Assignment | None:
             options = [u for u in units if _runs(problem, b, u)]
             if not options:
                 break
-            u = min(options, key=lambda x: load[x] + problem.cost[(b, x)])
+            u = min(options, key=lambda x: load[x] + problem.cost[(b, x)] * problem.factor(x))
             assign[b] = u
-            load[u] += problem.cost[(b, u)]
+            load[u] += problem.cost[(b, u)] * problem.factor(u)
         if -1 in assign:
             continue
         current = _rebalance(problem, Assignment(tuple(assign)), units, tries)

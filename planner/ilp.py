@@ -290,7 +290,7 @@ def schedule(problem: Problem, assignment: Assignment) -> Figures:
     busy_mj = 0.0
     for b in range(n):
         u = unit_of[b]
-        load[u] = load.get(u, 0.0) + dur[b]
+        load[u] = load.get(u, 0.0) + dur[b] * problem.factor(u)
         busy_mj += dur[b] * problem.busy_extra_w[u]
     traffic: dict[str, float] = {}  # per shared memory: the time a frame's bytes occupy it
     for b in range(n):
@@ -1180,7 +1180,8 @@ def solve_for_bound(lp: pulp.LpProblem, time_limit: float) -> tuple[str, float |
 
 def _load_rows(m: _Model, upper_load: float | None) -> None:
     """Throughput: the period is at least every unit's load (its blocks, the overhead of each of its
-    partitions, its gRPC CPU time), and a cluster delivers at most its cores' worth of work."""
+    partitions, its gRPC CPU time; times its sustained factor), and a cluster delivers at most its cores'
+    worth of work."""
     problem, lp, units = m.problem, m.lp, m.problem.units
     loads = {
         u: pulp.lpSum(
@@ -1192,7 +1193,7 @@ def _load_rows(m: _Model, upper_load: float | None) -> None:
         for u in range(len(units))
     }
     for u in range(len(units)):
-        lp += m.P >= loads[u], f"period_unit_{u}"
+        lp += m.P >= problem.factor(u) * loads[u], f"period_unit_{u}"
         if m.timed:
             lp += m.L >= loads[u], f"latency_load_{u}"  # one frame's work on a unit fits in its latency
         if upper_load is not None:
@@ -1200,7 +1201,8 @@ def _load_rows(m: _Model, upper_load: float | None) -> None:
     for p, cores in problem.cluster_cores.items():
         # cut: a cluster of n cores delivers at most n core-periods of work per period (and per frame)
         core_time = pulp.lpSum(units[u].cores * loads[u] for u in m.units_of_pu[p])
-        lp += core_time <= cores * m.P, f"cluster_capacity_period_{p}"
+        sustained = pulp.lpSum(units[u].cores * problem.factor(u) * loads[u] for u in m.units_of_pu[p])
+        lp += sustained <= cores * m.P, f"cluster_capacity_period_{p}"
         if m.timed:
             lp += core_time <= cores * m.L, f"cluster_capacity_latency_{p}"
 

@@ -79,6 +79,9 @@ class Problem:
     fp16_sensitivity: dict[int, float] = field(default_factory=dict)
     # what a plan with int8 blocks carries (calibration ranges, metric, budget); None: plans cannot have int8 blocks
     precision: PlanPrecision | None = None
+    # unit -> how many times its time alone a unit's work takes back to back (a CFS-throttled PU's quota runs out:
+    # ``CostModel.sustained_factor``): throughput counts a unit's load at this factor, latency does not; absent: 1
+    sustained: dict[int, float] = field(default_factory=dict)
     # what is derived from the problem alone (baselines, warm starts), computed once per problem
     derived: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -94,6 +97,10 @@ class Problem:
         """The block's accuracy loss alone in the unit's reduced precision (the proxy summed under the budget)."""
         table = self.fp16_sensitivity if unit in self.fp16_units else self.sensitivity
         return table.get(block, 0.0)
+
+    def factor(self, unit: int) -> float:
+        """The unit's load in the period is its work times this (``sustained``)."""
+        return self.sustained.get(unit, 1.0)
 
     def ms(self, block: int, unit: int, int8: bool = False) -> float:
         """The block's time on the unit in fp32 or in int8; KeyError where it cannot run so."""
@@ -265,6 +272,7 @@ def build_problem(
         memory={p.name: p.memory_bytes.value for p in cost.profile.pus},
         unit_overhead={ui: cost.partition_overhead_ms(u.pu, u.cores) for ui, u in enumerate(units)},
         busy_extra_w={ui: _busy_extra_w(u, cost) for ui, u in enumerate(units)},
+        sustained={ui: f for ui, u in enumerate(units) if (f := cost.sustained_factor(u.pu)) != 1.0},
         idle_w=sum(p.idle_power_w.value for p in cost.profile.pus) * cost.calibration.power_idle_scale,
         independent=tuple(_independent_pairs(succ)),
         regions=tuple(_fork_join_regions(succ)),
@@ -442,6 +450,7 @@ def toy_problem(
     accuracy_budget: float | None = None,
     fp16_units: frozenset[int] = frozenset(),
     fp16_sensitivity: dict[int, float] | None = None,
+    sustained: dict[int, float] | None = None,
 ) -> Problem:
     """A problem from plain numbers (blocks 0..n-1 in topological order): for tests and examples."""
     n = 1 + max(b for b, _ in [*cost, *(int8_cost or {})])
@@ -476,6 +485,7 @@ def toy_problem(
         unit_overhead={u: (overhead_ms or {}).get(u, 0.0) for u in range(len(units))},
         busy_extra_w={u: (busy_w or {}).get(u, 1.0) for u in range(len(units))},
         idle_w=idle_w,
+        sustained=dict(sustained or {}),
         independent=tuple(_independent_pairs(succ)),
         regions=tuple(_fork_join_regions(succ)),
         max_stages=max_stages,

@@ -11,7 +11,10 @@ its transfer time after its producer ends, without queueing behind the frame's o
 moves one frame's bytes per frame (frames enter no faster than that), and between hosts the sending and receiving segments also
 spend the link's CPU time (gRPC) on each tensor; units on one CPU cluster hand tensors over in memory. PUs that
 share a memory (the profile's ``memories``) share its bandwidth as a budget per frame:
-frames enter and leave no faster than the memory moves one frame's bytes. Frames
+frames enter and leave no faster than the memory moves one frame's bytes. A unit on a CFS-throttled PU
+runs a partition at full speed while its quota lasts and at its quota's share of the core after
+(``CostModel.sustained_factor``): alone, a frame takes its time; back to back, its unit's load is that
+factor times its work, in the analytic model, the simulation and the ILP alike. Frames
 are admitted while fewer than ``max_inflight`` are in flight (the executor's bounded
 queues; 1 for plans that are not pipelined), replicated stages take frames
 round-robin, and frames leave in order.
@@ -86,6 +89,8 @@ class PlanModel:
             handoff.update(per_frame)
         for key, ms in handoff.items():
             self.ms[key] += ms
+        # a segment's load in the period is its time times its unit's sustained factor (a CFS-throttled PU)
+        self.factor = {s.key: cost.sustained_factor(s.pu) for s in self.segments}
 
     def frame_segments(self, frame: int) -> list[Segment]:
         chosen = {s: frame % st.replicas for s, st in enumerate(self.plan.stages)}
@@ -157,7 +162,7 @@ def analytic(model: PlanModel) -> Predicted:
     extra_mj = 0.0
     for f in range(model.period):
         for s in model.frame_segments(f):
-            load[s.unit_key] = load.get(s.unit_key, 0.0) + model.ms[s.key]
+            load[s.unit_key] = load.get(s.unit_key, 0.0) + model.ms[s.key] * model.factor[s.key]
             extra_mj += model.ms[s.key] * model.busy_extra_w(s)
             if s.key in model.traffic:
                 memory, ms = model.traffic[s.key]
@@ -280,6 +285,20 @@ class _Run:
         self.admitted = self.inflight = 0
         self.gate = {f: model.frame_traffic_ms(f) for f in self.segs}
         self.next_entry = 0.0  # a shared memory moves one frame's bytes per frame_traffic_ms: the next enters then
+        # a CFS-throttled unit (sustained factor k > 1) as a fluid quota: it runs at full speed while it has quota,
+        # which refills at 1/k ms per ms up to one frame's work there (a frame alone never waits for it) and
+        # drains at 1 ms per ms of work; without quota it runs at 1/k speed. Back to back, its work takes k times
+        # its time (the analytic load); alone, its time. unit -> [quota, when it was last brought up to date, cap]
+        self.quota: dict[tuple, list[float]] = {}
+        throttled = {s.unit_key for s in model.segments if model.factor[s.key] > 1.0}
+        if throttled:
+            work = [
+                {u: sum(model.ms[x.key] for x in model.frame_segments(f) if x.unit_key == u) for u in throttled}
+                for f in range(model.period)
+            ]
+            for u in throttled:
+                cap = max(w[u] for w in work)
+                self.quota[u] = [cap, 0.0, cap]
 
     def push(self, t: float, kind: str, data: tuple) -> None:
         heapq.heappush(self.events, (t, self.seq, kind, data))
@@ -345,6 +364,8 @@ class _Run:
             nxt = held.pop(index + 1)
             heapq.heappush(queue, (f + self.lag[nxt], f, index + 1, nxt))
         ms = self.model.ms[key]
+        if unit in self.quota:
+            ms = self.throttled(unit, now, ms, self.model.factor[key])
         self.unit_busy_until[unit] = now + ms
         self.rank.setdefault(unit, len(self.rank))
         self.ending.setdefault(now + ms, set()).add(unit)
@@ -352,6 +373,19 @@ class _Run:
         self.busy[name] = self.busy.get(name, 0.0) + ms
         self.extra_mj += self.energy_of[key]
         self.push(now + ms, "done", (f, key))
+
+    def throttled(self, unit: tuple, now: float, work: float, k: float) -> float:
+        """How long ``work`` ms (at full speed) takes on a throttled unit starting now; its quota after."""
+        state = self.quota[unit]
+        share = 1.0 / k
+        quota = min(state[2], state[0] + share * (now - state[1]))  # refilled while it was idle
+        if quota >= work * (1.0 - share):  # enough quota for all of it at full speed
+            took, state[0] = work, quota - work * (1.0 - share)
+        else:  # full speed until the quota is gone, then at its share
+            fast = quota / (1.0 - share)
+            took, state[0] = fast + (work - fast) * k, 0.0
+        state[1] = now + took
+        return took
 
     def done(self, now: float, f: int, key: tuple) -> None:
         """A segment ended: its unit takes the next, its outputs cross their links, the frame may be finished."""

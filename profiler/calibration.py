@@ -85,9 +85,12 @@ class Calibration:
     # A network link (named ``a-b``) as fitted by ``parapipe tune`` to the plans measured across it; replaces
     # the profile's figures.
     network: Mapping[str, NetworkFit] = field(default_factory=lambda: _frozen({}))
+    # A CFS-throttled PU's partitions back to back take this many times their time alone (the quota runs out),
+    # by PU name: fitted by ``parapipe tune`` to the measured throughputs; replaces the profile's quota.
+    sustained: Mapping[str, float] = field(default_factory=lambda: _frozen({}))
 
     def __post_init__(self) -> None:
-        for name in ("ops", "fused", "partitions", "fits", "memory_gbps", "network"):
+        for name in ("ops", "fused", "partitions", "fits", "memory_gbps", "network", "sustained"):
             value = getattr(self, name)
             if not isinstance(value, MappingProxyType):
                 object.__setattr__(self, name, _frozen(value))
@@ -103,6 +106,9 @@ class Calibration:
 
     def with_memory(self, memory: str, gbps: float) -> Calibration:
         return dataclasses.replace(self, memory_gbps={**self.memory_gbps, memory: gbps})
+
+    def with_sustained(self, pu: str, factor: float) -> Calibration:
+        return dataclasses.replace(self, sustained={**self.sustained, pu: factor})
 
     def with_network(self, link: str, fit: NetworkFit) -> Calibration:
         return dataclasses.replace(self, network={**self.network, link: fit})
@@ -176,6 +182,7 @@ def _measured(
     ordered = sorted(learnt, key=lambda r: r.measured_at)
     latest = {r.kind: r.value for r in ordered if r.applies_to == EVERY_UNIT}
     memory = {r.applies_to: r.value for r in ordered if r.kind == "memory-bandwidth"}
+    sustained = {r.applies_to: r.value for r in ordered if r.kind == "sustained-factor"}
     links: dict[str, dict[str, float]] = {}
     for r in ordered:
         if r.kind.startswith("network-"):
@@ -198,6 +205,7 @@ def _measured(
         holdout=holdout,
         memory_gbps=memory,
         network=network,
+        sustained=sustained,
     )
 
 

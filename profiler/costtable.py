@@ -40,7 +40,8 @@ KINDS: tuple[EntryKind, ...] = ("op", "block", "partition")
 # (ms), the factors on the profile's busy and idle power (dimensionless), the bandwidth of a shared
 # memory (GB/s, applies to the memory named): what running the model on its PUs at once lets through,
 # and of a network link (applies to the link named ``a-b``) its bandwidth (GB/s) and the CPU time each end
-# spends on a tensor (gRPC and protobuf copies): per message (µs) and per MB (µs/MB).
+# spends on a tensor (gRPC and protobuf copies): per message (µs) and per MB (µs/MB); and of a CFS-throttled PU
+# (applies to the PU named) how many times longer its partitions take back to back than alone (dimensionless).
 CalibrationKind = Literal[
     "handoff",
     "power-active-scale",
@@ -49,6 +50,7 @@ CalibrationKind = Literal[
     "network-bandwidth",
     "network-cpu-message",
     "network-cpu-mb",
+    "sustained-factor",
 ]
 CALIBRATION_UNITS: dict[str, str] = {
     "handoff": "ms",
@@ -58,6 +60,7 @@ CALIBRATION_UNITS: dict[str, str] = {
     "network-bandwidth": "GB/s",
     "network-cpu-message": "us",
     "network-cpu-mb": "us/MB",
+    "sustained-factor": "x",
 }
 EVERY_UNIT = "*"  # a calibration value learnt for every PU and link of the board
 

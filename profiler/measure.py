@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from profiler.pinning import run_pinned
+from profiler.pinning import cfs_settings, run_pinned
 
 # "Latency at rate" is measured (on the agent) and predicted (by the simulator) with frames arriving at this
 # share of the throughput measured back to back: at exactly that throughput the queue has no slack, any
@@ -118,7 +118,12 @@ def time_model(
 
     ``meter`` makes an energy meter (``profiler.energy.EnergyMeter``) wrapped around the
     timed runs; its reading, per run, goes into the Timing with its source.
+
+    On a CFS-throttled configuration each timed run starts after one CFS period idle, with the quota refilled:
+    what is timed is a run alone, the time a frame's latency adds up (back to back, the cost model takes it
+    times the PU's sustained factor).
     """
+    gap = cfs_settings(cfg.throttle_percent)[0] / 1e6 if cfg.throttle_percent else 0.0
 
     def work() -> Timing:
         session = _session(model, cfg, opt_level)
@@ -131,6 +136,8 @@ def time_model(
         with energy:
             start = time.perf_counter()
             while len(samples) < repeats or time.perf_counter() - start < min_seconds:
+                if gap:
+                    time.sleep(gap)
                 t0 = time.perf_counter()
                 session.run(names, dict(feeds))
                 samples.append((time.perf_counter() - t0) * 1e3)

@@ -389,6 +389,7 @@ def tune(
         "handoff learnt ms",
         "shared memory learnt GB/s",
         "network link learnt GB/s, CPU us/msg, us/MB",
+        "throttled PU sustained x",
     )
     for h in history:
         c = h.calibration
@@ -405,6 +406,7 @@ def tune(
             ", ".join(f"{n} {gbps:.2f}, {m:.0f}, {mb:.0f}" for n, gbps, m, mb in c.network)
             if c is not None and c.network
             else "-",
+            ", ".join(f"{pu} {x:.2f}" for pu, x in c.sustained) if c is not None and c.sustained else "-",
         )
     out.print(t)
     out.print(history[-1].note, highlight=False, markup=False)

@@ -243,6 +243,43 @@ def test_target_below_the_noise_is_reported_not_chased(tuned, tmp_path) -> None:
         assert final["calibration"] is None, "within the noise: nothing more is fitted"
 
 
+def test_every_later_round_measures_the_noise_plan_again(tuned, exported, tmp_path, monkeypatch) -> None:
+    """What drifts between rounds is noise too: a round that plans something else measures round 1's first plan
+    once more, and that run joins the noise (real runs on ``local``; the planner is made to offer a different
+    plan in round 2, since which plan it offers is not what this checks)."""
+    import parapipe.tune as tune_module
+    from models.coarsen import coarsen
+    from planner.baselines import flop_pipeline, single_pu
+    from planner.build import evaluate
+    from planner.costmodel import CostModel
+
+    graph, profile = _context(exported)
+    blocks = coarsen(graph, "coarse")
+    cost = CostModel.from_table(profile, graph, CostTable.load(tuned["costs"]))
+
+    def far_off(plan):  # predicted 10x off what any run measures: no round stops within the noise
+        p = evaluate(plan, graph, cost, frames=0).predicted
+        return dataclasses.replace(plan, predicted=dataclasses.replace(p, latency_ms=p.latency_ms * 10))
+
+    offered = iter(
+        [
+            far_off(single_pu(blocks, profile, "cpu", 1, "one-core")),
+            far_off(flop_pipeline(blocks, profile, [("cpu", 1), ("cpu", 1)], "two-cores")),
+        ]
+    )
+    monkeypatch.setattr(tune_module, "best_plan", lambda *args, **kwargs: next(offered))
+    monkeypatch.setenv("PARAPIPE_HOME", str(tmp_path))
+    options = TuneOptions("throughput", rounds=2, target_error=0.0, time_limit=1, frames=8, max_frames=8)
+    history, last = tune(exported(MODEL).path, "local", _fresh(tuned, tmp_path), options)
+    assert [p.name for p, _ in last] == ["two-cores"]
+    first, second = history[0].noise, history[1].noise
+    assert first is not None and second is not None and first.plan == second.plan == "one-core"
+    # pooled: the noise plan's runs plus this one, and round 2's plan measured twice (10x off its prediction,
+    # it is measured again at once); without the extra run the noise plan would add nothing
+    assert second.plans == 2 and second.runs == (first.runs + 1) + 2, second
+    assert second.frames == first.frames == 8
+
+
 def test_measured_energy_rescales_the_power_model(exported, tmp_path, monkeypatch) -> None:
     """A board with a power sensor (a fake hwmon tree read by the real agent): energy enters the loop.
 
@@ -373,6 +410,7 @@ def test_partitions_feed_back_their_one_at_a_time_time_where_a_shared_memory_hol
     back-to-back time is its own."""
     import onnxruntime as ort
 
+    from device_profiles.schema import Throttle
     from models.coarsen import coarsen
     from planner.baselines import flop_pipeline
     from planner.plan import Assignment, Stage
@@ -404,13 +442,20 @@ def test_partitions_feed_back_their_one_at_a_time_time_where_a_shared_memory_hol
                 for s in segments
             ),
         )  # 2 ms a frame back to back, 1 ms one at a time
-        for board, shared in ((profile, True), (dataclasses.replace(profile, memories=()), False)):
+        # on a CFS-throttled PU the back-to-back excess is its sustained factor's (``fit_sustained``), with or
+        # without a shared memory: its partitions too keep their one-at-a-time time
+        throttled = tuple(dataclasses.replace(p, throttle=Throttle(40.0)) for p in profile.pus)
+        for board, one_at_a_time in (
+            (profile, True),
+            (dataclasses.replace(profile, memories=()), False),
+            (dataclasses.replace(profile, memories=(), pus=throttled), True),
+        ):
             table = CostTable()
             assert feed_back(table, plan, measured, graph, board, ort.__version__) == len(segments)
             fed = {frozenset(e.members): e.mean_ms for e in table}  # replicas of one unit share an entry
             for s in segments:
-                expect = 1.0 if shared else 2.0
-                assert fed[frozenset(s.members)] == pytest.approx(expect), (plan.name, s.name, shared)
+                expect = 1.0 if one_at_a_time else 2.0
+                assert fed[frozenset(s.members)] == pytest.approx(expect), (plan.name, s.name, board.pus)
     units = [s.unit_key for s in lower(plans[1], graph, profile)]
     assert any(units.count(k) > 1 for k in units), "the interleaved plan has a unit of several partitions"
 
@@ -510,3 +555,83 @@ def test_tune_learns_a_network_link_from_a_plan_run_across_it(tmp_path, monkeypa
     table.save(tmp_path / "costs.json")
     again = CostModel.from_table(profile, graph, CostTable.load(tmp_path / "costs.json"))
     assert again.calibration.network[link] == fitted.calibration.network[link]
+
+
+def _conv_chain_model(path: Path) -> Path:
+    """Four 3x3 convolutions of 16 channels on a 128x128 map: a few ms a frame on one core."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(1)
+    weights = [
+        numpy_helper.from_array((rng.standard_normal((16, 16, 3, 3)) * 0.1).astype(np.float32), f"w{i}")
+        for i in range(4)
+    ]
+    nodes, prev = [], "x"
+    for i in range(4):
+        nodes.append(helper.make_node("Conv", [prev, f"w{i}"], [f"c{i}"], name=f"conv{i}", pads=[1, 1, 1, 1]))
+        nodes.append(helper.make_node("Relu", [f"c{i}"], [f"r{i}"], name=f"relu{i}"))
+        prev = f"r{i}"
+    graph = helper.make_graph(
+        nodes,
+        "conv-chain",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 128, 128])],
+        [helper.make_tensor_value_info(prev, TensorProto.FLOAT, [1, 16, 128, 128])],
+        weights,
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+@pytest.mark.agent
+def test_tune_learns_a_throttled_pus_sustained_factor_from_a_plan_run_on_it(tmp_path, monkeypatch) -> None:
+    """A pipeline over ``local-biglittle``'s big core and its CFS-throttled LITTLE core (a real agent process) is
+    measured. Recalibrated from a profile that believes the LITTLE core's quota costs nothing back to back (a
+    sustained factor of 1), the fit learns that its partitions take longer back to back than alone (the quota
+    runs out), keeps it because it predicts the run better, and the cost table keeps it."""
+    import onnxruntime as ort
+
+    from device_profiles.loader import load_profile
+    from device_profiles.schema import ProfileError, Throttle
+    from models.coarsen import coarsen
+    from models.graph import build_graph
+    from models.onnx_io import load_onnx
+    from parapipe.run import run_plan
+    from planner.baselines import flop_pipeline
+    from planner.build import evaluate
+    from planner.costmodel import CostModel
+
+    try:
+        real = load_profile("local-biglittle")
+    except ProfileError as exc:
+        pytest.skip(str(exc))
+    monkeypatch.setenv("PARAPIPE_HOME", str(tmp_path / "home"))
+    model = _conv_chain_model(tmp_path / "chain.onnx")
+    loaded = load_onnx(model)
+    graph = build_graph(loaded.proto, loaded.sha256, "chain")
+    plan = flop_pipeline(coarsen(graph, "fine"), real, [("big", 1), ("little", 1)], name="big-then-little")
+    plan = dataclasses.replace(plan, model_path=str(model), inputs=loaded.inputs)
+    result = run_plan(plan, "local-biglittle", None, 60)
+
+    unaware = dataclasses.replace(
+        real, pus=tuple(dataclasses.replace(p, throttle=Throttle(100.0)) if p.throttle else p for p in real.pus)
+    )
+    assert CostModel(unaware, graph).sustained_factor("little") == 1.0
+    table = CostTable()
+    verdict, _, _ = recalibrate(table, [(plan, result)], [(plan, result)], graph, unaware, ort.__version__)
+    assert verdict.kept, verdict
+    ((pu, factor),) = verdict.sustained
+    assert pu == "little" and factor > 1.2, verdict
+    fitted = CostModel.from_table(unaware, graph, table)
+    assert fitted.sustained_factor("little") == pytest.approx(factor)
+    assert fitted.sustained_factor("big") == 1.0
+
+    def error(cost: CostModel) -> float:
+        predicted = evaluate(plan, graph, cost, frames=0).predicted.throughput_fps
+        return abs(predicted / result.measured.throughput_fps - 1)
+
+    assert error(fitted) < error(fitted.recalibrated(fitted.calibration.with_sustained("little", 1.0)))
+    table.save(tmp_path / "costs.json")
+    again = CostModel.from_table(unaware, graph, CostTable.load(tmp_path / "costs.json"))
+    assert again.sustained_factor("little") == pytest.approx(factor)

@@ -3,8 +3,8 @@ discrete-event simulation agree, on random DAGs and random boards, and lowering 
 
 The DAGs are operator graphs made in memory (no ONNX): chains, fork/join, nested branches, skip
 connections. The boards: one or two CPU clusters of 1-8 cores and up to three accelerators (with or
-without host CPU time per tensor), with links whose latency, bandwidth and conversion cost make transfers
-matter, and with or without one DRAM all PUs share.
+without host CPU time per tensor), clusters CFS-throttled or not, with links whose latency, bandwidth and
+conversion cost make transfers matter, and with or without one DRAM all PUs share.
 """
 
 from __future__ import annotations
@@ -13,7 +13,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from device_profiles.schema import OP_CLASSES, DeviceProfile, Host, Link, ProcessingUnit, Quantity, SharedMemory
+from device_profiles.schema import (
+    OP_CLASSES,
+    DeviceProfile,
+    Host,
+    Link,
+    ProcessingUnit,
+    Quantity,
+    SharedMemory,
+    Throttle,
+)
 from models.graph import OpGraph
 from planner.build import evaluate, to_plan
 from planner.costmodel import CostModel, Fit
@@ -83,6 +92,8 @@ def boards(draw) -> DeviceProfile:
                 launch_overhead_us=_q(draw(st.floats(0.0, 200.0))),
                 active_power_w=_q(draw(st.floats(0.5, 4.0))),
                 idle_power_w=_q(draw(st.floats(0.0, 0.3))),
+                # a CFS-throttled cluster: full speed alone, its quota's share of the core back to back
+                throttle=draw(st.none() | st.sampled_from([Throttle(25.0), Throttle(40.0), Throttle(70.0)])),
             )
         )
         core += cores
