@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from planner import bounds, ilp
 from planner.ilp import _sections, schedule, solve
 from planner.problem import Problem, Unit, toy_problem
-from tests.planner.test_latency_cuts import UNITS, _plans, problems, twins
+from tests.support.toy_problems import UNITS, every_plan, orders, small_problems, twins
 
 _STATUS = ilp._status
 
@@ -30,11 +30,11 @@ def _every_stretch_big(problem: Problem) -> set[tuple[int, int]]:
 
 
 def _optimum(problem: Problem) -> float:
-    return min(schedule(problem, a).latency_ms for a in _plans(problem))
+    return min(schedule(problem, a).latency_ms for a in every_plan(problem))
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.one_of(problems(), problems(overhead=0.2), twins()), st.booleans())
+@given(st.one_of(small_problems(), small_problems(overhead=0.2), twins()), st.booleans())
 def test_the_configuration_bound_never_exceeds_the_best_plan_nor_the_ilps_optimum(problem, big) -> None:
     """With every stretch bounded as a large one (the load bound) or as a small one (its own latency ILP)."""
     stretches = _every_stretch_big(problem) if big else set()
@@ -47,7 +47,7 @@ def test_the_configuration_bound_never_exceeds_the_best_plan_nor_the_ilps_optimu
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.one_of(problems(), twins()))
+@given(st.one_of(small_problems(), twins()))
 def test_reporting_the_bound_leaves_the_solvers_plan_as_it_was(problem) -> None:
     """solve() with the bound (computed after a solve that did not close its gap: every solve here is taken for one
     that stopped on its time limit with half its bound, and every stretch counted as large) returns the plan and
@@ -95,13 +95,12 @@ def _all_plans(problem: Problem):
     import itertools
 
     from planner.ilp import Assignment
-    from tests.planner.test_latency_cuts import _orders
 
-    orders = _orders(problem)
+    allowed = orders(problem)
     for units in itertools.product(range(len(problem.units)), repeat=len(problem.blocks)):
         if sum(problem.units[u].cores for u in set(units)) > 2:
             continue
-        for order in orders:
+        for order in allowed:
             yield Assignment(units, order)
 
 

@@ -20,62 +20,9 @@ from planner import search as S
 from planner.costmodel import CostModel
 from planner.ilp import NO_BOUNDS, Assignment, Bounds, Solution, _WarmHiGHS, fits, predecessors, schedule
 from planner.local_search import _Latency, polish
-from planner.problem import Problem, Unit, toy_problem
+from planner.problem import Problem, toy_problem
 from planner.search import Candidate, polished
-
-# a 2-core CPU cluster (one 2-core unit or two 1-core units), a GPU, and an NPU that computes int8 only
-UNITS = [
-    Unit("cpu", "cpu", 2, 0),
-    Unit("cpu", "cpu", 1, 0),
-    Unit("cpu", "cpu", 1, 1),
-    Unit("gpu", "gpu", 1, 0),
-    Unit("npu", "npu", 1, 0),
-]
-NPU = 4
-
-
-@st.composite
-def problems(draw) -> Problem:
-    """DAGs of 6-14 blocks (chains and branches), some blocks the GPU cannot run, int8 variants (the NPU runs
-    only those), transfers, per-partition overheads, gRPC CPU time and handoff delays between PUs and units of one PU, weights
-    against memories."""
-    n = draw(st.integers(6, 14))
-    edges: set[tuple[int, int]] = set()
-    for j in range(1, n):
-        for i in draw(st.sets(st.integers(max(0, j - 4), j - 1), min_size=1, max_size=2)):
-            edges.add((i, j))
-    cost, int8_cost = {}, {}
-    for b in range(n):
-        base = draw(st.floats(0.5, 8.0))
-        for u in (0, 1, 2):
-            cost[(b, u)] = base * 2 / UNITS[u].cores * draw(st.sampled_from([1.0, 0.8]))
-        if draw(st.booleans()):
-            cost[(b, 3)] = draw(st.floats(0.2, 6.0))
-        if draw(st.booleans()):
-            int8_cost[(b, NPU)] = base * draw(st.floats(0.2, 2.0))
-        if draw(st.booleans()):
-            int8_cost[(b, 0)] = cost[(b, 0)] / 2
-    overhead = draw(st.sampled_from([0.0, 0.0, 0.2]))
-    problem = toy_problem(
-        UNITS,
-        cost,
-        sorted(edges),
-        transfer_ms=draw(st.sampled_from([0.0, 0.3, 1.5])),
-        int8_cost=int8_cost,
-        overhead_ms=dict.fromkeys(range(len(UNITS)), overhead),
-    )
-    delay: dict[tuple[int, str, str], float] = {}
-    if draw(st.booleans()):  # a handoff delay between the GPU and the CPU (latency only)
-        delay |= {k: 0.4 for k in problem.transfer if {"cpu", "gpu"} == {k[1], k[2]}}
-    if draw(st.booleans()):  # and between two units of the CPU (threads on its cores)
-        delay |= {(ei, "cpu", "cpu"): 0.3 for ei in range(len(problem.edges))}
-    if delay:
-        problem = dataclasses.replace(problem, handoff_delay=delay)
-    if draw(st.booleans()):  # the GPU on another host: gRPC CPU time on both ends of its tensors
-        handoff = {k: (0.1, 0.2) for k in problem.transfer if "gpu" in k[1:]}
-        problem = dataclasses.replace(problem, handoff_cpu=handoff)
-    weights = {name: draw(st.integers(0, 4)) for name in problem.blocks}
-    return dataclasses.replace(problem, param_bytes=weights)
+from tests.support.toy_problems import NPU, UNITS, branchy_problems
 
 
 @st.composite
@@ -121,7 +68,7 @@ def _key(problem: Problem, a: Assignment) -> tuple[float, float]:
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_the_search_never_returns_a_worse_plan_and_keeps_every_rule(data) -> None:
-    problem = data.draw(problems())
+    problem = data.draw(branchy_problems())
     start = data.draw(starts(problem))
     figures = schedule(problem, start)
     # memories that just hold the start (so moves must respect them), bounds it just meets
@@ -149,7 +96,7 @@ def test_the_search_never_returns_a_worse_plan_and_keeps_every_rule(data) -> Non
 @settings(max_examples=150, deadline=None)
 @given(st.data())
 def test_the_fast_latency_is_the_schedules(data) -> None:
-    problem = data.draw(problems())
+    problem = data.draw(branchy_problems())
     a = data.draw(starts(problem))
     latency = _Latency(problem, a.int8)
     assert latency(a.block_unit, a.sequence()) == schedule(problem, a).latency_ms
