@@ -48,7 +48,7 @@ from parapipe.run import RunResult, run_plan
 from planner.costmodel import CostModel
 from planner.plan import Plan
 from planner.search import SearchOptions, best_plan, pareto_set
-from planner.segments import lower
+from planner.segments import lower, segment_precision
 from planner.unitname import UnitName
 from profiler.calibration import NetworkFit
 from profiler.costtable import EVERY_UNIT, CalibrationRecord, Conditions, CostEntry, CostTable, entry_key
@@ -175,6 +175,7 @@ def feed_back(
             ort_version,
             "all",
             pu.throttle.quota_percent if pu.throttle else None,
+            segment_precision(plan, seg, profile),  # an int8 / fp16 partition's time is never an fp32 one
         )
         table.add(
             CostEntry(

@@ -17,6 +17,7 @@ from planner.costmodel import CostModel
 from planner.ilp import Assignment as UnitAssignment
 from planner.plan import Assignment, Plan, PlanError, PlanPrecision, Provenance, Stage
 from planner.problem import Problem
+from planner.segments import segment_precision
 from planner.simulate import PlanModel, analytic, simulate
 
 
@@ -112,11 +113,14 @@ def _levels(units: list[int], succ: dict[int, set[int]]) -> dict[int, int]:
 
 def priced(plan: Plan, graph: OpGraph, cost: CostModel) -> PlanModel:
     """The plan lowered and priced; a segment's int8 (fp16) blocks at the int8 (fp16) times the plan records (the
-    cost model prices every block in fp32 on PUs that compute fp32)."""
+    cost model prices every block in fp32 on PUs that compute fp32), or the whole segment at its time measured in
+    its precision mix where the cost table has one (what ``parapipe tune`` fed back)."""
     model = PlanModel(plan, graph, cost)
     if plan.reduced and plan.precision is not None:
         wholes: dict[tuple[str, int], tuple[float, float]] = {}
         for seg in model.segments:
+            label = segment_precision(plan, seg, cost.profile)
+            measured = None if label == "fp32" else cost.reduced_group_ms(seg.members, seg.pu, seg.cores, label)
             fp32 = saved = 0.0
             for b in seg.blocks:
                 ms = cost.block_ms(plan.blocks[b], seg.pu, seg.cores)
@@ -124,7 +128,12 @@ def priced(plan: Plan, graph: OpGraph, cost: CostModel) -> PlanModel:
                 int8 = plan.reduced_ms(b, f"{seg.pu}x{seg.cores}")
                 if int8 is not None:
                     saved += ms - int8
-            if saved and fp32 > 0:
+            if measured is not None:
+                # this partition was measured in this mix (``parapipe tune``): its time, plus the gRPC CPU time the
+                # plan model added to its fp32 figure
+                whole = model.ms[seg.key]
+                model.ms[seg.key] = measured + whole - cost.group_ms(seg.members, seg.pu, seg.cores).ms
+            elif saved and fp32 > 0:
                 # what int8 saves, as the ILP counts it; a segment the cost model prices below the sum of its
                 # blocks (a measured partition) keeps at least its share of the mix's time
                 whole = model.ms[seg.key]
