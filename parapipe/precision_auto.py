@@ -58,6 +58,7 @@ from parapipe.preprocess import Preprocess, PreprocessError, image_files, image_
 from planner.costmodel import CostModel
 from planner.plan import Plan, PlanPrecision
 from planner.problem import Int8Choice
+from planner.search import SearchOptions
 from profiler.costtable import CostTable, entry_key
 from profiler.session import Timer
 
@@ -224,6 +225,21 @@ class Auto:
             self.sensitivity, budget, self.ms, precision, dict(self.fp16_sensitivity) if self.fp16_ms else {},
             self.fp16_ms,
         )  # fmt: skip
+
+    def recosted(self, before: CostModel, after: CostModel, blocks: OpGraph) -> Auto:
+        """These measurements under a recalibrated cost model (``parapipe tune``'s next round): each block's int8
+        and fp16 time keeps its ratio to the block's fp32 figure, which ``after`` prices anew; accuracy, ranges
+        and frames stay as measured (they do not depend on the timing)."""
+        members = {b.name: b.members for b in blocks.nodes}
+
+        def moved(times: Mapping[tuple[str, str, int], float]) -> dict[tuple[str, str, int], float]:
+            out = {}
+            for (b, pu, k), ms in times.items():
+                old = before.block_ms(members[b], pu, k)
+                out[(b, pu, k)] = ms * after.block_ms(members[b], pu, k) / old if old > 0 else ms
+            return out
+
+        return dataclasses.replace(self, ms=moved(self.ms), fp16_ms=moved(self.fp16_ms))
 
     def loss_alone(self, block: str, precision: str) -> float:
         """The block's sensitivity in ``precision`` (int8 or fp16)."""
@@ -627,3 +643,56 @@ def check_and_repair(
         note = f"{len(fixed.reverted)} int8/fp16 block(s) put back to fp32 to hold the budget on held-back frames"
         repaired = dataclasses.replace(repaired, notes=(*repaired.notes, note))
     return repaired, fixed.reverted
+
+
+def precision_plans(
+    blocks: OpGraph,
+    graph: OpGraph,
+    cost: CostModel,
+    search: SearchOptions,
+    auto: Auto,
+    objective: str,
+    progress: Progress,
+) -> tuple[list[Plan], dict[str, tuple[str, ...]]]:
+    """The plans ``--precision auto`` offers for ``objective`` (``plan`` and every round of ``tune``), each
+    checked end to end on the held-back frames and repaired within the budget; with the blocks each plan put
+    back to fp32, by plan name. ``pareto``: the Pareto sweep within a few accuracy budgets up to the user's
+    (``sweep_budgets``), the front over latency, throughput, energy and the accuracy loss measured."""
+    from planner.problem import build_problem
+    from planner.search import best_plan, pareto_front, pareto_set
+
+    reverted: dict[str, tuple[str, ...]] = {}
+    if objective != "pareto":
+        problem = build_problem(blocks, graph, cost, search.max_stages, int8=auto.choice())
+        plan = best_plan(blocks, graph, cost, objective, search, problem=problem)
+        return checked_plans([plan], auto, cost, graph, progress, reverted), reverted
+    found: list[Plan] = []
+    back: dict[str, tuple[str, ...]] = {}
+    for budget in sweep_budgets(auto.request.budget):
+        progress(f"Pareto sweep within an accuracy loss of {budget:g}")
+        problem = build_problem(blocks, graph, cost, search.max_stages, int8=auto.choice(budget))
+        plans = pareto_set(blocks, graph, cost, search, problem=problem)
+        plans = [dataclasses.replace(p, name=f"{p.name.split('-', 2)[-1]}@loss{budget:g}") for p in plans]
+        found += checked_plans(plans, auto, cost, graph, progress, back)
+    front = []
+    for i, p in enumerate(pareto_front(found)):
+        front.append(dataclasses.replace(p, name=f"pareto-{i}-{p.name}"))
+        reverted[front[-1].name] = back.get(p.name, ())
+    return front, reverted
+
+
+def checked_plans(
+    plans: list[Plan],
+    auto: Auto,
+    cost: CostModel,
+    graph: OpGraph,
+    progress: Progress,
+    reverted: dict[str, tuple[str, ...]],
+) -> list[Plan]:
+    """Every plan checked end to end on the held-back frames and repaired before it is offered."""
+    out = []
+    for p in plans:
+        fixed, back = check_and_repair(p, auto, cost, graph, progress)
+        out.append(fixed)
+        reverted[p.name] = back
+    return out

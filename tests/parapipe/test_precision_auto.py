@@ -100,10 +100,16 @@ def test_bad_calibration_data_is_one_clear_error(tiny: LoadedModel, tmp_path: Pa
         load_frames(tmp_path / "junk.npz", tiny)
 
 
-def test_the_cli_refuses_auto_without_calibration_with_exit_2(tiny: LoadedModel, tmp_path: Path) -> None:
-    done = run_cli("plan", str(tiny.path), "--device", "local", "--precision", "auto", home=tmp_path)
+@pytest.mark.parametrize("command", [("plan", "--device", "local"), ("tune", "--board", "local")])
+def test_the_cli_refuses_auto_without_calibration_with_exit_2(
+    tiny: LoadedModel, tmp_path: Path, command: tuple[str, ...]
+) -> None:
+    done = run_cli(command[0], str(tiny.path), *command[1:], "--precision", "auto", home=tmp_path)
     assert done.returncode == 2, done.stderr
     assert "--precision auto needs --calibration" in done.stderr and "Traceback" not in done.stderr
+    done = run_cli(command[0], str(tiny.path), *command[1:], "--metric", "top1", home=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert "--metric only applies with --precision auto" in done.stderr and "Traceback" not in done.stderr
 
 
 def test_a_plan_over_budget_on_held_back_frames_is_repaired_before_it_is_offered(tiny: LoadedModel) -> None:
@@ -313,7 +319,7 @@ def test_the_pareto_sweep_trades_measured_accuracy_for_speed(tiny: LoadedModel) 
     """``plan --objective pareto --precision auto``: plans within budgets of none, half and all of the user's, each
     checked on held-back frames; the front keeps exact plans beside faster ones that lose measured accuracy."""
     from models.precision import MixEvaluator, quantizable_groups, sensitivity, write_ranges
-    from parapipe.commands.planning import _accuracy_sweep
+    from parapipe.precision_auto import precision_plans
     from planner.search import dominates
 
     graph = build_graph(tiny.proto, tiny.sha256, "tiny")
@@ -332,8 +338,7 @@ def test_the_pareto_sweep_trades_measured_accuracy_for_speed(tiny: LoadedModel) 
     ms = {(b, "cpu", k): cost.block_ms(groups[b], "cpu", k) / 3 for b in groups for k in (1, 2)}
     request = PrecisionRequest(Path("unused"), budget, "relerr")
     auto = Auto(tiny, graph, request, calibration, held, ranges, sens, sens, ms, [])
-    reverted: dict[str, tuple[str, ...]] = {}
-    front = _accuracy_sweep(blocks, graph, cost, SearchOptions(1, 2), auto, 2, lambda _msg: None, reverted)
+    front, reverted = precision_plans(blocks, graph, cost, SearchOptions(1, 2), auto, "pareto", lambda _msg: None)
 
     assert set(reverted) == {p.name for p in front}
     for p in front:
