@@ -14,7 +14,8 @@
    table has them, else times the roofline's ratio from the PU's ``fp16_peak_ratio`` (labelled with that
    figure's source: spec-sheet or estimate).
 5. The ILP chooses placement and precision with the summed sensitivities within the budget
-   (``Int8Choice``): fp16 on the PUs that offer it, int8 on the others.
+   (``Int8Choice``): fp16 on the PUs that offer it (and int8 there too where the PU computes it and the cost
+   table has the block's int8 time there), int8 on the others.
 6. Every plan offered is compiled and run end to end (its chained partitions, as the agents run them) on
    the held-back frames; while its loss exceeds the budget, its most sensitive int8 or fp16 block goes back
    to fp32 (``models.precision.repair``). The loss measured is recorded in the plan.
@@ -443,7 +444,8 @@ def int8_times(
         if twin is None or pu is None or not pu.computes("fp32") or twin.median_ms <= 0:
             continue
         ratio = e.median_ms / twin.median_ms
-        ms[(block, pu.name, e.conditions.cores)] = cost.block_ms(groups[block], pu.name, e.conditions.cores) * ratio
+        cores = e.conditions.cores if pu.kind == "cpu" else 1  # a GPU is one unit (as fp16_times keys it)
+        ms[(block, pu.name, cores)] = cost.block_ms(groups[block], pu.name, cores) * ratio
     if configs and not ms:
         notes.append(
             f"no int8 times of this model's blocks on {profile.name}'s CPUs in the cost table: int8 is offered on "

@@ -37,8 +37,9 @@ def to_plan(
             f"the solution runs {len(solution.int8)} block(s) in int8 or fp16 but the problem carries no "
             "calibration ranges (Int8Choice.precision); plan with --precision auto --calibration FILE"
         )
-    # a block in reduced precision runs in its unit's: fp16 on the units that offer fp16, else int8
-    half = {b for b in solution.int8 if solution.block_unit[b] in problem.fp16_units}
+    # a block in reduced precision runs in its unit's: fp16 on the units that offer fp16, else int8; and int8 on
+    # such a unit where the solution says so (its second reduced precision)
+    half = {b for b in solution.int8 if problem.reduced(solution.block_unit[b], solution.level(b)) == "fp16"}
     used = list(dict.fromkeys(solution.block_unit))
     # each assignment lists its blocks in the order its unit runs them (the solver's order)
     blocks_of = {u: tuple(problem.blocks[b] for b in solution.sequence() if solution.block_unit[b] == u) for u in used}
@@ -88,11 +89,12 @@ def _precision(problem: Problem, solution: UnitAssignment) -> PlanPrecision:
     size of that precision that runs them in fp32 too (what ``evaluate`` prices them at)."""
     assert problem.precision is not None
     times: dict[str, dict[str, dict[str, float]]] = {"int8": {}, "fp16": {}}
-    for (b, u), ms in sorted(problem.int8_cost.items()):
-        if b in solution.int8 and (b, u) in problem.cost:
-            unit, mine = problem.units[u], problem.reduced(solution.block_unit[b])
-            if problem.reduced(u) == mine:
-                times[mine].setdefault(problem.blocks[b], {})[f"{unit.pu}x{unit.cores}"] = ms
+    for level, table in ((1, problem.int8_cost), (2, problem.second_cost)):
+        for (b, u), ms in sorted(table.items()):
+            if b in solution.int8 and (b, u) in problem.cost:
+                unit, mine = problem.units[u], problem.reduced(solution.block_unit[b], solution.level(b))
+                if problem.reduced(u, level) == mine:
+                    times[mine].setdefault(problem.blocks[b], {})[f"{unit.pu}x{unit.cores}"] = ms
     half = {b: src for b, src in problem.precision.fp16_source.items() if b in times["fp16"]}
     return dataclasses.replace(problem.precision, int8_ms=times["int8"], fp16_ms=times["fp16"], fp16_source=half)
 

@@ -460,4 +460,4 @@ def with_int8(problem: Problem, a: Assignment) -> Assignment:
         if spent + loss <= budget:
             chosen.add(b)
             spent += loss
-    return dataclasses.replace(a, int8=frozenset(chosen))
+    return dataclasses.replace(a, int8=frozenset(chosen), second=frozenset())
