@@ -391,7 +391,7 @@ def segmented(problem: Problem, units: Sequence[int], time_limit: float = 1.0) -
         # fp32 placements, as every heuristic's (``with_int8`` adds the precision choice to the start): the segment's
         # int8/fp16 times would let its ILP put blocks on units outside ``units`` (an NPU) in a precision the
         # assignment returned here does not record
-        sub = dataclasses.replace(sub, cost=cost, int8_cost={}, derived={})
+        sub = dataclasses.replace(sub, cost=cost, int8_cost={}, second_cost={}, derived={})
         try:  # HEFT on the segment is the start: a share of the time too short for a solution keeps it
             solution = solve(sub, "latency", per, gap=1e-4, warm=heft(sub, sorted({u for _, u in cost})))
         except PlanError:
