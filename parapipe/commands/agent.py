@@ -422,10 +422,11 @@ def tune(
         )
     out.print(t)
     out.print(history[-1].note, highlight=False, markup=False)
-    f = Table("plan (last round)", "latency ms", "fps", "energy mJ", title="the front as measured")
+    f = Table("plan (last round)", "precision", "latency ms", "fps", "energy mJ", title="the front as measured")
     for p, r in last:
         f.add_row(
             p.name,
+            p.precision_mix(),
             f"{r.measured.latency_ms:.2f}",
             f"{r.measured.throughput_fps:.2f}",
             f"{r.measured.energy_mj:.1f}",
