@@ -9,6 +9,7 @@ take them are the real ones.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import onnxruntime as ort
 import pytest
@@ -150,3 +151,32 @@ def test_segment_precision_on_a_pu_of_one_precision_is_what_the_profiler_measure
     )
     seg = Segment(0, 0, 0, 0, UnitName(npu.name), 1, (), ("a",), ("a",))
     assert segment_precision(plan, seg, profile) == "fp32"
+
+
+def test_recosted_int8_and_fp16_times_keep_their_ratio_to_the_recalibrated_fp32_figure(tiny) -> None:
+    """tune's later rounds: accuracy stays as measured, each reduced-precision time follows its block's fp32 figure
+    as a new cost table prices it (here: the block measured twice as slow as the roofline said)."""
+    from parapipe.precision_auto import Auto, PrecisionRequest
+    from profiler.costtable import Conditions, CostEntry, entry_key
+
+    graph, blocks = tiny
+    profile = load_profile("khadas-vim3")
+    before = CostModel(profile, graph)
+    block = blocks.nodes[0]
+    table = CostTable()
+    cond = Conditions(profile.name, "a73", 1, 1, "CPUExecutionProvider", ort.__version__, "all")
+    slow = 2 * before.block_ms(block.members, "a73", 1)
+    table.add(
+        CostEntry(entry_key(graph.model_sha256, "block", block.members, cond), "block", graph.model_sha256,
+                  block.name, block.members, cond, slow, slow, slow, slow, 5)
+    )  # fmt: skip
+    after = CostModel.from_table(profile, graph, table)
+    assert after.block_ms(block.members, "a73", 1) == pytest.approx(slow)
+    ms = {(block.name, "a73", 1): 0.3, (block.name, "a53", 1): 0.4}
+    half = {(block.name, "mali", 1): 0.2}
+    auto = Auto(None, graph, PrecisionRequest(Path("x"), 0.01, "relerr"), [], [], {}, {block.name: 0.001}, {},
+                ms, [], {block.name: 0.0}, {}, half, {})  # type: ignore[arg-type]  # fmt: skip
+    moved = auto.recosted(before, after, blocks)
+    assert moved.ms[(block.name, "a73", 1)] == pytest.approx(0.6), "twice the fp32 figure: twice the int8 time"
+    assert moved.ms[(block.name, "a53", 1)] == pytest.approx(0.4) and moved.fp16_ms == half, "the rest as it was"
+    assert moved.sensitivity == auto.sensitivity and moved.fp16_sensitivity == auto.fp16_sensitivity
