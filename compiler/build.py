@@ -10,7 +10,8 @@ A plan with int8 blocks has the nodes of those blocks quantised inside each part
 QuantizeLinear/DequantizeLinear at a partition's boundary are inside it, so partitions
 still exchange fp32 tensors and chain in any mix. The nodes of fp16 blocks are converted
 to fp16 inside their partitions the same way (onnxruntime's converter, the Casts at the
-partition's boundary and around its fp32 nodes inside it). Its chained partitions cannot match
+partition's boundary and around its fp32 nodes inside it); a partition holding both (a GPU that
+computes int8 and fp16) is quantised first, then converted, its Q/DQ kept fp32. Its chained partitions cannot match
 fp32 to 1e-5: the check compares them with the full fp32 model by the plan's metric and
 records the loss (``Compiled.precision``); only missing outputs, other shapes or
 non-finite values where fp32 is finite are errors here (``run --verify`` holds the loss
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 
 from agents.bundle import MANIFEST, Manifest, PartitionSpec, TensorSpec
 from compiler.targets import board_power, unit_target
@@ -73,16 +75,12 @@ def compile_plan(
             part.model.graph.name = seg.name
             int8 = [m for b in seg.blocks if b in plan.int8 for m in plan.blocks[b]]
             half = {m for b in seg.blocks if b in plan.fp16 for m in plan.blocks[b]}
-            if int8 and half:
-                raise PartitionError(
-                    f"partition {seg.name!r} holds int8 and fp16 blocks; a unit runs one of them: plan again"
-                )
+            data = part.model.SerializeToString()
             if int8 and plan.precision is not None:
                 data = quantize_nodes(part.model, int8, plan.precision.ranges)
-            elif half:
-                data = to_fp16(part.model, [n.name for n in part.model.graph.node if n.name not in half])
-            else:
-                data = part.model.SerializeToString()
+            if half:  # after the int8 nodes' Q/DQ (new nodes, kept fp32 like every node not in fp16)
+                model = onnx.load_from_string(data)
+                data = to_fp16(model, [n.name for n in model.graph.node if n.name not in half])
             sha = hashlib.sha256(data).hexdigest()
             name = f"{sha[:16]}.onnx"
             files[name] = data

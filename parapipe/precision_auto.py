@@ -14,7 +14,8 @@
    table has them, else times the roofline's ratio from the PU's ``fp16_peak_ratio`` (labelled with that
    figure's source: spec-sheet or estimate).
 5. The ILP chooses placement and precision with the summed sensitivities within the budget
-   (``Int8Choice``): fp16 on the PUs that offer it, int8 on the others.
+   (``Int8Choice``): fp16 on the PUs that offer it (and int8 there too where the PU computes it and the cost
+   table has the block's int8 time there), int8 on the others.
 6. Every plan offered is compiled and run end to end (its chained partitions, as the agents run them) on
    the held-back frames; while its loss exceeds the budget, its most sensitive int8 or fp16 block goes back
    to fp32 (``models.precision.repair``). The loss measured is recorded in the plan.
@@ -58,6 +59,7 @@ from parapipe.preprocess import Preprocess, PreprocessError, image_files, image_
 from planner.costmodel import CostModel
 from planner.plan import Plan, PlanPrecision
 from planner.problem import Int8Choice
+from planner.search import SearchOptions
 from profiler.costtable import CostTable, entry_key
 from profiler.session import Timer
 
@@ -224,6 +226,21 @@ class Auto:
             self.sensitivity, budget, self.ms, precision, dict(self.fp16_sensitivity) if self.fp16_ms else {},
             self.fp16_ms,
         )  # fmt: skip
+
+    def recosted(self, before: CostModel, after: CostModel, blocks: OpGraph) -> Auto:
+        """These measurements under a recalibrated cost model (``parapipe tune``'s next round): each block's int8
+        and fp16 time keeps its ratio to the block's fp32 figure, which ``after`` prices anew; accuracy, ranges
+        and frames stay as measured (they do not depend on the timing)."""
+        members = {b.name: b.members for b in blocks.nodes}
+
+        def moved(times: Mapping[tuple[str, str, int], float]) -> dict[tuple[str, str, int], float]:
+            out = {}
+            for (b, pu, k), ms in times.items():
+                old = before.block_ms(members[b], pu, k)
+                out[(b, pu, k)] = ms * after.block_ms(members[b], pu, k) / old if old > 0 else ms
+            return out
+
+        return dataclasses.replace(self, ms=moved(self.ms), fp16_ms=moved(self.fp16_ms))
 
     def loss_alone(self, block: str, precision: str) -> float:
         """The block's sensitivity in ``precision`` (int8 or fp16)."""
@@ -427,7 +444,8 @@ def int8_times(
         if twin is None or pu is None or not pu.computes("fp32") or twin.median_ms <= 0:
             continue
         ratio = e.median_ms / twin.median_ms
-        ms[(block, pu.name, e.conditions.cores)] = cost.block_ms(groups[block], pu.name, e.conditions.cores) * ratio
+        cores = e.conditions.cores if pu.kind == "cpu" else 1  # a GPU is one unit (as fp16_times keys it)
+        ms[(block, pu.name, cores)] = cost.block_ms(groups[block], pu.name, cores) * ratio
     if configs and not ms:
         notes.append(
             f"no int8 times of this model's blocks on {profile.name}'s CPUs in the cost table: int8 is offered on "
@@ -627,3 +645,56 @@ def check_and_repair(
         note = f"{len(fixed.reverted)} int8/fp16 block(s) put back to fp32 to hold the budget on held-back frames"
         repaired = dataclasses.replace(repaired, notes=(*repaired.notes, note))
     return repaired, fixed.reverted
+
+
+def precision_plans(
+    blocks: OpGraph,
+    graph: OpGraph,
+    cost: CostModel,
+    search: SearchOptions,
+    auto: Auto,
+    objective: str,
+    progress: Progress,
+) -> tuple[list[Plan], dict[str, tuple[str, ...]]]:
+    """The plans ``--precision auto`` offers for ``objective`` (``plan`` and every round of ``tune``), each
+    checked end to end on the held-back frames and repaired within the budget; with the blocks each plan put
+    back to fp32, by plan name. ``pareto``: the Pareto sweep within a few accuracy budgets up to the user's
+    (``sweep_budgets``), the front over latency, throughput, energy and the accuracy loss measured."""
+    from planner.problem import build_problem
+    from planner.search import best_plan, pareto_front, pareto_set
+
+    reverted: dict[str, tuple[str, ...]] = {}
+    if objective != "pareto":
+        problem = build_problem(blocks, graph, cost, search.max_stages, int8=auto.choice())
+        plan = best_plan(blocks, graph, cost, objective, search, problem=problem)
+        return checked_plans([plan], auto, cost, graph, progress, reverted), reverted
+    found: list[Plan] = []
+    back: dict[str, tuple[str, ...]] = {}
+    for budget in sweep_budgets(auto.request.budget):
+        progress(f"Pareto sweep within an accuracy loss of {budget:g}")
+        problem = build_problem(blocks, graph, cost, search.max_stages, int8=auto.choice(budget))
+        plans = pareto_set(blocks, graph, cost, search, problem=problem)
+        plans = [dataclasses.replace(p, name=f"{p.name.split('-', 2)[-1]}@loss{budget:g}") for p in plans]
+        found += checked_plans(plans, auto, cost, graph, progress, back)
+    front = []
+    for i, p in enumerate(pareto_front(found)):
+        front.append(dataclasses.replace(p, name=f"pareto-{i}-{p.name}"))
+        reverted[front[-1].name] = back.get(p.name, ())
+    return front, reverted
+
+
+def checked_plans(
+    plans: list[Plan],
+    auto: Auto,
+    cost: CostModel,
+    graph: OpGraph,
+    progress: Progress,
+    reverted: dict[str, tuple[str, ...]],
+) -> list[Plan]:
+    """Every plan checked end to end on the held-back frames and repaired before it is offered."""
+    out = []
+    for p in plans:
+        fixed, back = check_and_repair(p, auto, cost, graph, progress)
+        out.append(fixed)
+        reverted[p.name] = back
+    return out

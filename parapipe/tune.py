@@ -43,14 +43,15 @@ from models.coarsen import coarsen
 from models.graph import OpGraph, build_graph
 from models.onnx_io import LoadedModel
 from parapipe.intake import open_model
+from parapipe.precision_auto import Auto, PrecisionRequest, measure, precision_plans
 from parapipe.profiling import profile_on_board
-from parapipe.reach import board_device
+from parapipe.reach import LOCAL_BOARDS, board_device
 from parapipe.records import Figures, PartitionMeasurement
 from parapipe.run import RunResult, run_plan
 from planner.costmodel import CostModel
 from planner.plan import Plan
 from planner.search import SearchOptions, best_plan, pareto_set
-from planner.segments import lower
+from planner.segments import lower, segment_precision
 from planner.unitname import UnitName
 from profiler.calibration import NetworkFit
 from profiler.costtable import EVERY_UNIT, CalibrationRecord, Conditions, CostEntry, CostTable, entry_key
@@ -180,6 +181,7 @@ def feed_back(
             ort_version,
             "all",
             pu.throttle.quota_percent if pu.throttle else None,
+            segment_precision(plan, seg, profile),  # an int8 / fp16 partition's time is never an fp32 one
         )
         table.add(
             CostEntry(
@@ -566,8 +568,8 @@ def is_outlier(result: RunResult, tolerance_pct: float) -> bool:
 
 
 def plan_key(plan: Plan) -> str:
-    """What makes two plans the same plan when run: their stages (units, cores, blocks)."""
-    return repr(plan.stages)
+    """What makes two plans the same plan when run: their stages (units, cores, blocks) and blocks' precisions."""
+    return repr((plan.stages, plan.int8, plan.fp16))
 
 
 def pooled_noise(noise: Noise, repeats: dict[str, list[tuple[float, float]]]) -> Noise:
@@ -754,8 +756,13 @@ def tune(
     progress: Callable[[str], None] | None = None,
     input_shape: list[str] | None = None,
     input_data: Path | None = None,
+    precision: PrecisionRequest | None = None,
 ) -> tuple[list[Round], list[tuple[Plan, RunResult]]]:
-    """Rounds of plan -> run -> recalibrate; see the module docstring and ``TuneOptions``."""
+    """Rounds of plan -> run -> recalibrate; see the module docstring and ``TuneOptions``.
+
+    ``precision``: ``--precision auto`` as ``plan`` takes it; every round then plans within that budget by that
+    metric (``precision_plans``: each plan checked and repaired on the held-back frames), the accuracy measured
+    once and the int8 / fp16 times following the recalibrated fp32 ones (``Auto.recosted``)."""
     import onnxruntime as ort
 
     say = progress or (lambda _msg: None)
@@ -776,10 +783,18 @@ def tune(
     noise: Noise | None = None
     repeats: dict[str, list[tuple[float, float]]] = {}  # plan -> (latency, throughput) of each measurement
     noise_plan: Plan | None = None  # the plan the noise was first measured on
+    auto: tuple[Auto, CostModel] | None = None  # --precision auto: what it measured, under which cost model
     for r in range(rounds):
         cost = CostModel.from_table(profile, graph, table)
         say(f"round {r + 1}: planning")
-        if objective == "pareto":
+        if precision is not None:
+            if auto is None:
+                local = profile.name in LOCAL_BOARDS
+                auto = (measure(loaded, graph, blocks, cost, table, costs, precision, local, say), cost)
+            plans, _ = precision_plans(
+                blocks, graph, cost, search, auto[0].recosted(auto[1], cost, blocks), objective, say
+            )
+        elif objective == "pareto":
             plans = pareto_set(blocks, graph, cost, search)
         else:
             plans = [best_plan(blocks, graph, cost, objective, search)]
@@ -829,6 +844,7 @@ def tune(
             tuple(
                 {
                     "plan": p.name,
+                    "precision": p.precision_mix(),
                     "predicted": res.predicted.to_json() if res.predicted else {},
                     "measured": res.measured.to_json(),
                     "errors_pct": res.errors_pct,

@@ -81,6 +81,7 @@ def restricted(problem: Problem, units: frozenset[int]) -> Problem:
         problem,
         cost={k: v for k, v in problem.cost.items() if k[1] in units},
         int8_cost={k: v for k, v in problem.int8_cost.items() if k[1] in units},
+        second_cost={k: v for k, v in problem.second_cost.items() if k[1] in units},
         derived={},
     )
 

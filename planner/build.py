@@ -17,6 +17,7 @@ from planner.costmodel import CostModel
 from planner.ilp import Assignment as UnitAssignment
 from planner.plan import Assignment, Plan, PlanError, PlanPrecision, Provenance, Stage
 from planner.problem import Problem
+from planner.segments import segment_precision
 from planner.simulate import PlanModel, analytic, simulate
 
 
@@ -36,8 +37,9 @@ def to_plan(
             f"the solution runs {len(solution.int8)} block(s) in int8 or fp16 but the problem carries no "
             "calibration ranges (Int8Choice.precision); plan with --precision auto --calibration FILE"
         )
-    # a block in reduced precision runs in its unit's: fp16 on the units that offer fp16, else int8
-    half = {b for b in solution.int8 if solution.block_unit[b] in problem.fp16_units}
+    # a block in reduced precision runs in its unit's: fp16 on the units that offer fp16, else int8; and int8 on
+    # such a unit where the solution says so (its second reduced precision)
+    half = {b for b in solution.int8 if problem.reduced(solution.block_unit[b], solution.level(b)) == "fp16"}
     used = list(dict.fromkeys(solution.block_unit))
     # each assignment lists its blocks in the order its unit runs them (the solver's order)
     blocks_of = {u: tuple(problem.blocks[b] for b in solution.sequence() if solution.block_unit[b] == u) for u in used}
@@ -87,11 +89,12 @@ def _precision(problem: Problem, solution: UnitAssignment) -> PlanPrecision:
     size of that precision that runs them in fp32 too (what ``evaluate`` prices them at)."""
     assert problem.precision is not None
     times: dict[str, dict[str, dict[str, float]]] = {"int8": {}, "fp16": {}}
-    for (b, u), ms in sorted(problem.int8_cost.items()):
-        if b in solution.int8 and (b, u) in problem.cost:
-            unit, mine = problem.units[u], problem.reduced(solution.block_unit[b])
-            if problem.reduced(u) == mine:
-                times[mine].setdefault(problem.blocks[b], {})[f"{unit.pu}x{unit.cores}"] = ms
+    for level, table in ((1, problem.int8_cost), (2, problem.second_cost)):
+        for (b, u), ms in sorted(table.items()):
+            if b in solution.int8 and (b, u) in problem.cost:
+                unit, mine = problem.units[u], problem.reduced(solution.block_unit[b], solution.level(b))
+                if problem.reduced(u, level) == mine:
+                    times[mine].setdefault(problem.blocks[b], {})[f"{unit.pu}x{unit.cores}"] = ms
     half = {b: src for b, src in problem.precision.fp16_source.items() if b in times["fp16"]}
     return dataclasses.replace(problem.precision, int8_ms=times["int8"], fp16_ms=times["fp16"], fp16_source=half)
 
@@ -112,11 +115,14 @@ def _levels(units: list[int], succ: dict[int, set[int]]) -> dict[int, int]:
 
 def priced(plan: Plan, graph: OpGraph, cost: CostModel) -> PlanModel:
     """The plan lowered and priced; a segment's int8 (fp16) blocks at the int8 (fp16) times the plan records (the
-    cost model prices every block in fp32 on PUs that compute fp32)."""
+    cost model prices every block in fp32 on PUs that compute fp32), or the whole segment at its time measured in
+    its precision mix where the cost table has one (what ``parapipe tune`` fed back)."""
     model = PlanModel(plan, graph, cost)
     if plan.reduced and plan.precision is not None:
         wholes: dict[tuple[str, int], tuple[float, float]] = {}
         for seg in model.segments:
+            label = segment_precision(plan, seg, cost.profile)
+            measured = None if label == "fp32" else cost.reduced_group_ms(seg.members, seg.pu, seg.cores, label)
             fp32 = saved = 0.0
             for b in seg.blocks:
                 ms = cost.block_ms(plan.blocks[b], seg.pu, seg.cores)
@@ -124,7 +130,12 @@ def priced(plan: Plan, graph: OpGraph, cost: CostModel) -> PlanModel:
                 int8 = plan.reduced_ms(b, f"{seg.pu}x{seg.cores}")
                 if int8 is not None:
                     saved += ms - int8
-            if saved and fp32 > 0:
+            if measured is not None:
+                # this partition was measured in this mix (``parapipe tune``): its time, plus the gRPC CPU time the
+                # plan model added to its fp32 figure
+                whole = model.ms[seg.key]
+                model.ms[seg.key] = measured + whole - cost.group_ms(seg.members, seg.pu, seg.cores).ms
+            elif saved and fp32 > 0:
                 # what int8 saves, as the ILP counts it; a segment the cost model prices below the sum of its
                 # blocks (a measured partition) keeps at least its share of the mix's time
                 whole = model.ms[seg.key]

@@ -120,6 +120,12 @@ class CostModel:
             return Prediction(max(0.0, fit.alpha * units + fit.beta_ms), "calibrated")
         return Prediction(units, "calibrated")
 
+    def reduced_group_ms(self, members: Iterable[str], pu: str, cores: int, precision: str) -> float | None:
+        """A partition of these nodes measured in ``precision`` (int8, fp16 or a mix, as
+        ``planner.segments.segment_precision`` names it) on (pu, cores); None where none was."""
+        entry = self.calibration.reduced.get(((pu, cores), frozenset(members), precision))
+        return entry.mean_ms if entry is not None else None
+
     def block_ms(self, members: Iterable[str], pu: str, cores: int) -> float:
         """A block's share of a partition: a partition of several blocks takes the sum of their shares plus
         ``partition_overhead_ms`` once. Calibration (alpha) is in the share, the fixed part (beta) is not."""

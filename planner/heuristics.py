@@ -392,7 +392,7 @@ def segmented(problem: Problem, units: Sequence[int], time_limit: float = 1.0) -
         # fp32 placements, as every heuristic's (``with_int8`` adds the precision choice to the start): the segment's
         # int8/fp16 times would let its ILP put blocks on units outside ``units`` (an NPU) in a precision the
         # assignment returned here does not record
-        sub = dataclasses.replace(sub, cost=cost, int8_cost={}, derived={})
+        sub = dataclasses.replace(sub, cost=cost, int8_cost={}, second_cost={}, derived={})
         try:  # HEFT on the segment is the start: a share of the time too short for a solution keeps it
             solution = solve(sub, "latency", per, gap=1e-4, warm=heft(sub, sorted({u for _, u in cost})))
         except PlanError:
@@ -461,4 +461,4 @@ def with_int8(problem: Problem, a: Assignment) -> Assignment:
         if spent + loss <= budget:
             chosen.add(b)
             spent += loss
-    return dataclasses.replace(a, int8=frozenset(chosen))
+    return dataclasses.replace(a, int8=frozenset(chosen), second=frozenset())

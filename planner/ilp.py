@@ -8,6 +8,8 @@ Decision variables (names as in the code):
   o[i,j]     order of independent blocks i, j when they share a unit; same[i,j] they share one
   q[b,u]     block b runs on unit u in int8, or fp16 on a unit of Problem.fp16_units (where that variant was
              validated and u runs it in fp32 too; on a unit that computes int8 only, a[b,u] itself means int8)
+  q2[b,u]    block b runs on such an fp16 unit u in int8 (Problem.second_cost: its PU computes int8 too);
+             q[b,u] + q2[b,u] <= a[b,u]
 Every constraint is named after what it means: assign, unit_on, cores, memory,
 symmetry, int8_on, accuracy_budget (the int8 blocks' summed accuracy losses alone in int8 stay within the
 budget), transfer, handoff_cpu, precedence, serialize, region (a valid cut: what one unit runs
@@ -57,10 +59,16 @@ class Assignment:
 
     block_unit: tuple[int, ...]
     order: tuple[int, ...] = ()
-    int8: frozenset[int] = frozenset()  # blocks that run in int8 (the rest in fp32)
+    int8: frozenset[int] = frozenset()  # blocks that run in their unit's reduced precision (the rest in fp32)
+    # of those, the blocks that run in their unit's second one (int8 on a unit of ``Problem.fp16_units``)
+    second: frozenset[int] = frozenset()
 
     def sequence(self) -> tuple[int, ...]:
         return self.order or tuple(range(len(self.block_unit)))
+
+    def level(self, b: int) -> int:
+        """Block b's precision level on its unit (``Problem.reduced``): 0 fp32, 1 the unit's reduced, 2 its second."""
+        return 2 if b in self.second else 1 if b in self.int8 else 0
 
 
 @dataclass(frozen=True)
@@ -154,7 +162,7 @@ def canonical(problem: Problem, assignment: Assignment) -> Assignment:
         first = {u: unit_of.index(u) for u in members if u in unit_of}
         order = sorted(first, key=first.__getitem__) + [u for u in members if u not in first]
         relabel.update(zip(order, members, strict=True))
-    return Assignment(tuple(relabel[u] for u in unit_of), assignment.order, assignment.int8)
+    return Assignment(tuple(relabel[u] for u in unit_of), assignment.order, assignment.int8, assignment.second)
 
 
 def twin_branches(problem: Problem) -> tuple[tuple[tuple[int, ...], ...], ...]:
@@ -186,6 +194,7 @@ def twin_branches(problem: Problem) -> tuple[tuple[tuple[int, ...], ...], ...]:
                 (
                     tuple(problem.cost.get((b, u)) for u in units),
                     tuple(problem.int8_cost.get((b, u)) for u in units),
+                    tuple(problem.second_cost.get((b, u)) for u in units),
                     problem.held_bytes(b),
                     (problem.sensitivity.get(b), problem.fp16_sensitivity.get(b)),
                     tuple(sorted((m, v) for (c, m), v in problem.traffic.items() if c == b)),
@@ -230,7 +239,12 @@ def sorted_branches(problem: Problem, assignment: Assignment) -> Assignment:
     for b, to in where.items():
         unit_of[to] = assignment.block_unit[b]
     order = tuple(where.get(b, b) for b in assignment.order)
-    return Assignment(tuple(unit_of), order, frozenset(where.get(b, b) for b in assignment.int8))
+    return Assignment(
+        tuple(unit_of),
+        order,
+        frozenset(where.get(b, b) for b in assignment.int8),
+        frozenset(where.get(b, b) for b in assignment.second),
+    )
 
 
 def as_start(problem: Problem, warm: Assignment, timed: bool) -> Assignment:
@@ -258,7 +272,7 @@ def schedule(problem: Problem, assignment: Assignment) -> Figures:
     unit_of = assignment.block_unit
     starts_part = partition_starts(problem, assignment)
     dur = [
-        problem.ms(b, unit_of[b], b in assignment.int8) + (problem.unit_overhead[unit_of[b]] if starts_part[b] else 0.0)
+        problem.ms(b, unit_of[b], assignment.level(b)) + (problem.unit_overhead[unit_of[b]] if starts_part[b] else 0.0)
         for b in range(n)
     ]
     for ei, (i, j, _) in enumerate(problem.edges):  # gRPC between hosts: CPU time on the sender and the receiver
@@ -297,7 +311,7 @@ def schedule(problem: Problem, assignment: Assignment) -> Figures:
         pu = problem.units[unit_of[b]].pu
         for m, members in problem.shared_memories.items():
             if pu in members:
-                share = problem.traffic_share(b, unit_of[b], b in assignment.int8)
+                share = problem.traffic_share(b, unit_of[b], assignment.level(b))
                 traffic[m] = traffic.get(m, 0.0) + problem.traffic[(b, m)] * share
     loads = (*(load.get(u, 0.0) for u in range(len(problem.units))), *link_load.values(), *traffic.values())
     period = max(loads)
@@ -404,7 +418,7 @@ def solve(
         and (
             start.value(objective) < value * (1 - 1e-9)  # the warm start is better
             or (  # it is the same
-                (assign.block_unit, assign.int8) == (warm.block_unit, warm.int8)
+                (assign.block_unit, assign.int8, assign.second) == (warm.block_unit, warm.int8, warm.second)
                 and start.value(objective) <= value * (1 + 1e-9)
             )
         )
@@ -548,8 +562,10 @@ class _Model:
     comm: dict[int, pulp.LpAffineExpression] = field(default_factory=dict)
     orders: dict[tuple[int, int], pulp.LpVariable] = field(default_factory=dict)
     sames: dict[tuple[int, int], pulp.LpVariable] = field(default_factory=dict)
-    # q[b,u]: block b runs on u in int8 (where it could run in fp32 too)
+    # q[b,u]: block b runs on u in int8 (where it could run in fp32 too; fp16 on ``Problem.fp16_units``)
     q: dict[tuple[int, int], pulp.LpVariable] = field(default_factory=dict)
+    # q2[b,u]: block b runs on u in int8 where u's first reduced precision is fp16 (``Problem.second_cost``)
+    q2: dict[tuple[int, int], pulp.LpVariable] = field(default_factory=dict)
     # d[b] = block b's duration (its expression in ``dur``), for the ordering rows: one short row per pair instead
     # of a copy of the expression in each (wide graphs have 10^5 pairs)
     d: dict[int, pulp.LpVariable] = field(default_factory=dict)
@@ -575,7 +591,10 @@ class _Model:
             return fp32 * self.a[(b, u)]
         if fp32 is None:
             return int8 * self.a[(b, u)]
-        return fp32 * self.a[(b, u)] + (int8 - fp32) * self.q[(b, u)]
+        second = problem.second_cost.get((b, u))
+        if second is None:
+            return fp32 * self.a[(b, u)] + (int8 - fp32) * self.q[(b, u)]
+        return fp32 * self.a[(b, u)] + (int8 - fp32) * self.q[(b, u)] + (second - fp32) * self.q2[(b, u)]
 
     def on_pu(self, b: int, p: str) -> pulp.LpAffineExpression:
         return pulp.lpSum(self.a[(b, u)] for u in self.units_of_pu[p] if (b, u) in self.a)
@@ -595,6 +614,7 @@ class _Model:
             "order": self.orders,
             "same": self.sames,
             "q": self.q,
+            "q2": self.q2,
             "d": self.d,
             "dur": self.dur,
             "used": self.used,
@@ -678,12 +698,18 @@ def _precision_rows(m: _Model) -> None:
     for b, u in sorted(problem.int8_cost):
         if (b, u) in problem.cost:
             var = m.q[(b, u)] = pulp.LpVariable(f"q_{b}_{u}", cat="Binary")
-            lp += var <= m.a[(b, u)], f"int8_on_{b}_{u}"
+            if (b, u) in problem.second_cost:  # fp16 or int8 there, not both
+                also = m.q2[(b, u)] = pulp.LpVariable(f"q2_{b}_{u}", cat="Binary")
+                lp += var + also <= m.a[(b, u)], f"int8_on_{b}_{u}"
+            else:
+                lp += var <= m.a[(b, u)], f"int8_on_{b}_{u}"
     if problem.accuracy_budget is not None and problem.int8_cost:
         # in millionths: the solver's feasibility tolerance (1e-7) would otherwise let a loss of 1e-7 through a
         # budget of 0; the budget holds to BUDGET_SLACK (1e-9), and the tolerance adds only 1e-13 to it
-        # (a block's loss in its unit's reduced precision: int8, or fp16 on a unit that computes fp16)
+        # (a block's loss in its unit's reduced precision: int8, or fp16 on a unit that computes fp16; and in int8
+        # where such a unit offers it too)
         spent = pulp.lpSum(1e6 * problem.loss(b, u) * m.int8(b, u) for b, u in sorted(problem.int8_cost))
+        spent += pulp.lpSum(1e6 * problem.loss(b, u, 2) * var for (b, u), var in sorted(m.q2.items()))
         lp += spent <= 1e6 * (problem.accuracy_budget + BUDGET_SLACK), "accuracy_budget"
 
 
@@ -1121,7 +1147,11 @@ def _path_rows(m: _Model) -> None:
 
 def _least(problem: Problem, b: int, u: int) -> float:
     """Block b's time on unit u in its faster precision there; inf where u cannot run it."""
-    times = [t for t in (problem.cost.get((b, u)), problem.int8_cost.get((b, u))) if t is not None]
+    times = [
+        t
+        for t in (problem.cost.get((b, u)), problem.int8_cost.get((b, u)), problem.second_cost.get((b, u)))
+        if t is not None
+    ]
     return min(times, default=math.inf)
 
 
@@ -1222,9 +1252,10 @@ def _link_and_memory_rows(m: _Model) -> None:
         )
         # an int8 block moves its share of the fp32 bytes (``Problem.traffic_share``)
         saved = pulp.lpSum(
-            problem.traffic[(b, name)] * (1.0 - problem.traffic_share(b, u, True)) * var
-            for (b, u), var in m.q.items()
-            if problem.units[u].pu in members and problem.traffic_share(b, u, True) < 1.0
+            problem.traffic[(b, name)] * (1.0 - problem.traffic_share(b, u, level)) * var
+            for level, chosen in ((1, m.q), (2, m.q2))
+            for (b, u), var in chosen.items()
+            if problem.units[u].pu in members and problem.traffic_share(b, u, level) < 1.0
         )
         lp += m.P >= traffic - saved, f"period_memory_{mi}"
 
@@ -1243,7 +1274,7 @@ def _energy_row(m: _Model) -> None:
 def _load_bound(problem: Problem) -> float:
     """An upper bound on any unit's load: every block at its slowest, each its own partition."""
     slowest: dict[int, float] = {}
-    for (b, _), v in [*problem.cost.items(), *problem.int8_cost.items()]:
+    for (b, _), v in [*problem.cost.items(), *problem.int8_cost.items(), *problem.second_cost.items()]:
         slowest[b] = max(slowest.get(b, 0.0), v)
     return (
         sum(slowest.values())
@@ -1260,7 +1291,9 @@ def _set_warm_start(problem: Problem, v: dict, warm: Assignment) -> None:
     for (b, u), var in v["a"].items():
         var.setInitialValue(1 if warm.block_unit[b] == u else 0)
     for (b, u), var in v["q"].items():
-        var.setInitialValue(1 if warm.block_unit[b] == u and b in warm.int8 else 0)
+        var.setInitialValue(1 if warm.block_unit[b] == u and warm.level(b) == 1 else 0)
+    for (b, u), var in v["q2"].items():
+        var.setInitialValue(1 if warm.block_unit[b] == u and warm.level(b) == 2 else 0)
     starts = partition_starts(problem, warm)
     for (b, u), var in v["z"].items():
         var.setInitialValue(1 if warm.block_unit[b] == u and starts[b] else 0)
@@ -1369,16 +1402,19 @@ def _extract(problem: Problem, v: dict) -> Assignment:
     for b in range(n):
         best = max((u for (bb, u) in v["a"] if bb == b), key=lambda u: v["a"][(b, u)].varValue or 0.0)
         block_unit.append(best)
-    int8 = frozenset(
+    second = frozenset(
+        b for b, u in enumerate(block_unit) if (b, u) in v["q2"] and (v["q2"][(b, u)].varValue or 0.0) > 0.5
+    )
+    int8 = second | frozenset(
         b
         for b, u in enumerate(block_unit)
         if (b, u) in problem.int8_cost and ((b, u) not in v["q"] or (v["q"][(b, u)].varValue or 0.0) > 0.5)
     )
     if not v["t"]:
-        return Assignment(tuple(block_unit), int8=int8)
+        return Assignment(tuple(block_unit), int8=int8, second=second)
     start = {b: round(var.varValue or 0.0, 9) for b, var in v["t"].items()}
     order = tuple(sorted(range(n), key=lambda b: (start[b], b)))
-    return Assignment(tuple(block_unit), () if order == tuple(range(n)) else order, int8)
+    return Assignment(tuple(block_unit), () if order == tuple(range(n)) else order, int8, second)
 
 
 def _infeasible_message(problem: Problem, given: Bounds, status: str) -> str:

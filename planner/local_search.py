@@ -61,24 +61,37 @@ class _Latency:
     """The latency ``schedule`` computes, and only it: the inner loop of the search (several thousand plans a
     second on a 200-block model). Equal to ``schedule(problem, a).latency_ms`` for every assignment."""
 
-    def __init__(self, problem: Problem, int8: frozenset[int], unit_of: Sequence[int] | None = None) -> None:
+    def __init__(
+        self,
+        problem: Problem,
+        int8: frozenset[int],
+        unit_of: Sequence[int] | None = None,
+        second: frozenset[int] = frozenset(),
+    ) -> None:
         """With ``unit_of`` (the start's units), a block in reduced precision may run only on units of the same
-        one as its start's (int8, or fp16: the budget counted its loss in that one)."""
+        one as its start's (int8, or fp16: the budget counted its loss in that one); a block of ``second`` (int8
+        on a unit whose first reduced precision is fp16) only on such units, in int8."""
         self.problem = problem
         self.int8 = int8
+        self.second = second
         self.n = len(problem.blocks)
         self.pu = [x.pu for x in problem.units]
         self.preds = predecessors(problem)
         self.succs: list[list[tuple[int, int]]] = [[] for _ in range(self.n)]
         for ei, (i, j, _) in enumerate(problem.edges):
             self.succs[i].append((j, ei))
-        table = [problem.int8_cost if b in int8 else problem.cost for b in range(self.n)]
+        table = [
+            problem.second_cost if b in second else problem.int8_cost if b in int8 else problem.cost
+            for b in range(self.n)
+        ]
         self.ms = [
             {
                 u: table[b][(b, u)]
                 for u in range(len(problem.units))
                 if (b, u) in table[b]
-                and (unit_of is None or b not in int8 or problem.reduced(u) == problem.reduced(unit_of[b]))
+                and (
+                    unit_of is None or b not in int8 or b in second or problem.reduced(u) == problem.reduced(unit_of[b])
+                )
             }
             for b in range(self.n)
         ]
@@ -95,7 +108,7 @@ class _Latency:
     def durations(self, unit_of: Sequence[int], order: Sequence[int]) -> list[float]:
         problem = self.problem
         if self.overheads:
-            starts = partition_starts(problem, Assignment(tuple(unit_of), tuple(order), self.int8))
+            starts = partition_starts(problem, Assignment(tuple(unit_of), tuple(order), self.int8, self.second))
             dur = [
                 self.ms[b][unit_of[b]] + (problem.unit_overhead[unit_of[b]] if starts[b] else 0.0)
                 for b in range(self.n)
@@ -227,8 +240,8 @@ class _Search:
     def __init__(self, problem: Problem, start: Assignment, bounds: Bounds, seed: int) -> None:
         self.problem = problem
         self.bounds = bounds
-        self.int8 = start.int8
-        self.latency = _Latency(problem, start.int8, start.block_unit)
+        self.int8, self.second = start.int8, start.second
+        self.latency = _Latency(problem, start.int8, start.block_unit, start.second)
         self.rng = random.Random(seed)
         n = len(problem.blocks)
         self.allowed = [sorted(self.latency.ms[b]) for b in range(n)]
@@ -254,7 +267,7 @@ class _Search:
             else:
                 self.runs.append([b])
         self.runs = [r for r in self.runs if len(r) >= 2]
-        self.best = Assignment(start.block_unit, start.sequence(), start.int8)
+        self.best = Assignment(start.block_unit, start.sequence(), start.int8, start.second)
         self.best_figures = schedule(problem, self.best)
         self.kicks = self.kept = 0
 
@@ -279,7 +292,7 @@ class _Search:
 
     def confirm(self, unit_of: list[int], order: list[int], than: Figures) -> Figures | None:
         """The plan's figures when it is better than ``than`` in the ILP's model and acceptable, else None."""
-        a = Assignment(tuple(unit_of), tuple(order), self.int8)
+        a = Assignment(tuple(unit_of), tuple(order), self.int8, self.second)
         f = schedule(self.problem, a)
         better = f.latency_ms < than.latency_ms * (1 - _EPS) or (
             f.latency_ms <= than.latency_ms and f.period_ms < than.period_ms * (1 - _EPS)
@@ -298,7 +311,7 @@ class _Search:
                 break  # twice as long without a better plan as it took to find the last one
             self.kicks += 1
             unit_of, order, near = self.kick(list(current[0]), list(current[1]))
-            figures = schedule(self.problem, Assignment(tuple(unit_of), tuple(order), self.int8))
+            figures = schedule(self.problem, Assignment(tuple(unit_of), tuple(order), self.int8, self.second))
             # the descent stays near the kick (its section) and goes over the whole plan once that pays
             unit_of, order, figures = self.descend(unit_of, order, figures, deadline, near)
             if self.confirm(unit_of, order, self.best_figures) is not None:
@@ -317,7 +330,7 @@ class _Search:
     def keep(self, unit_of: list[int], order: list[int], figures: Figures) -> None:
         if figures is self.best_figures:
             return
-        self.best = Assignment(tuple(unit_of), tuple(order), self.int8)
+        self.best = Assignment(tuple(unit_of), tuple(order), self.int8, self.second)
         self.best_figures = figures
 
     def kick(self, unit_of: list[int], order: list[int]) -> tuple[list[int], list[int], list[int]]:

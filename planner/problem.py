@@ -71,12 +71,16 @@ class Problem:
     # the ``fp16_units`` (``cost`` holds fp32 times, absent where the PU does not compute fp32: an NPU runs a
     # block only in int8); each such block's accuracy loss alone in int8 (``sensitivity``) or alone in fp16
     # (``fp16_sensitivity``), the proxy the ILP sums, and the budget their sum stays under (None: no budget).
-    # A unit offers one reduced precision: fp16 where its PU computes fp16 and fp16 times are given, else int8.
+    # A unit's reduced precision is fp16 where its PU computes fp16 and fp16 times are given, else int8; a unit of
+    # ``fp16_units`` whose PU computes int8 too (a GPU with int8 kernels) offers int8 as its second one
+    # (``second_cost``: the block's int8 time there), so each block there runs in fp32, fp16 or int8.
     int8_cost: dict[tuple[int, int], float] = field(default_factory=dict)
     sensitivity: dict[int, float] = field(default_factory=dict)
     accuracy_budget: float | None = None
     fp16_units: frozenset[int] = frozenset()
     fp16_sensitivity: dict[int, float] = field(default_factory=dict)
+    # (block, unit) -> ms of the block in int8 on a unit of ``fp16_units`` (its second reduced precision)
+    second_cost: dict[tuple[int, int], float] = field(default_factory=dict)
     # what a plan with int8 blocks carries (calibration ranges, metric, budget); None: plans cannot have int8 blocks
     precision: PlanPrecision | None = None
     # unit -> how many times its time alone a unit's work takes back to back (a CFS-throttled PU's quota runs out:
@@ -89,24 +93,30 @@ class Problem:
         """Whether the block can run on the unit in some precision."""
         return (block, unit) in self.cost or (block, unit) in self.int8_cost
 
-    def reduced(self, unit: int) -> str:
-        """The precision ``int8_cost`` holds on the unit: fp16 or int8."""
-        return "fp16" if unit in self.fp16_units else "int8"
+    def reduced(self, unit: int, level: int = 1) -> str:
+        """The precision of a level on the unit: 1, what ``int8_cost`` holds (fp16 or int8); 2, ``second_cost``'s
+        (int8); 0, fp32."""
+        if level == 0:
+            return "fp32"
+        return "fp16" if unit in self.fp16_units and level == 1 else "int8"
 
-    def loss(self, block: int, unit: int) -> float:
-        """The block's accuracy loss alone in the unit's reduced precision (the proxy summed under the budget)."""
-        table = self.fp16_sensitivity if unit in self.fp16_units else self.sensitivity
-        return table.get(block, 0.0)
+    def loss(self, block: int, unit: int, level: int = 1) -> float:
+        """The block's accuracy loss alone in the unit's reduced precision of that level (``reduced``): the proxy
+        summed under the budget."""
+        table = self.fp16_sensitivity if self.reduced(unit, level) == "fp16" else self.sensitivity
+        return table.get(block, 0.0) if level else 0.0
 
     def factor(self, unit: int) -> float:
         """The unit's load in the period is its work times this (``sustained``)."""
         return self.sustained.get(unit, 1.0)
 
-    def ms(self, block: int, unit: int, int8: bool = False) -> float:
-        """The block's time on the unit in fp32 or in int8; KeyError where it cannot run so."""
-        return self.int8_cost[(block, unit)] if int8 else self.cost[(block, unit)]
+    def ms(self, block: int, unit: int, int8: int = 0) -> float:
+        """The block's time on the unit in fp32 (0), in the unit's reduced precision (1: ``int8_cost``) or in its
+        second (2: ``second_cost``); KeyError where it cannot run so."""
+        table = (self.cost, self.int8_cost, self.second_cost)[int(int8)]
+        return table[(block, unit)]
 
-    def traffic_share(self, block: int, unit: int, int8: bool = False) -> float:
+    def traffic_share(self, block: int, unit: int, int8: int = 0) -> float:
         """The share of its fp32 traffic a block puts on the shared memory of the unit's PU: 1 in fp32; in int8,
         less by the share of the whole model's time on that unit its int8 variant saves, of the whole model's
         traffic (at most 1; below 0 where that is more than the block's own traffic: the row is a sum over a
@@ -116,7 +126,8 @@ class Problem:
         over its blocks. (A block's own time ratio would lower the row only by the bytes of the int8 blocks,
         few for a Conv whose time is mostly arithmetic, and price every int8 plan on several cores near the
         fp32 model's period on them.)"""
-        fp32, q = self.cost.get((block, unit)), self.int8_cost.get((block, unit))
+        fp32 = self.cost.get((block, unit))
+        q = (self.int8_cost if int(int8) < 2 else self.second_cost).get((block, unit))
         if not int8 or not fp32 or q is None:
             return 1.0
         memory = self._memory_of(self.units[unit].pu)
@@ -145,7 +156,11 @@ class Problem:
         return cache[memory]
 
     def slowest(self, block: int, unit: int) -> float:
-        return max(self.cost.get((block, unit), 0.0), self.int8_cost.get((block, unit), 0.0))
+        return max(
+            self.cost.get((block, unit), 0.0),
+            self.int8_cost.get((block, unit), 0.0),
+            self.second_cost.get((block, unit), 0.0),
+        )
 
     def pus(self) -> list[str]:
         return list(dict.fromkeys(u.pu for u in self.units))
@@ -177,6 +192,9 @@ class Problem:
             cost={(b - lo, u): 0.0 if sink and b == hi else v for (b, u), v in self.cost.items() if lo <= b <= hi},
             int8_cost={
                 (b - lo, u): 0.0 if sink and b == hi else v for (b, u), v in self.int8_cost.items() if lo <= b <= hi
+            },
+            second_cost={
+                (b - lo, u): 0.0 if sink and b == hi else v for (b, u), v in self.second_cost.items() if lo <= b <= hi
             },
             sensitivity={b - lo: v for b, v in self.sensitivity.items() if lo <= b <= hi},
             fp16_sensitivity={b - lo: v for b, v in self.fp16_sensitivity.items() if lo <= b <= hi},
@@ -222,7 +240,8 @@ class Int8Choice:
     budget); without it the solver may choose int8 but no plan can be written from such a solution.
 
     ``fp16_sensitivity`` and ``fp16_ms``: the same for fp16 (each block's loss alone in fp16, its fp16 time on
-    a PU that computes fp16, a GPU). A PU given fp16 times offers its blocks in fp16, not int8."""
+    a PU that computes fp16, a GPU). A PU given fp16 times offers its blocks in fp16, and in int8 too where it
+    computes int8 and ``ms`` gives their int8 times there (``Problem.second_cost``)."""
 
     sensitivity: Mapping[str, float]
     budget: float | None = None
@@ -245,7 +264,7 @@ def build_problem(
     units = candidate_units(cost, max_stages)
     names = [b.name for b in blocks.nodes]
     index = {n: i for i, n in enumerate(names)}
-    table, table8, fp16_units = _block_costs(blocks, units, cost, int8)
+    table, table8, fp16_units, second = _block_costs(blocks, units, cost, int8)
     flows: dict[tuple[int, int], dict[str, int]] = {}
     for e in blocks.edges:
         flows.setdefault((index[e.src], index[e.dst]), {})[e.tensor] = e.nbytes
@@ -264,6 +283,7 @@ def build_problem(
         accuracy_budget=int8.budget,
         fp16_units=fp16_units,
         fp16_sensitivity={index[name]: loss for name, loss in int8.fp16_sensitivity.items() if name in index},
+        second_cost=second,
         precision=int8.precision,
         edges=edges,
         transfer=links.transfer,
@@ -291,12 +311,14 @@ def build_problem(
 
 def _block_costs(
     blocks: OpGraph, units: list[Unit], cost: CostModel, int8: Int8Choice
-) -> tuple[dict[tuple[int, int], float], dict[tuple[int, int], float], frozenset[int]]:
+) -> tuple[dict[tuple[int, int], float], dict[tuple[int, int], float], frozenset[int], dict[tuple[int, int], float]]:
     """(block, unit) -> ms in fp32 where the unit's PU computes fp32, and in the unit's reduced precision for
     validated blocks: fp16 on the units whose PU computes fp16 and fp32 and has fp16 times (returned), else int8
-    where given, and int8 where the PU computes int8 only; a block no PU can run is an error naming it."""
+    where given, and int8 where the PU computes int8 only; on those fp16 units, int8 too where the PU computes it
+    and int8 times are given (the second table); a block no PU can run is an error naming it."""
     table: dict[tuple[int, int], float] = {}
     table8: dict[tuple[int, int], float] = {}
+    second: dict[tuple[int, int], float] = {}
     half_pus = {pu for _, pu, _ in int8.fp16_ms}
     fp16_units = frozenset(
         ui
@@ -319,6 +341,9 @@ def _block_costs(
                     half = int8.fp16_ms.get((b.name, u.pu, u.cores))
                     if half is not None and b.name in int8.fp16_sensitivity:
                         table8[(bi, ui)] = half
+                    mine = int8.ms.get((b.name, u.pu, u.cores))
+                    if (bi, ui) in table8 and mine is not None and pu.computes("int8") and b.name in int8.sensitivity:
+                        second[(bi, ui)] = mine  # int8 beside fp16 (only where fp16 is offered: its q is level 1)
                 else:
                     mine = int8.ms.get((b.name, u.pu, u.cores))
                     if mine is not None and pu.computes("int8") and b.name in int8.sensitivity:
@@ -347,7 +372,7 @@ def _block_costs(
             f"no PU of {cost.profile.name} can run block(s) {'; '.join(unsupported[:3])}: every PU lacks one of their "
             f"op types{why}. Add the op type to a PU's supported_ops in the profile, or plan for a board with a CPU."
         )
-    return table, table8, fp16_units
+    return table, table8, fp16_units, second
 
 
 @dataclass(frozen=True)
@@ -451,6 +476,7 @@ def toy_problem(
     fp16_units: frozenset[int] = frozenset(),
     fp16_sensitivity: dict[int, float] | None = None,
     sustained: dict[int, float] | None = None,
+    second_cost: dict[tuple[int, int], float] | None = None,
 ) -> Problem:
     """A problem from plain numbers (blocks 0..n-1 in topological order): for tests and examples."""
     n = 1 + max(b for b, _ in [*cost, *(int8_cost or {})])
@@ -477,6 +503,7 @@ def toy_problem(
         accuracy_budget=accuracy_budget,
         fp16_units=fp16_units,
         fp16_sensitivity=dict(fp16_sensitivity or {}),
+        second_cost=dict(second_cost or {}),
         edges=tuple((i, j, 1) for i, j in sorted(edges)),
         transfer=transfer,
         transfer_mj=dict.fromkeys(transfer, 0.0),

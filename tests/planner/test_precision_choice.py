@@ -4,6 +4,7 @@ of their accuracy losses within the budget; and the solver's optimum is the best
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -93,6 +94,115 @@ def test_the_solver_chooses_precisions_within_the_budget_and_finds_the_best_plan
     figures = schedule(problem, a)
     assert figures.value(objective) == pytest.approx(solution.best, rel=1e-6)  # the solver's value is the plan's
     assert solution.best == pytest.approx(_best_by_enumeration(problem, objective), rel=1e-6)
+
+
+# a one-core CPU (fp32, int8) and a GPU whose first reduced precision is fp16 and second int8
+GPU_UNITS = [Unit("cpu", "cpu", 1, 0), Unit("gpu", "gpu", 1, 0)]
+GPU = 1
+
+
+@st.composite
+def gpu_problems(draw) -> Problem:
+    n = draw(st.integers(2, 3))
+    edges = sorted({(i, j) for j in range(1, n) for i in draw(st.sets(st.integers(0, j - 1), min_size=1, max_size=2))})
+    cost, first, second = {}, {}, {}
+    int8_loss, fp16_loss = {}, {}
+    for b in range(n):
+        cost[(b, 0)] = draw(st.floats(1.0, 10.0))
+        cost[(b, GPU)] = draw(st.floats(0.5, 10.0))
+        if draw(st.booleans()):  # int8 validated: on the CPU, and on the GPU where it offers fp16 too
+            int8_loss[b] = draw(st.floats(0.0, 0.02))
+            first[(b, 0)] = cost[(b, 0)] / draw(st.floats(1.0, 4.0))
+        if draw(st.booleans()):
+            fp16_loss[b] = draw(st.floats(0.0, 0.02))
+            first[(b, GPU)] = cost[(b, GPU)] / draw(st.floats(1.0, 3.0))
+            if b in int8_loss:
+                second[(b, GPU)] = cost[(b, GPU)] / draw(st.floats(1.0, 6.0))
+    return toy_problem(
+        GPU_UNITS,
+        cost,
+        edges,
+        transfer_ms=draw(st.sampled_from([0.0, 0.5])),
+        busy_w={0: 1.0, 1: 3.0},
+        idle_w=0.5,
+        int8_cost=first,
+        sensitivity=int8_loss,
+        accuracy_budget=draw(st.sampled_from([0.0, 0.005, 0.01, 0.03])),
+        fp16_units=frozenset({GPU}),
+        fp16_sensitivity=fp16_loss,
+        second_cost=second,
+    )
+
+
+def _gpu_valid(problem: Problem, a: Assignment) -> bool:
+    for b, u in enumerate(a.block_unit):
+        table = (problem.cost, problem.int8_cost, problem.second_cost)[a.level(b)]
+        if (b, u) not in table:
+            return False
+    spent = sum(problem.loss(b, u, a.level(b)) for b, u in enumerate(a.block_unit))
+    return spent <= (problem.accuracy_budget or 0.0) + BUDGET_SLACK
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(gpu_problems(), st.sampled_from(OBJECTIVES))
+def test_a_gpu_that_computes_fp16_and_int8_gets_either_per_block_and_the_solver_finds_the_best_mix(
+    problem, objective
+) -> None:
+    """Each block on the GPU in fp32, fp16 or int8 (the ones validated), on the CPU in fp32 or int8: the solver's
+    optimum is the best over every placement, precision and order there is, within the summed losses' budget."""
+    solution = solve(problem, objective, time_limit=20, gap=1e-9)
+    a = solution.assignment
+    assert a.second <= a.int8 and all(a.block_unit[b] == GPU for b in a.second)
+    assert _gpu_valid(problem, a), "a block in a precision it cannot run in there, or the budget overspent"
+    assert schedule(problem, a).value(objective) == pytest.approx(solution.best, rel=1e-6)
+    n, best = len(problem.blocks), math.inf
+    orders = _orders(problem) if objective == "latency" else [tuple(range(n))]
+    for units in itertools.product(range(len(GPU_UNITS)), repeat=n):
+        for levels in itertools.product((0, 1, 2), repeat=n):
+            int8 = frozenset(b for b in range(n) if levels[b])
+            for order in orders:
+                trial = Assignment(units, order, int8, frozenset(b for b in range(n) if levels[b] == 2))
+                if _gpu_valid(problem, trial):
+                    best = min(best, schedule(problem, trial).value(objective))
+    assert solution.best == pytest.approx(best, rel=1e-6)
+
+
+def test_the_budget_puts_one_block_in_int8_and_another_in_fp16_on_the_same_gpu() -> None:
+    """int8 is faster but loses more: a budget that holds one int8 block and one fp16 block, not two int8 ones,
+    gets exactly that mix on the GPU, and the plan written from it names each block's precision."""
+    from planner.build import to_plan
+    from planner.plan import PlanPrecision, Provenance
+    from tests.support.graphs import dag_graph
+
+    cost = {(b, u): 8.0 for b in range(2) for u in range(2)}
+    problem = toy_problem(
+        GPU_UNITS,
+        cost,
+        [(0, 1)],
+        busy_w={0: 1.0, 1: 1.0},
+        int8_cost={(b, GPU): 4.0 for b in range(2)},  # fp16
+        sensitivity={0: 0.006, 1: 0.006},
+        accuracy_budget=0.008,
+        fp16_units=frozenset({GPU}),
+        fp16_sensitivity={0: 0.001, 1: 0.001},
+        second_cost={(b, GPU): 1.0 for b in range(2)},  # int8
+    )
+    solution = solve(problem, "latency", gap=1e-9)
+    a = solution.assignment
+    assert a.block_unit == (GPU, GPU) and a.int8 == frozenset({0, 1}) and len(a.second) == 1
+    assert solution.best == pytest.approx(4.0 + 1.0)
+    graph, blocks = dag_graph([10**8, 10**8], [(0, 1)], [1 << 16] * 2)
+    named = dataclasses.replace(problem, blocks=tuple(b.name for b in blocks.nodes), units=(
+        Unit("a73", "cpu", 1, 0), Unit("mali", "gpu", 1, 0)))  # fmt: skip
+    precision = PlanPrecision({t: (-1.0, 1.0) for t in graph.tensors}, "relerr", 0.008)
+    plan = to_plan(dataclasses.replace(named, precision=precision), a, blocks, load_profile("khadas-vim3"),
+                   Provenance("ilp"), "mixed")  # fmt: skip
+    (only,) = [x for _, _, x in plan.assignments()]
+    assert only.pu == "mali" and len(plan.int8) == 1 and len(plan.fp16) == 1
+    assert set(plan.int8) | set(plan.fp16) == set(only.blocks)
+    (int8_block,) = plan.int8
+    assert plan.reduced_ms(int8_block, "malix1") == pytest.approx(1.0)
+    assert plan.reduced_ms(plan.fp16[0], "malix1") == pytest.approx(4.0)
 
 
 def test_no_budget_no_int8_and_a_loose_budget_takes_the_faster_int8() -> None:
@@ -272,12 +382,12 @@ def test_every_block_runs_in_a_precision_its_units_pu_computes(data: st.DataObje
     loss = st.floats(0.0, 0.02)
     int8_ok = data.draw(st.dictionaries(st.sampled_from(names), loss), label="int8 sensitivity")
     fp16_ok = data.draw(st.dictionaries(st.sampled_from(names), loss), label="fp16 sensitivity")
-    ms = {
+    ms = {  # int8 times on the CPUs and on the GPU (whose profile lists int8 beside fp16)
         (b, pu.name, k): cost.block_ms(members[b], pu.name, k) * data.draw(st.floats(0.2, 1.5))
         for b in int8_ok
         for pu in cost.profile.pus
-        if pu.kind == "cpu"
-        for k in range(1, len(pu.cores) + 1)
+        if pu.kind in ("cpu", "gpu")
+        for k in range(1, len(pu.cores) + 1 if pu.kind == "cpu" else 2)
     }
     half = {(b, "mali", 1): cost.block_ms(members[b], "mali", 1) * data.draw(st.floats(0.2, 1.5)) for b in fp16_ok}
     budget = data.draw(st.sampled_from([0.0, 0.01, 0.05]), label="budget")
