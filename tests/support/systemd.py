@@ -1,0 +1,221 @@
+"""A board that runs systemd, on this machine: a real systemd as PID 1 of its own PID, mount, UTS and
+cgroup namespaces, with the board's sshd as one of its services, so that what deploy runs over SSH
+(``systemctl``, the agent it starts) talks to that systemd. The host's PID 1 is never involved.
+
+Inside the namespaces, as a container manager would set them up (systemd's "Container Interface"):
+``$container`` is set, ``/run`` is a fresh tmpfs, ``/sys`` and ``/proc/sys`` are read-only,
+``/sys/fs/cgroup`` is a cgroup2 mount whose root is a cgroup of its own (its cgroup namespace), and
+``/dev/console`` is a file (``console.log``: systemd's own messages). ``/etc/systemd/system`` is the
+board's own folder (``etc``; it outlives a reboot, as a board's disk does), so the units deploy
+installs and enables go there and never to this machine's. systemd loads units from that folder and
+from ``units`` only (``$SYSTEMD_UNIT_PATH``): a ``multi-user.target`` that pulls in the board's sshd and
+whatever deploy enabled, and a ``network-online.target``; this machine's own units (its sshd, cron,
+``systemd-tmpfiles``, which would empty the shared /tmp at boot) are never started.
+The rest of the file system, and the network, are the host's (so the sshd listens on 127.0.0.1).
+
+``reboot`` kills every process of the namespaces at once (the power goes) and boots again from the
+same folders. Whatever happens, leaving the context kills them all and removes the cgroup.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.support.sshd import Sshd, configure_sshd, sshd_binary, wait_listening
+
+SYSTEMD = Path("/lib/systemd/systemd")
+BOOT_TIMEOUT_S = 30.0
+
+# Run by `unshare` as PID 1 of the new namespaces: the mounts a container manager provides, then systemd.
+_BOOT = r"""
+set -e
+etc="$1" units="$2" console="$3"
+mount -o remount,bind,ro /sys
+mount -t cgroup2 cgroup2 /sys/fs/cgroup
+mount --bind /proc/sys /proc/sys
+mount -o remount,bind,ro /proc/sys
+mount -t tmpfs -o mode=755,nosuid,nodev tmpfs /run
+mkdir -p /run/sshd /run/lock
+mount --bind "$etc" /etc/systemd/system
+mount --bind "$console" /dev/console
+exec env -i container=parapipe-test "SYSTEMD_UNIT_PATH=/etc/systemd/system:$units" \
+    PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    /lib/systemd/systemd --log-target=console --log-level=info --unit=multi-user.target
+"""
+
+
+def _cgroup2_root() -> Path | None:
+    """Where this machine mounts the cgroup2 hierarchy (all of /sys/fs/cgroup, or its ``unified`` part)."""
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        fields = line.split()
+        if len(fields) > 2 and fields[2] == "cgroup2":
+            return Path(fields[1])
+    return None
+
+
+def systemd_unavailable() -> str | None:
+    """Why no systemd can be run here in namespaces of its own, or None."""
+    if os.geteuid() != 0:
+        return "running systemd in namespaces of its own needs root"
+    if not SYSTEMD.exists():
+        return f"systemd is not installed ({SYSTEMD} is missing; .ci/run installs it)"
+    for tool in ("unshare", "nsenter"):
+        if shutil.which(tool) is None:
+            return f"{tool} (util-linux) is not installed"
+    if _cgroup2_root() is None:
+        return "no cgroup2 hierarchy is mounted here (systemd needs one to manage services)"
+    return None
+
+
+@dataclass
+class SystemdBoard:
+    """The board: its sshd (reached from this machine), its folders, and its systemd's pid on this machine."""
+
+    folder: Path
+    sshd: Sshd
+    cgroup: Path
+    pid1: int = 0
+    _proc: subprocess.Popen | None = field(default=None, repr=False)
+
+    @property
+    def etc(self) -> Path:
+        """The board's /etc/systemd/system."""
+        return self.folder / "etc"
+
+    def run(self, *argv: str, check: bool = True, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+        """Run a command inside the board's namespaces (as root, as the board's own shell would)."""
+        cmd = ["nsenter", "--target", str(self.pid1), "--mount", "--uts", "--pid", "--cgroup", *argv]
+        return subprocess.run(cmd, capture_output=True, text=True, check=check, timeout=timeout)
+
+    def show(self, unit: str, *props: str) -> dict[str, str]:
+        """``systemctl show`` of the board's systemd: property -> value."""
+        out = self.run("systemctl", "show", unit, *(f"--property={p}" for p in props)).stdout
+        return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+    def console(self) -> str:
+        path = self.folder / "console.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def boot(self) -> None:
+        """Start systemd in new namespaces; return once it reports the boot done and the sshd listens."""
+        self.cgroup.mkdir(exist_ok=True)
+        (self.folder / "console.log").touch()
+        script = 'echo $$ > "$1" && shift && exec "$@"'  # into the board's cgroup, then its namespaces
+        unshare = ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--uts", "--cgroup"]
+        unshare += ["--propagation", "private"]
+        args = [str(self.etc), str(self.folder / "units"), str(self.folder / "console.log")]
+        with open(self.folder / "boot.log", "ab") as log:
+            self._proc = subprocess.Popen(
+                ["sh", "-c", script, "sh", str(self.cgroup / "cgroup.procs"), *unshare, "sh", "-c", _BOOT, "sh", *args],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + BOOT_TIMEOUT_S
+        children = Path(f"/proc/{self._proc.pid}/task/{self._proc.pid}/children")
+        while not self.pid1:
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                pid = int(children.read_text().split()[0])
+                if Path(f"/proc/{pid}/exe").resolve() == SYSTEMD.resolve():
+                    self.pid1 = pid
+            self._check_booting(deadline)
+            time.sleep(0.05)
+        while True:
+            state = self.run("systemctl", "is-system-running", check=False).stdout.strip()
+            if state == "running":
+                break
+            if state == "degraded":
+                failed = self.run("systemctl", "--failed", "--no-pager", check=False).stdout
+                raise RuntimeError(f"the board's systemd booted degraded:\n{failed}\n{self.console()[-3000:]}")
+            self._check_booting(deadline)
+            time.sleep(0.1)
+        wait_listening(self.sshd.port, lambda: self._proc is not None and self._proc.poll() is None, self.sshd.log)
+
+    def _check_booting(self, deadline: float) -> None:
+        assert self._proc is not None
+        if self._proc.poll() is not None or time.monotonic() > deadline:
+            boot = (self.folder / "boot.log").read_text(errors="replace")
+            raise RuntimeError(f"the board's systemd did not boot:\n{boot[-2000:]}\n{self.console()[-3000:]}")
+
+    def power_off(self) -> None:
+        """Every process of the board killed at once (SIGKILL to its PID 1 ends the whole PID namespace)."""
+        if self.pid1:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid1, signal.SIGKILL)
+            self.pid1 = 0
+        if self._proc is not None:
+            try:
+                self._proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+            self._proc = None
+        kill = self.cgroup / "cgroup.kill"  # anything that entered the board's cgroup another way
+        if kill.exists():
+            with contextlib.suppress(OSError):
+                kill.write_text("1")
+
+    def reboot(self) -> None:
+        self.power_off()
+        self.boot()
+
+    def remove_cgroup(self) -> None:
+        deadline = time.monotonic() + 10
+        while self.cgroup.exists():
+            for folder in sorted((p for p in self.cgroup.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
+            with contextlib.suppress(OSError):
+                self.cgroup.rmdir()
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the board's cgroup {self.cgroup} could not be removed")
+            time.sleep(0.05)
+
+
+def _write_units(folder: Path, sshd_config: Path, log: Path) -> None:
+    units = folder / "units"
+    (units / "multi-user.target.wants").mkdir(parents=True)
+    targets = {  # the targets every service and a boot go through, as on a board, without what they pull in there
+        "sysinit.target": "the test board's system is initialised",
+        "basic.target": "the test board's basic system\nRequires=sysinit.target\nAfter=sysinit.target",
+        "multi-user.target": "the test board is up\nRequires=basic.target\nAfter=basic.target\nAllowIsolate=yes",
+        "network-online.target": "the test board's network is up",
+        "shutdown.target": "the test board shuts down\nDefaultDependencies=no",
+    }
+    for name, description in targets.items():
+        (units / name).write_text(f"[Unit]\nDescription={description}\n")
+    (units / "board-sshd.service").write_text(
+        "[Unit]\nDescription=the test board's OpenSSH server\n\n[Service]\n"
+        f"ExecStart={sshd_binary()} -D -f {sshd_config} -E {log}\nKillMode=process\n"
+    )
+    (units / "multi-user.target.wants" / "board-sshd.service").symlink_to("../board-sshd.service")
+    (folder / "etc").mkdir()
+
+
+@contextlib.contextmanager
+def systemd_board(folder: Path) -> Iterator[SystemdBoard]:
+    """A booted board running systemd, its sshd serving on 127.0.0.1; everything of it killed afterwards."""
+    folder.mkdir(parents=True, exist_ok=True)
+    sshd, config = configure_sshd(folder / "sshd")
+    if any(c.isspace() for c in str(folder)):
+        raise ValueError(f"the board's folder must have no spaces (systemd unit lines name it): {folder}")
+    _write_units(folder, config, sshd.log)
+    root = _cgroup2_root()
+    assert root is not None
+    board = SystemdBoard(folder, sshd, root / f"parapipe-test-board-{uuid.uuid4().hex[:8]}")
+    try:
+        board.boot()
+        yield board
+    finally:
+        board.power_off()
+        board.remove_cgroup()
