@@ -378,8 +378,10 @@ SUPERVISOR_NAME = "parapipe-agent-supervisor"
 # systemd runs the board (as root a system unit, else a user unit with lingering so it starts at boot
 # without a login); otherwise the sh restart loop, started again at boot by an @reboot crontab line where
 # crontab exists; otherwise the restart loop alone (a reboot needs the next deploy, or `sh agent.boot`).
+# systemd runs the board whatever state its manager reports (a boot still starting a slow unit, degraded,
+# maintenance) except offline (another PID 1, or no user manager) and unknown, or no answer at all.
 _SUPERVISION = r"""
-running() { case "$1" in running|degraded) return 0;; esac; return 1; }
+running() { case "$1" in ''|offline|unknown) return 1;; esac; return 0; }
 if command -v systemctl >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ]; then running "$(systemctl is-system-running 2>/dev/null)" && { echo systemd-system; exit 0; }
   else running "$(systemctl --user is-system-running 2>/dev/null)" && { echo systemd-user; exit 0; }

@@ -137,3 +137,23 @@ def test_deploy_runs_the_agent_under_the_boards_systemd(board_host: SystemdBoard
     assert board_host.show(name, "LoadState")["LoadState"] == "not-found"
     assert board_host.run("pgrep", "-f", "agents.server", check=False).returncode == 1  # no agent left
     assert not workdir.exists() and not (tmp_path / "pwned").exists()
+
+
+def test_a_board_still_booting_runs_systemd_too(tmp_path: Path) -> None:
+    """A board whose boot has not finished (a slow unit: ``systemctl is-system-running`` says starting)
+    is still one that systemd runs: deploy installs its unit there, not a restart loop and a crontab line."""
+    from parapipe.deploy import supervision
+
+    reason = systemd_unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    slow = "[Unit]\nDescription=a unit that takes long at boot\n\n[Service]\nType=oneshot\nExecStart=/bin/sleep 600\n"
+    with systemd_board(tmp_path / "board", units={"slow-at-boot.service": slow}, settled=False) as host:
+        assert host.run("systemctl", "is-system-running", check=False).stdout.strip() == "starting"
+        ssh = host.sshd
+        board = Board(
+            name="booting", host="127.0.0.1", port=ssh.port, user=ssh.user, key=str(ssh.user_key),
+            device="local", known_hosts=str(ssh.known_hosts), python=sys.executable, workdir=str(tmp_path / "wd"),
+        )  # fmt: skip
+        with BoardConnection(board) as conn:
+            assert supervision(conn) == "systemd-system"

@@ -83,6 +83,7 @@ class SystemdBoard:
     folder: Path
     sshd: Sshd
     cgroup: Path
+    settled: bool = True  # boot waits until systemd says the boot is done (else only until the sshd listens)
     pid1: int = 0
     _proc: subprocess.Popen | None = field(default=None, repr=False)
 
@@ -132,7 +133,7 @@ class SystemdBoard:
             time.sleep(0.05)
         while True:
             state = self.run("systemctl", "is-system-running", check=False).stdout.strip()
-            if state == "running":
+            if state == "running" or (state == "starting" and not self.settled):
                 break
             if state == "degraded":
                 failed = self.run("systemctl", "--failed", "--no-pager", check=False).stdout
@@ -182,7 +183,7 @@ class SystemdBoard:
             time.sleep(0.05)
 
 
-def _write_units(folder: Path, sshd_config: Path, log: Path) -> None:
+def _write_units(folder: Path, sshd_config: Path, log: Path, extra: dict[str, str]) -> None:
     units = folder / "units"
     (units / "multi-user.target.wants").mkdir(parents=True)
     targets = {  # the targets every service and a boot go through, as on a board, without what they pull in there
@@ -198,21 +199,25 @@ def _write_units(folder: Path, sshd_config: Path, log: Path) -> None:
         "[Unit]\nDescription=the test board's OpenSSH server\n\n[Service]\n"
         f"ExecStart={sshd_binary()} -D -f {sshd_config} -E {log}\nKillMode=process\n"
     )
-    (units / "multi-user.target.wants" / "board-sshd.service").symlink_to("../board-sshd.service")
+    for name, text in {"board-sshd.service": "", **extra}.items():
+        if text:
+            (units / name).write_text(text)
+        (units / "multi-user.target.wants" / name).symlink_to(f"../{name}")
     (folder / "etc").mkdir()
 
 
 @contextlib.contextmanager
-def systemd_board(folder: Path) -> Iterator[SystemdBoard]:
-    """A booted board running systemd, its sshd serving on 127.0.0.1; everything of it killed afterwards."""
+def systemd_board(folder: Path, units: dict[str, str] | None = None, settled: bool = True) -> Iterator[SystemdBoard]:
+    """A booted board running systemd, its sshd serving on 127.0.0.1; everything of it killed afterwards.
+    ``units``: more units the board starts at boot (name -> text); ``settled``: see ``SystemdBoard``."""
     folder.mkdir(parents=True, exist_ok=True)
     sshd, config = configure_sshd(folder / "sshd")
     if any(c.isspace() for c in str(folder)):
         raise ValueError(f"the board's folder must have no spaces (systemd unit lines name it): {folder}")
-    _write_units(folder, config, sshd.log)
+    _write_units(folder, config, sshd.log, units or {})
     root = _cgroup2_root()
     assert root is not None
-    board = SystemdBoard(folder, sshd, root / f"parapipe-test-board-{uuid.uuid4().hex[:8]}")
+    board = SystemdBoard(folder, sshd, root / f"parapipe-test-board-{uuid.uuid4().hex[:8]}", settled)
     try:
         board.boot()
         yield board
