@@ -5,7 +5,7 @@ cgroup namespaces, with the board's sshd as one of its services, so that what de
 Inside the namespaces, as a container manager would set them up (systemd's "Container Interface"):
 ``$container`` is set, ``/run`` is a fresh tmpfs, ``/sys`` and ``/proc/sys`` are read-only,
 ``/sys/fs/cgroup`` is a cgroup2 mount whose root is a cgroup of its own (its cgroup namespace), and
-``/dev/console`` is a file (``console.log``: systemd's own messages). ``/etc/systemd/system`` is the
+``/dev/console`` is a file (``console.log``), so nothing of the board reaches this machine's console. ``/etc/systemd/system`` is the
 board's own folder (``etc``; it outlives a reboot, as a board's disk does), so the units deploy
 installs and enables go there and never to this machine's. systemd loads units from that folder and
 from ``units`` only (``$SYSTEMD_UNIT_PATH``): a ``multi-user.target`` that pulls in the board's sshd and
