@@ -47,15 +47,17 @@ def sshd_binary() -> str:
     return binary
 
 
-def configure_sshd(folder: Path) -> tuple[Sshd, Path]:
+def configure_sshd(folder: Path, user: str = "", authorized_keys: str = "", pam: bool = False) -> tuple[Sshd, Path]:
     """Keys, ``authorized_keys`` and an ``sshd_config`` for an sshd on a free port of 127.0.0.1 (not started:
-    ``pid`` is 0), and the config's path."""
+    ``pid`` is 0), and the config's path. ``user``: the one account it lets in (default: this one);
+    ``authorized_keys``: where it reads that account's keys (default: ``folder/authorized_keys``);
+    ``pam``: sessions go through PAM (as on a board, where pam_systemd gives them a login session)."""
     folder.mkdir(parents=True, exist_ok=True)
     keygen(folder / "host_key")
     keygen(folder / "user_key")
     shutil.copy(folder / "user_key.pub", folder / "authorized_keys")
     port = free_port()
-    user = getpass.getuser()
+    user = user or getpass.getuser()
     config = folder / "sshd_config"
     config.write_text(
         "\n".join(
@@ -64,10 +66,10 @@ def configure_sshd(folder: Path) -> tuple[Sshd, Path]:
                 "ListenAddress 127.0.0.1",
                 f"HostKey {folder / 'host_key'}",
                 f"PidFile {folder / 'sshd.pid'}",
-                f"AuthorizedKeysFile {folder / 'authorized_keys'}",
+                f"AuthorizedKeysFile {authorized_keys or folder / 'authorized_keys'}",
                 "PasswordAuthentication no",
                 "KbdInteractiveAuthentication no",
-                "UsePAM no",
+                f"UsePAM {'yes' if pam else 'no'}",
                 "StrictModes no",
                 "PermitRootLogin prohibit-password",
                 f"AllowUsers {user}",
