@@ -4,7 +4,8 @@
 the board-side wheel is installed into a venv on the board only when its content hash
 changed; the agent is started under a supervisor (pidfile, log in the working directory)
 or kept if it runs the current code: a systemd unit (Restart=always, enabled at boot)
-where systemd runs the board, else a restart loop in sh started by ``agent.boot``, which
+where systemd runs the board (a user unit only for a user who lingers or may turn lingering
+on), else a restart loop in sh started by ``agent.boot``, which
 an ``@reboot`` crontab line runs at boot where crontab exists (``supervision``); the
 unit and the crontab line are recorded in the workdir and undeploy removes them (every crontab
 edit holds ``~/.parapipe-crontab.lock`` on the board, so deploys of several workdirs at once
@@ -376,8 +377,9 @@ SUPERVISOR_NAME = "parapipe-agent-supervisor"
 
 # How the board brings the agent back, best first: a systemd unit (Restart=always, enabled at boot) where
 # systemd runs the board (as root a system unit, else a user unit with lingering so it starts at boot
-# without a login); otherwise the sh restart loop, started again at boot by an @reboot crontab line where
-# crontab exists; otherwise the restart loop alone (a reboot needs the next deploy, or `sh agent.boot`).
+# without a login; a user the board does not let linger gets what follows instead); otherwise the sh
+# restart loop, started again at boot by an @reboot crontab line where crontab exists; otherwise the
+# restart loop alone (a reboot needs the next deploy, or `sh agent.boot`).
 # systemd runs the board whatever state its manager reports (a boot still starting a slow unit, degraded,
 # maintenance) except offline (another PID 1, or no user manager) and unknown, or no answer at all.
 _SUPERVISION = r"""
