@@ -26,7 +26,7 @@ GUARD_S = 60.0  # hang guard for what should take a second or two
 @pytest.fixture(params=["root", "user"])
 def board_host(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SystemdBoard]:
     """The board, logged into as root (deploy installs a system unit) or as a user of its own (a user unit)."""
-    reason = systemd_unavailable()
+    reason = systemd_unavailable(user=request.param == "user")
     if reason is not None:
         pytest.skip(reason)
     with systemd_board(tmp_path / "board", user="" if request.param == "root" else "board") as host:
@@ -191,7 +191,7 @@ def test_a_user_who_may_not_linger_gets_the_restart_loop_and_an_at_reboot_line(
     from parapipe.deploy import deploy, undeploy
     from tests.support.tiny import write_tiny_bundle
 
-    reason = systemd_unavailable()
+    reason = systemd_unavailable(user=True)
     if reason is not None:
         pytest.skip(reason)
     monkeypatch.setenv("PARAPIPE_HOME", str(tmp_path / "home"))

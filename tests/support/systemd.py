@@ -88,8 +88,8 @@ def _cgroup2_root() -> Path | None:
     return None
 
 
-def systemd_unavailable() -> str | None:
-    """Why no systemd can be run here in namespaces of its own, or None."""
+def systemd_unavailable(user: bool = False) -> str | None:
+    """Why no systemd can be run here in namespaces of its own (with ``user``: with logins for a user), or None."""
     if os.geteuid() != 0:
         return "running systemd in namespaces of its own needs root"
     if not SYSTEMD.exists():
@@ -99,6 +99,14 @@ def systemd_unavailable() -> str | None:
             return f"{tool} (util-linux) is not installed"
     if _cgroup2_root() is None:
         return "no cgroup2 hierarchy is mounted here (systemd needs one to manage services)"
+    if user:
+        missing = [name for name in LOGIN_UNITS if not Path("/lib/systemd/system", name).exists()]
+        if missing:
+            return f"a user's service manager needs {', '.join(missing)} (dbus, polkitd; .ci/run installs them)"
+        if not list(Path("/usr/lib").glob("*/security/pam_systemd.so")) + list(
+            Path("/lib").glob("*/security/pam_systemd.so")
+        ):
+            return "logins get no session without pam_systemd (libpam-systemd; .ci/run installs it)"
     return None
 
 
