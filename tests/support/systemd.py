@@ -8,7 +8,9 @@ Inside the namespaces, as a container manager would set them up (systemd's "Cont
 ``/dev/console`` is a file (``console.log``), so nothing of the board reaches this machine's console.
 The board's own folders, which outlive a reboot as a board's disk does, stand for
 ``/etc/systemd/system`` (``etc``: the units deploy installs and enables go there, never to this
-machine's), ``/var/lib/systemd`` (``state``: lingering users) and the crontabs (``crontabs``).
+machine's), ``/var/lib/systemd`` (``state``: lingering users) and the crontabs (``crontabs``); root's
+home is an empty tmpfs (this machine's shell start-up files stay out), where only this machine's
+Python is mounted if it lives there (mode 700 here), so that the board's users can run it.
 systemd loads units from ``etc`` and ``units`` only (``$SYSTEMD_UNIT_PATH``): a ``multi-user.target``
 that pulls in the board's sshd and whatever deploy enabled, and the few targets services go through;
 this machine's own units (its sshd, cron, ``systemd-tmpfiles``, which would empty the shared /tmp at
@@ -18,7 +20,7 @@ listens on 127.0.0.1).
 With ``user``, the board has an account of its own that the sshd lets in through PAM (``accounts``
 stand for ``/etc/passwd``, ``group`` and ``shadow``, ``home`` for ``/home``), and runs D-Bus, logind
 and polkit (this machine's units), so that a login gets a session and the user a service manager
-(``user@UID.service``) as on a board; this machine's Python, in root's home, is made reachable to it.
+(``user@UID.service``) as on a board.
 
 ``reboot`` kills every process of the namespaces at once (the power goes) and boots again from the
 same folders. Whatever happens, leaving the context kills them all and removes the cgroup.
@@ -60,7 +62,9 @@ mount --bind "$state" /var/lib/systemd
 if [ -n "$python_home" ]; then
   mkdir /run/python-home
   mount --bind "$python_home" /run/python-home
-  mount -t tmpfs -o mode=755 tmpfs /root
+fi
+mount -t tmpfs -o mode=755 tmpfs /root
+if [ -n "$python_home" ]; then
   mkdir -p "$python_home"
   mount --move /run/python-home "$python_home"
 fi
@@ -166,8 +170,8 @@ class SystemdBoard:
         unshare = ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--uts", "--cgroup"]
         unshare += ["--propagation", "private"]
         args = [str(self.etc), str(self.folder / "units"), str(self.folder / "console.log"), str(self.state)]
-        # the account, its home, and this machine's Python, which lives in root's home (mode 700)
-        args.append(sys.base_prefix if self.user and sys.base_prefix.startswith("/root/") else "")
+        # root's home is the board's own (empty), but for this machine's Python if it lives there
+        args.append(sys.base_prefix if sys.base_prefix.startswith("/root/") else "")
         if self.user:
             for name in ("passwd", "group", "shadow"):
                 args += [str(self.folder / "accounts" / name), f"/etc/{name}"]
