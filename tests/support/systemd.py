@@ -29,6 +29,7 @@ same folders. Whatever happens, leaving the context kills them all and removes t
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import shutil
 import signal
@@ -80,6 +81,8 @@ LOGIN_UNITS = (
     "user-runtime-dir@.service", "user.slice", "systemd-user-sessions.service",
 )  # fmt: skip
 BOARD_UID = 4242
+CGROUP_PREFIX = "parapipe-test-board-"  # each board's cgroup, in this machine's cgroup2 hierarchy
+PR_SET_PDEATHSIG = 1  # prctl(2)
 CRONTABS = Path("/var/spool/cron/crontabs")
 
 
@@ -112,6 +115,13 @@ def systemd_unavailable(user: bool = False) -> str | None:
         ):
             return "logins get no session without pam_systemd (libpam-systemd; .ci/run installs it)"
     return None
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL it when the test process dies, however it dies; `unshare
+    --kill-child` then kills the board's systemd, and with it every process of the board."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 @dataclass
@@ -185,6 +195,7 @@ class SystemdBoard:
                 stdout=log,
                 stderr=log,
                 start_new_session=True,
+                preexec_fn=_die_with_parent,
             )
         deadline = time.monotonic() + BOOT_TIMEOUT_S
         children = Path(f"/proc/{self._proc.pid}/task/{self._proc.pid}/children")
@@ -235,16 +246,30 @@ class SystemdBoard:
         self.boot()
 
     def remove_cgroup(self) -> None:
-        deadline = time.monotonic() + 10
-        while self.cgroup.exists():
-            for folder in sorted((p for p in self.cgroup.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
-                with contextlib.suppress(OSError):
-                    folder.rmdir()
+        _remove_cgroup(self.cgroup)
+
+
+def _remove_cgroup(cgroup: Path) -> None:
+    deadline = time.monotonic() + 10
+    while cgroup.exists():
+        for folder in sorted((p for p in cgroup.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
             with contextlib.suppress(OSError):
-                self.cgroup.rmdir()
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the board's cgroup {self.cgroup} could not be removed")
-            time.sleep(0.05)
+                folder.rmdir()
+        with contextlib.suppress(OSError):
+            cgroup.rmdir()
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the board's cgroup {cgroup} could not be removed")
+        time.sleep(0.05)
+
+
+def _remove_dead_boards(root: Path) -> None:
+    """The cgroups of boards whose test process was killed outright: no process left in them (and not
+    one a test has just made, which its board enters a moment later)."""
+    for cgroup in root.glob(f"{CGROUP_PREFIX}*"):
+        with contextlib.suppress(OSError):
+            dead = "populated 0" in (cgroup / "cgroup.events").read_text().splitlines()
+            if dead and time.time() - cgroup.stat().st_mtime > 60:
+                _remove_cgroup(cgroup)
 
 
 def _write_accounts(folder: Path, user: str, key: Path) -> None:
@@ -324,7 +349,8 @@ def systemd_board(
     _write_units(folder, config, sshd.log, units or {}, logins=bool(user), polkit=polkit)
     root = _cgroup2_root()
     assert root is not None
-    board = SystemdBoard(folder, sshd, root / f"parapipe-test-board-{uuid.uuid4().hex[:8]}", settled, user)
+    _remove_dead_boards(root)
+    board = SystemdBoard(folder, sshd, root / f"{CGROUP_PREFIX}{uuid.uuid4().hex[:8]}", settled, user)
     try:
         board.boot()
         yield board
