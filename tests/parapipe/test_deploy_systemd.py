@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,8 +18,9 @@ from parapipe.ssh import BoardConnection
 from tests.support.cli import run_cli
 from tests.support.sshd import free_port
 from tests.support.systemd import SystemdBoard, systemd_board, systemd_unavailable
+from tests.support.tiny import eventually
 
-GUARD_S = 60.0  # hang guard for what should take a second or two
+GUARD_S = 60.0  # hang guard for what should take a second or two (a start, a restart, a boot)
 
 
 @pytest.fixture(params=["root", "user"])
@@ -51,17 +51,10 @@ def _plan(folder: Path) -> Path:
     return path
 
 
-def _until(what: str, check, timeout: float = GUARD_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"never happened: {what}"
-        time.sleep(0.1)
-
-
 def _serving(board: Board, bundle: str, boots: int) -> None:
     """The agent answers through deploy's tunnel, has resumed ``bundle`` by itself and says it started ``boots`` times."""
     with BoardConnection(board) as conn, agent_client(conn) as client:
-        _until("the agent serves its pipeline again", client.ready)
+        eventually("the agent serves its pipeline again", client.ready, GUARD_S)
         status = client.status()
         assert status.running_bundle == bundle and status.boots == boots
         assert status.resumed == (boots > 1)
@@ -110,10 +103,11 @@ def test_deploy_runs_the_agent_under_the_boards_systemd(board_host: SystemdBoard
     result = json.loads(deployed.stdout)
     assert result["supervisor"] == "systemd" and result["agent_restarted"]
 
+    name = f"parapipe-agent-{hashlib.sha256(workdir.encode()).hexdigest()[:12]}.service"
+
     def show(*props: str) -> dict[str, str]:
         return board_host.show(name, *props, user=bool(user))
 
-    name = f"parapipe-agent-{hashlib.sha256(workdir.encode()).hexdigest()[:12]}.service"
     recorded = json.loads((here / "agent.unit").read_text())
     scope = "user" if user else "system"
     assert recorded == {"scope": scope, "name": name, "path": f"{on_board}/{name}", "linger": bool(user)}
@@ -129,14 +123,14 @@ def test_deploy_runs_the_agent_under_the_boards_systemd(board_host: SystemdBoard
     _serving(board, result["bundle_sha256"], boots=1)
 
     board_host.run("kill", "-9", str(first))  # a crash, the OOM killer
-    _until("systemd restarts the killed agent", lambda: show("NRestarts").get("NRestarts") == "1")
+    eventually("systemd restarts the killed agent", lambda: show("NRestarts").get("NRestarts") == "1", GUARD_S)
     _serving(board, result["bundle_sha256"], boots=2)
     with BoardConnection(board) as conn:
         second = agent_pid(conn, workdir)
     assert second not in (None, first) and str(second) == show("MainPID")["MainPID"]
 
     board_host.reboot()  # every process of the board killed at once, then systemd boots again
-    _until("the enabled unit starts at boot", lambda: show("ActiveState").get("ActiveState") == "active")
+    eventually("the enabled unit starts at boot", lambda: show("ActiveState").get("ActiveState") == "active", GUARD_S)
     # before anyone logged in: for a user, lingering alone started their service manager and the unit
     assert board_host.run("loginctl", "list-sessions", "--no-legend", check=False).stdout.strip() == ""
     _serving(board, result["bundle_sha256"], boots=3)
@@ -162,7 +156,8 @@ def test_deploy_runs_the_agent_under_the_boards_systemd(board_host: SystemdBoard
 
 def test_a_board_still_booting_runs_systemd_too(tmp_path: Path) -> None:
     """A board whose boot has not finished (a slow unit: ``systemctl is-system-running`` says starting)
-    is still one that systemd runs: deploy installs its unit there, not a restart loop and a crontab line."""
+    is still one that systemd runs: deploy chooses a unit there (``supervision``), not a restart loop and
+    a crontab line."""
     from parapipe.deploy import supervision
 
     reason = systemd_unavailable()
