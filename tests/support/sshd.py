@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import getpass
 import os
 import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,18 +37,27 @@ def keygen(path: Path) -> None:
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
 
 
-def start_sshd(folder: Path) -> tuple[Sshd, subprocess.Popen]:
+def sshd_binary() -> str:
+    """The sshd to run, or a skip saying why none can run here."""
     binary = shutil.which("sshd") or "/usr/sbin/sshd"
     if not Path(binary).exists():
         pytest.skip("openssh-server is not installed (.ci/run installs it)")
     if os.geteuid() != 0:
         pytest.skip("sshd with privilege separation needs root here")
+    return binary
+
+
+def configure_sshd(folder: Path, user: str = "", authorized_keys: str = "", pam: bool = False) -> tuple[Sshd, Path]:
+    """Keys, ``authorized_keys`` and an ``sshd_config`` for an sshd on a free port of 127.0.0.1 (not started:
+    ``pid`` is 0), and the config's path. ``user``: the one account it lets in (default: this one);
+    ``authorized_keys``: where it reads that account's keys (default: ``folder/authorized_keys``);
+    ``pam``: sessions go through PAM (as on a board, where pam_systemd gives them a login session)."""
     folder.mkdir(parents=True, exist_ok=True)
     keygen(folder / "host_key")
     keygen(folder / "user_key")
     shutil.copy(folder / "user_key.pub", folder / "authorized_keys")
     port = free_port()
-    user = getpass.getuser()
+    user = user or getpass.getuser()
     config = folder / "sshd_config"
     config.write_text(
         "\n".join(
@@ -55,10 +66,10 @@ def start_sshd(folder: Path) -> tuple[Sshd, subprocess.Popen]:
                 "ListenAddress 127.0.0.1",
                 f"HostKey {folder / 'host_key'}",
                 f"PidFile {folder / 'sshd.pid'}",
-                f"AuthorizedKeysFile {folder / 'authorized_keys'}",
+                f"AuthorizedKeysFile {authorized_keys or folder / 'authorized_keys'}",
                 "PasswordAuthentication no",
                 "KbdInteractiveAuthentication no",
-                "UsePAM no",
+                f"UsePAM {'yes' if pam else 'no'}",
                 "StrictModes no",
                 "PermitRootLogin prohibit-password",
                 f"AllowUsers {user}",
@@ -68,21 +79,32 @@ def start_sshd(folder: Path) -> tuple[Sshd, subprocess.Popen]:
             ]
         )
     )
-    Path("/run/sshd").mkdir(exist_ok=True)
-    log = folder / "sshd.log"
-    proc = subprocess.Popen([binary, "-D", "-f", str(config), "-E", str(log)])
-    deadline = time.monotonic() + 15
+    key_line = (folder / "host_key.pub").read_text().split()
+    (folder / "known_hosts").write_text(f"[127.0.0.1]:{port} {key_line[0]} {key_line[1]}\n")
+    info = Sshd(port, folder / "host_key", folder / "user_key", folder / "known_hosts", 0, folder / "sshd.log", user)
+    return info, config
+
+
+def wait_listening(port: int, alive: Callable[[], bool], log: Path, timeout: float = 15) -> None:
+    """Until something accepts on 127.0.0.1:``port``; fails with the log if ``alive`` turns false or on timeout."""
+    deadline = time.monotonic() + timeout
     while True:
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=1):
-                break
+                return
         except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
+            if not alive() or time.monotonic() > deadline:
                 raise RuntimeError(f"sshd did not start: {log.read_text() if log.exists() else ''}") from None
             time.sleep(0.1)
-    key_line = (folder / "host_key.pub").read_text().split()
-    (folder / "known_hosts").write_text(f"[127.0.0.1]:{port} {key_line[0]} {key_line[1]}\n")
-    return Sshd(port, folder / "host_key", folder / "user_key", folder / "known_hosts", proc.pid, log, user), proc
+
+
+def start_sshd(folder: Path) -> tuple[Sshd, subprocess.Popen]:
+    binary = sshd_binary()
+    info, config = configure_sshd(folder)
+    Path("/run/sshd").mkdir(exist_ok=True)
+    proc = subprocess.Popen([binary, "-D", "-f", str(config), "-E", str(info.log)])
+    wait_listening(info.port, lambda: proc.poll() is None, info.log)
+    return dataclasses.replace(info, pid=proc.pid), proc
 
 
 def stop_sshd(proc: subprocess.Popen) -> None:
