@@ -12,6 +12,7 @@ import statistics
 import threading
 import time
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -94,7 +95,7 @@ def back_to_back(pipeline: Pipeline, inputs: dict[str, np.ndarray], frames: int)
             failure.append(exc)
             wake.set()
             return
-        future.add_done_callback(lambda f: done(i, f))
+        future.add_done_callback(partial(done, i))
 
     def done(i: int, future) -> None:
         finished[i] = time.perf_counter()

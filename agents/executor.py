@@ -246,10 +246,12 @@ class FrameFuture:
     run in the finishing thread, in order, and one that raises is logged, as ``Future`` does. The first
     outcome set is kept (a frame is finished once). ``frame`` is the frame's id."""
 
-    __slots__ = ("_callbacks", "_done", "_exception", "_latch", "_result", "frame")
+    __slots__ = ("_callbacks", "_done", "_exception", "_latch", "_result", "collected", "frame", "started")
 
-    def __init__(self, frame: int) -> None:
+    def __init__(self, frame: int, started: float = 0.0) -> None:
         self.frame = frame
+        self.started = started  # when it entered the pipeline (``time.perf_counter``)
+        self.collected: dict[str, np.ndarray] = {}  # its results as they arrive (the outputs once all are in)
         self._result: dict[str, np.ndarray] | None = None
         self._exception: BaseException | None = None
         self._done = False
@@ -296,7 +298,19 @@ class FrameFuture:
         self._call(fn)
 
     def set_result(self, outputs: dict[str, np.ndarray]) -> None:
-        self._finish(outputs, None)
+        with _CALLBACKS:  # ``_finish``, inline: once per frame
+            callbacks = self._callbacks
+            if callbacks is None:
+                return  # finished already: the first outcome stands
+            self._callbacks = None
+            self._result = outputs
+            self._done = True
+        self._latch.release()
+        for fn in callbacks:
+            try:
+                fn(self)
+            except Exception:
+                log.exception("a done-callback of frame %d raised", self.frame)
 
     def set_exception(self, error: BaseException) -> None:
         self._finish(None, error)
@@ -311,23 +325,16 @@ class FrameFuture:
             self._done = True
         self._latch.release()
         for fn in callbacks:
-            self._call(fn)
+            try:
+                fn(self)
+            except Exception:
+                log.exception("a done-callback of frame %d raised", self.frame)
 
     def _call(self, fn: Callable[[FrameFuture], object]) -> None:
         try:
             fn(self)
         except Exception:
             log.exception("a done-callback of frame %d raised", self.frame)
-
-
-class _Frame:
-    __slots__ = ("future", "id", "outputs", "started")
-
-    def __init__(self, frame: int, started: float) -> None:
-        self.id = frame
-        self.started = started
-        self.future = FrameFuture(frame)
-        self.outputs: dict[str, np.ndarray] = {}
 
 
 class _Worker:
@@ -363,10 +370,13 @@ class _Worker:
 
     def wake(self) -> None:
         """Make the worker look at its inbox and the pipeline's state again."""
+        wake = self._wake
+        if not wake.locked():
+            return  # woken already and not asleep since (a busy worker: most frames), no exception raised
         try:
-            self._wake.release()
+            wake.release()
         except RuntimeError:
-            pass  # woken already and not asleep since
+            pass  # another thread woke it just now
 
     def deliver(self, frame: int, name: str, value: np.ndarray) -> None:
         with self.lock:
@@ -454,29 +464,38 @@ class _Worker:
 
     def _loop(self, session, output_names: list[str]) -> None:
         run_lock = self.run_lock
-        period = self.pipeline.replicas[self.spec.stage]
+        pipeline = self.pipeline
+        period = pipeline.replicas[self.spec.stage]
         frame = self.spec.group
+        lock, wake = self.lock, self._wake
+        arrived, skipped = self.arrived, self.skipped
+        inputs = self._inputs
+        # only a partition another thread may run too (``infer_inline``, ``_run_entry``) takes turns on its run_lock
+        shared = self is pipeline._solo or self is pipeline._entry
         while True:
-            self.lock.acquire()
+            lock.acquire()
             while True:
                 if self.next > frame:  # a submitting thread ran this frame itself (``Pipeline._run_entry``)
                     frame = self.next
-                if self._due(frame) or frame in self.skipped or self.pipeline.stopping:
+                # ``_due`` inline: the frame's inputs arrived, or (no inputs) it entered the pipeline
+                if (frame in arrived if inputs else frame < pipeline.admitted) or frame in skipped or pipeline.stopping:
                     break
-                self.lock.release()
-                self._wake.acquire(True, 0.5)
-                self.lock.acquire()
+                lock.release()
+                wake.acquire(True, 0.5)
+                lock.acquire()
             try:
-                if self.pipeline.stopping:
+                if pipeline.stopping:
                     return
                 taken = self.take(frame)
             finally:
-                self.lock.release()
+                lock.release()
             if taken is None:
                 frame += period
                 continue
-            feeds, arrived = taken
-            self.execute(session, output_names, frame, feeds, arrived, run_lock)
+            if shared:
+                self.execute(session, output_names, frame, taken[0], taken[1], run_lock)
+            else:
+                self.hand_on(output_names, frame, self.compute(session, output_names, frame, taken[0], taken[1]))
             frame += period
 
     def take(self, frame: int) -> tuple[dict[str, np.ndarray], float] | None:
@@ -637,7 +656,7 @@ class Pipeline:
         self.epoch = uuid.uuid4().hex  # this run of the pipeline: peers start their parts again when it changes
         self._peer_epochs: dict[str, str] = {}  # the run of each other host's part that sends to this one
         self.period = manifest.replica_period()
-        self._frames: dict[int, _Frame] = {}
+        self._frames: dict[int, FrameFuture] = {}  # the frames in flight that entered here
         self._lock = threading.Lock()
         self._space = threading.Condition(self._lock)  # a frame left: a slot is free (or the pipeline stops)
         self._space_waiters = 0  # threads waiting on ``_space`` (under ``_lock``): a frame that ends wakes none if 0
@@ -789,8 +808,7 @@ class Pipeline:
             self.frames_failed += len(frames)
             self._freed()
         for f in frames:
-            if not f.future.done():
-                f.future.set_exception(PipelineError("the pipeline was stopped"))
+            f.set_exception(PipelineError("the pipeline was stopped"))
         if self.links is not None:
             self.links.close()
 
@@ -877,45 +895,50 @@ class Pipeline:
         runs there in the calling thread (``_run_entry``) instead of being handed to that worker; pass
         ``run=False`` from a thread that must not block for a run (a worker's done-callback, a pacer).
         """
-        self._refuse_new()
+        if self.draining or self.broken or self.stopping:
+            self._refuse_new()
         if not self.entry:
             raise PipelineError(
                 f"this agent runs host {self.manifest.host!r}'s part of a plan over {', '.join(self.manifest.hosts)}; "
                 f"send frames to the agent of the entry host {self.manifest.entry!r}"
             )
         self.check_inputs(tensors)
-        timeout = _finite(timeout)
-        deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
-            while len(self._frames) + self._inline >= self.max_inflight and not (
-                self.stopping or self.broken or self.draining
-            ):
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    raise DeadlineExceeded(f"no frame slot within the deadline ({self.max_inflight} frames in flight)")
-                self._wait_space(left)
+            if len(self._frames) + self._inline >= self.max_inflight:
+                self._wait_for_slot(_finite(timeout))
             self._refuse_new()
-            frame = _Frame(self._next_id, time.perf_counter())
-            self._frames[frame.id] = frame
-            self._next_id += 1
-            self.admitted = self._next_id  # ids grow under this lock, so ``admitted`` never goes back
+            frame_id = self._next_id
+            frame = self._frames[frame_id] = FrameFuture(frame_id, time.perf_counter())
+            self._next_id = self.admitted = frame_id + 1  # ids grow under this lock: ``admitted`` never goes back
             alone = len(self._frames) == 1 and not self._inline
         for w in self._sourceless:
             w.wake()
         if self.links is not None:
-            for host in self._announce[frame.id % self.period]:
-                self.links.send_entered(host, frame.id)
+            for host in self._announce[frame_id % self.period]:
+                self.links.send_entered(host, frame_id)
         # Only a frame alone in the pipeline: with frames in flight the submitting thread would hold back the
         # next frame (a stream's feed reads it while the worker runs this one), and the worker has it queued.
         entry = self._entry if run and alone else None
-        if entry is not None and self._take_entry(entry, frame.id):
+        if entry is not None and self._take_entry(entry, frame_id):
             for name, value in tensors.items():
-                self._fan_out(frame.id, name, value, skip=entry)
-            self._run_entry(entry, frame.id, tensors)
-            return frame.future
+                self._fan_out(frame_id, name, value, skip=entry)
+            self._run_entry(entry, frame_id, tensors)
+            return frame
         for name, value in tensors.items():
-            self._fan_out(frame.id, name, value)
-        return frame.future
+            self._fan_out(frame_id, name, value)
+        return frame
+
+    def _wait_for_slot(self, timeout: float | None) -> None:
+        """Wait (holding ``_lock``) while ``max_inflight`` frames are in flight: at most ``timeout`` s
+        (``DeadlineExceeded`` then), and never past ``stop()``, a broken link or a drain."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while len(self._frames) + self._inline >= self.max_inflight and not (
+            self.stopping or self.broken or self.draining
+        ):
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise DeadlineExceeded(f"no frame slot within the deadline ({self.max_inflight} frames in flight)")
+            self._wait_space(left)
 
     def _take_entry(self, w: _Worker, frame: int) -> bool:
         """Take frame ``frame`` from ``w`` for the submitting thread to run, if ``w`` is idle (not running a
@@ -1091,16 +1114,17 @@ class Pipeline:
             frame = self._frames.get(frame_id)
             if frame is None:
                 return
-            frame.outputs[name] = value
-            if len(frame.outputs) < len(self._outputs):
+            collected = frame.collected
+            collected[name] = value
+            if len(collected) < len(self._outputs):
                 return
             del self._frames[frame_id]
             self.frames_done += 1
-            self._freed()
+            if self._space_waiters:
+                self._space.notify_all()  # a slot freed
         if self.on_done is not None:
             self.on_done(time.perf_counter() - frame.started)
-        if not frame.future.done():
-            frame.future.set_result(frame.outputs)
+        frame.set_result(collected)
 
     def break_down(self, message: str) -> None:
         """A peer link broke: fail every frame in flight (their tensors will not come back) and refuse new ones."""
@@ -1113,8 +1137,7 @@ class Pipeline:
             self.frames_failed += len(frames)
             self._freed()
         for f in frames:
-            if not f.future.done():
-                f.future.set_exception(PeerAway(message))
+            f.set_exception(PeerAway(message))
 
     def fail(self, frame_id: int, error: BaseException, forward: bool = True) -> None:
         """Frame ``frame_id`` failed: no partition here waits for it any more, the other hosts of the
@@ -1134,8 +1157,8 @@ class Pipeline:
         if forward and self.links is not None and not self.stopping:
             for host in self.peer_hosts:
                 self.links.send_error(host, frame_id, str(error))
-        if frame is not None and not frame.future.done():
-            frame.future.set_exception(error)
+        if frame is not None:
+            frame.set_exception(error)
 
     def stats(self) -> dict[str, WorkerStats]:
         return {name: w.stats for name, w in self.workers.items()}
