@@ -242,7 +242,8 @@ class FrameFuture:
     """One frame's outcome: its outputs, or why it failed. The part of ``concurrent.futures.Future`` the agent
     uses (``result``, ``exception``, ``done``, ``add_done_callback``; frames are never cancelled) at a fraction
     of its cost per frame: no Condition, no RLock. Waiters sleep on a C-level lock held until the frame is done
-    (a latch: released once by the finishing thread, acquired and released again by each waiter); callbacks
+    (a latch, made by the first waiter: released once by the finishing thread, acquired and released again by
+    each waiter; a frame whose outcome goes only to callbacks, the Benchmark's, makes none); callbacks
     run in the finishing thread, in order, and one that raises is logged, as ``Future`` does. The first
     outcome set is kept (a frame is finished once). ``frame`` is the frame's id."""
 
@@ -256,8 +257,7 @@ class FrameFuture:
         self._exception: BaseException | None = None
         self._done = False
         self._callbacks: list[Callable[[FrameFuture], object]] | None = []
-        self._latch = threading.Lock()
-        self._latch.acquire()
+        self._latch: threading.Lock | None = None  # made held by the first waiter, released when done
 
     def done(self) -> bool:
         return self._done
@@ -269,8 +269,15 @@ class FrameFuture:
         """Wait up to ``timeout`` s (None: for ever) for the frame to be done; whether it is."""
         if self._done:
             return True
-        if self._latch.acquire(True, -1 if timeout is None else max(0.0, timeout)):
-            self._latch.release()  # a latch: it stays open for every other waiter
+        with _CALLBACKS:
+            if self._done:
+                return True
+            latch = self._latch
+            if latch is None:  # the first waiter: the finishing thread releases it (it reads it under this lock)
+                latch = self._latch = threading.Lock()
+                latch.acquire()
+        if latch.acquire(True, -1 if timeout is None else max(0.0, timeout)):
+            latch.release()  # a latch: it stays open for every other waiter
             return True
         return self._done
 
@@ -305,7 +312,9 @@ class FrameFuture:
             self._callbacks = None
             self._result = outputs
             self._done = True
-        self._latch.release()
+            latch = self._latch
+        if latch is not None:
+            latch.release()
         for fn in callbacks:
             try:
                 fn(self)
@@ -323,7 +332,9 @@ class FrameFuture:
             self._callbacks = None
             self._result, self._exception = outputs, error
             self._done = True
-        self._latch.release()
+            latch = self._latch
+        if latch is not None:
+            latch.release()
         for fn in callbacks:
             try:
                 fn(self)
