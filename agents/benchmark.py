@@ -12,6 +12,7 @@ import statistics
 import threading
 import time
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -75,11 +76,11 @@ def back_to_back(pipeline: Pipeline, inputs: dict[str, np.ndarray], frames: int)
             if claimed[0] >= frames or failure:
                 return None
             claimed[0] += 1
+            submitted[0] += 1  # counted before it may finish; taken back if it is not sent
             return claimed[0] - 1
 
     def send(i: int, here: bool) -> None:
-        with lock:
-            submitted[0] += 1  # counted before it may finish; taken back if it was not sent
+        """Submit frame ``i``, counted in ``submitted`` already."""
         try:
             future = pipeline.submit(inputs, None if here else 0.0, run=False)
         except DeadlineExceeded:  # no slot free (from a done-callback, which must not wait)
@@ -94,12 +95,13 @@ def back_to_back(pipeline: Pipeline, inputs: dict[str, np.ndarray], frames: int)
             failure.append(exc)
             wake.set()
             return
-        future.add_done_callback(lambda f: done(i, f))
+        future.add_done_callback(partial(done, i))
 
     def done(i: int, future) -> None:
         finished[i] = time.perf_counter()
-        if future.exception() is not None:
-            failure.append(future.exception())
+        error = future.exception()
+        if error is not None:
+            failure.append(error)
         if len(finished) == frames or failure:
             wake.set()
             if failure:
@@ -122,6 +124,8 @@ def back_to_back(pipeline: Pipeline, inputs: dict[str, np.ndarray], frames: int)
             todo, left_over[:] = left_over[:], []
         for i in todo:
             if not failure:
+                with lock:
+                    submitted[0] += 1
                 send(i, here=True)
     if failure:
         raise failure[0]
@@ -143,17 +147,20 @@ def run_benchmark(
 
     # 1. back to back: throughput, busy time, energy
     pipeline.reset_stats()
+    overlap = pipeline.track_overlap()
     meter = EnergyMeter(power or PowerModel(0.0, 0.0), cores)
-    with meter:
-        t0 = time.perf_counter()
-        finished = back_to_back(pipeline, inputs, frames)
-        t1 = time.perf_counter()
-        done = [finished[i] for i in range(frames)]
+    try:
+        with meter:
+            t0 = time.perf_counter()
+            finished = back_to_back(pipeline, inputs, frames)
+            t1 = time.perf_counter()
+            done = [finished[i] for i in range(frames)]
+    finally:
+        pipeline.untrack_overlap(overlap)
     skip = min(frames - 1, max(1, frames // 10))
     span = done[-1] - done[skip - 1] if frames > 1 else t1 - t0
     throughput = (frames - skip) / span if frames > 1 else 1 / (t1 - t0)
     stats = dict(pipeline.stats())
-    overlap = pipeline.overlap
     reading = meter.reading
 
     # 2. one frame at a time

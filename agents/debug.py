@@ -40,7 +40,7 @@ WATCHED = (
     "grpc._channel._ChannelCallState",
     "grpc._channel._ChannelConnectivityState",
     "onnxruntime.capi.onnxruntime_inference_collection.InferenceSession",
-    "concurrent.futures._base.Future",
+    "agents.executor.FrameFuture",
 )
 _DIGITS = re.compile(r"\d+")
 

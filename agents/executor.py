@@ -28,14 +28,14 @@ read on another host go there through ``links`` (agent-to-agent gRPC streams, se
 from __future__ import annotations
 
 import graphlib
+import logging
 import os
 import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -46,6 +46,7 @@ from agents.modulo import lags, pick
 from profiler.pinning import pin_current_thread, release_current_thread, throttle_current_thread
 
 _RECENT_FAILURES = 4096  # failed frame ids remembered so a failure is handled once per host
+log = logging.getLogger("parapipe.agent")
 
 
 class PipelineError(RuntimeError):
@@ -92,98 +93,259 @@ class Overlap:
     at a time overlap none. Also timed: while any frame ran, how long two or more different frames ran, and
     the frames running integrated over time. And the frames in flight (entered, not finished: on the entry
     host) when each run started: one a time reads 1.0, frames fed back to back up to ``max_inflight``, which
-    the machine's load does not change. Updated at each run's start and end (one uncontended lock)."""
+    the machine's load does not change.
+
+    A run's start and end cost its thread one list append each (atomic, and in order, under the GIL; no
+    lock); the events are folded into the figures when these are read, and every ``FOLD_EVERY`` events so
+    the log stays bounded. A pipeline keeps one only while a benchmark asks (``Pipeline.track_overlap``):
+    frames served otherwise pay nothing for it."""
+
+    FOLD_EVERY = 8192
 
     __slots__ = (
-        "_lock",
+        "_busy_s",
+        "_fold_lock",
+        "_frame_s",
+        "_in_flight_sum",
+        "_log",
+        "_overlap_s",
+        "_overlapped_spells",
         "_running",
+        "_runs",
         "_since",
-        "busy_s",
-        "frame_s",
-        "in_flight_sum",
-        "overlap_s",
-        "overlapped_spells",
-        "runs",
-        "spells",
+        "_spells",
     )
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._log: list[tuple[int, float, int | None]] = []  # (frame, time, frames in flight at a start | None: an end)
+        self._fold_lock = threading.Lock()
         self._running: dict[int, list] = {}  # frame -> [partitions running it now, whether its spell overlapped]
         self._since = 0.0
-        self.busy_s = 0.0  # time with at least one frame running
-        self.overlap_s = 0.0  # time with two or more different frames running
-        self.frame_s = 0.0  # frames running, integrated over time
-        self.spells = 0  # spells ended
-        self.overlapped_spells = 0  # of them, those during which another frame ran
-        self.runs = 0  # runs started
-        self.in_flight_sum = 0  # frames in flight at their starts, summed
-
-    def _advance(self, now: float) -> None:
-        running = len(self._running)
-        if running:
-            dt = now - self._since
-            self.busy_s += dt
-            self.frame_s += running * dt
-            if running > 1:
-                self.overlap_s += dt
-        self._since = now
+        self._busy_s = 0.0  # time with at least one frame running
+        self._overlap_s = 0.0  # time with two or more different frames running
+        self._frame_s = 0.0  # frames running, integrated over time
+        self._spells = 0  # spells ended
+        self._overlapped_spells = 0  # of them, those during which another frame ran
+        self._runs = 0  # runs started
+        self._in_flight_sum = 0  # frames in flight at their starts, summed
 
     def start(self, frame: int, now: float, in_flight: int = 0) -> None:
         """A partition starts running ``frame`` at ``now``, with ``in_flight`` frames in the pipeline."""
-        with self._lock:
-            self._advance(now)
-            self.runs += 1
-            self.in_flight_sum += in_flight
-            running = self._running
-            spell = running.get(frame)
-            if spell is None:
-                spell = running[frame] = [0, False]
-            spell[0] += 1
-            if len(running) > 1:  # this spell and every other one running now overlap
-                for other in running.values():
-                    other[1] = True
+        log = self._log
+        log.append((frame, now, in_flight))
+        if len(log) >= self.FOLD_EVERY:
+            self._fold()
 
     def end(self, frame: int, now: float) -> None:
         """A partition's run of ``frame`` (started with ``start``) ended at ``now``."""
-        with self._lock:
-            self._advance(now)
-            spell = self._running.get(frame)
-            if spell is None:
-                return
-            spell[0] -= 1
-            if spell[0] <= 0:
-                del self._running[frame]
-                self.spells += 1
-                self.overlapped_spells += spell[1]
+        self._log.append((frame, now, None))
+
+    def _fold(self) -> None:
+        """Take the events logged so far, in their order, into the figures."""
+        with self._fold_lock:
+            log = self._log
+            n = len(log)
+            events = log[:n]
+            del log[:n]  # appended meanwhile: kept, after these
+            running = self._running
+            for frame, now, in_flight in events:
+                count = len(running)
+                if count:
+                    dt = now - self._since
+                    self._busy_s += dt
+                    self._frame_s += count * dt
+                    if count > 1:
+                        self._overlap_s += dt
+                self._since = now
+                spell = running.get(frame)
+                if in_flight is not None:  # a start
+                    self._runs += 1
+                    self._in_flight_sum += in_flight
+                    if spell is None:
+                        spell = running[frame] = [0, False]
+                    spell[0] += 1
+                    if len(running) > 1:  # this spell and every other one running now overlap
+                        for other in running.values():
+                            other[1] = True
+                elif spell is not None:
+                    spell[0] -= 1
+                    if spell[0] <= 0:
+                        del running[frame]
+                        self._spells += 1
+                        self._overlapped_spells += spell[1]
+
+    def _folded(self, name: str) -> float:
+        self._fold()
+        return getattr(self, name)
+
+    @property
+    def busy_s(self) -> float:
+        """Time with at least one frame running."""
+        return self._folded("_busy_s")
+
+    @property
+    def overlap_s(self) -> float:
+        """Time with two or more different frames running."""
+        return self._folded("_overlap_s")
+
+    @property
+    def frame_s(self) -> float:
+        """Frames running, integrated over time."""
+        return self._folded("_frame_s")
+
+    @property
+    def spells(self) -> int:
+        """Spells ended."""
+        return int(self._folded("_spells"))
+
+    @property
+    def overlapped_spells(self) -> int:
+        """Spells ended during which another frame ran."""
+        return int(self._folded("_overlapped_spells"))
+
+    @property
+    def runs(self) -> int:
+        """Runs started."""
+        return int(self._folded("_runs"))
 
     @property
     def spells_overlapped(self) -> float:
         """The share of the frames' spells during which another frame ran (0: one frame at a time)."""
-        return self.overlapped_spells / self.spells if self.spells else 0.0
+        spells = self.spells
+        return self._overlapped_spells / spells if spells else 0.0
 
     @property
     def mean_in_flight(self) -> float:
         """Frames in flight when a run started, on average (1.0: one at a time; 0 on a host other than the entry)."""
-        return self.in_flight_sum / self.runs if self.runs else 0.0
+        runs = self.runs
+        return self._in_flight_sum / runs if runs else 0.0
 
     @property
     def fraction(self) -> float:
         """The share of the busy time during which two or more different frames ran."""
-        return self.overlap_s / self.busy_s if self.busy_s > 0 else 0.0
+        busy = self.busy_s
+        return self._overlap_s / busy if busy > 0 else 0.0
 
     @property
     def mean_frames(self) -> float:
         """Frames running at once, on average over the busy time (1.0: one at a time)."""
-        return self.frame_s / self.busy_s if self.busy_s > 0 else 0.0
+        busy = self.busy_s
+        return self._frame_s / busy if busy > 0 else 0.0
 
 
-@dataclass
-class _Frame:
-    id: int
-    started: float
-    future: Future
-    outputs: dict[str, np.ndarray] = field(default_factory=dict)
+_CALLBACKS = (
+    threading.Lock()
+)  # guards every FrameFuture's callback list for a few bytecodes (never held while one runs)
+
+
+class FrameFuture:
+    """One frame's outcome: its outputs, or why it failed. The part of ``concurrent.futures.Future`` the agent
+    uses (``result``, ``exception``, ``done``, ``add_done_callback``; frames are never cancelled) at a fraction
+    of its cost per frame: no Condition, no RLock. Waiters sleep on a C-level lock held until the frame is done
+    (a latch, made by the first waiter: released once by the finishing thread, acquired and released again by
+    each waiter; a frame whose outcome goes only to callbacks, the Benchmark's, makes none); callbacks
+    run in the finishing thread, in order, and one that raises is logged, as ``Future`` does. The first
+    outcome set is kept (a frame is finished once). ``frame`` is the frame's id."""
+
+    __slots__ = ("_callbacks", "_done", "_exception", "_latch", "_result", "collected", "frame", "started")
+
+    def __init__(self, frame: int, started: float = 0.0) -> None:
+        self.frame = frame
+        self.started = started  # when it entered the pipeline (``time.perf_counter``)
+        self.collected: dict[str, np.ndarray] = {}  # its results as they arrive (the outputs once all are in)
+        self._result: dict[str, np.ndarray] | None = None
+        self._exception: BaseException | None = None
+        self._done = False
+        self._callbacks: list[Callable[[FrameFuture], object]] | None = []
+        self._latch: threading.Lock | None = None  # made held by the first waiter, released when done
+
+    def done(self) -> bool:
+        return self._done
+
+    def cancelled(self) -> bool:
+        return False
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait up to ``timeout`` s (None: for ever) for the frame to be done; whether it is."""
+        if self._done:
+            return True
+        with _CALLBACKS:
+            if self._done:
+                return True
+            latch = self._latch
+            if latch is None:  # the first waiter: the finishing thread releases it (it reads it under this lock)
+                latch = self._latch = threading.Lock()
+                latch.acquire()
+        if latch.acquire(True, -1 if timeout is None else max(0.0, timeout)):
+            latch.release()  # a latch: it stays open for every other waiter
+            return True
+        return self._done
+
+    def result(self, timeout: float | None = None) -> dict[str, np.ndarray]:
+        """The frame's outputs; raises its failure, or ``concurrent.futures.TimeoutError`` past ``timeout``."""
+        if not self.wait(timeout):
+            raise FutureTimeout()
+        if self._exception is not None:
+            raise self._exception
+        return self._result  # type: ignore[return-value]
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        """Why the frame failed (None: it did not); ``concurrent.futures.TimeoutError`` past ``timeout``."""
+        if not self.wait(timeout):
+            raise FutureTimeout()
+        return self._exception
+
+    def add_done_callback(self, fn: Callable[[FrameFuture], object]) -> None:
+        """Call ``fn(self)`` once the frame is done: now, in this thread, if it is already."""
+        with _CALLBACKS:
+            callbacks = self._callbacks
+            if callbacks is not None:
+                callbacks.append(fn)
+                return
+        self._call(fn)
+
+    def set_result(self, outputs: dict[str, np.ndarray]) -> None:
+        with _CALLBACKS:  # ``_finish``, inline: once per frame
+            callbacks = self._callbacks
+            if callbacks is None:
+                return  # finished already: the first outcome stands
+            self._callbacks = None
+            self._result = outputs
+            self._done = True
+            latch = self._latch
+        if latch is not None:
+            latch.release()
+        for fn in callbacks:
+            try:
+                fn(self)
+            except Exception:
+                log.exception("a done-callback of frame %d raised", self.frame)
+
+    def set_exception(self, error: BaseException) -> None:
+        self._finish(None, error)
+
+    def _finish(self, outputs: dict[str, np.ndarray] | None, error: BaseException | None) -> None:
+        with _CALLBACKS:
+            callbacks = self._callbacks
+            if callbacks is None:
+                return  # finished already: the first outcome stands
+            self._callbacks = None
+            self._result, self._exception = outputs, error
+            self._done = True
+            latch = self._latch
+        if latch is not None:
+            latch.release()
+        for fn in callbacks:
+            try:
+                fn(self)
+            except Exception:
+                log.exception("a done-callback of frame %d raised", self.frame)
+
+    def _call(self, fn: Callable[[FrameFuture], object]) -> None:
+        try:
+            fn(self)
+        except Exception:
+            log.exception("a done-callback of frame %d raised", self.frame)
 
 
 class _Worker:
@@ -219,10 +381,13 @@ class _Worker:
 
     def wake(self) -> None:
         """Make the worker look at its inbox and the pipeline's state again."""
+        wake = self._wake
+        if not wake.locked():
+            return  # woken already and not asleep since (a busy worker: most frames), no exception raised
         try:
-            self._wake.release()
+            wake.release()
         except RuntimeError:
-            pass  # woken already and not asleep since
+            pass  # another thread woke it just now
 
     def deliver(self, frame: int, name: str, value: np.ndarray) -> None:
         with self.lock:
@@ -310,29 +475,38 @@ class _Worker:
 
     def _loop(self, session, output_names: list[str]) -> None:
         run_lock = self.run_lock
-        period = self.pipeline.replicas[self.spec.stage]
+        pipeline = self.pipeline
+        period = pipeline.replicas[self.spec.stage]
         frame = self.spec.group
+        lock, wake = self.lock, self._wake
+        arrived, skipped = self.arrived, self.skipped
+        inputs = self._inputs
+        # only a partition another thread may run too (``infer_inline``, ``_run_entry``) takes turns on its run_lock
+        shared = self is pipeline._solo or self is pipeline._entry
         while True:
-            self.lock.acquire()
+            lock.acquire()
             while True:
                 if self.next > frame:  # a submitting thread ran this frame itself (``Pipeline._run_entry``)
                     frame = self.next
-                if self._due(frame) or frame in self.skipped or self.pipeline.stopping:
+                # ``_due`` inline: the frame's inputs arrived, or (no inputs) it entered the pipeline
+                if (frame in arrived if inputs else frame < pipeline.admitted) or frame in skipped or pipeline.stopping:
                     break
-                self.lock.release()
-                self._wake.acquire(True, 0.5)
-                self.lock.acquire()
+                lock.release()
+                wake.acquire(True, 0.5)
+                lock.acquire()
             try:
-                if self.pipeline.stopping:
+                if pipeline.stopping:
                     return
                 taken = self.take(frame)
             finally:
-                self.lock.release()
+                lock.release()
             if taken is None:
                 frame += period
                 continue
-            feeds, arrived = taken
-            self.execute(session, output_names, frame, feeds, arrived, run_lock)
+            if shared:
+                self.execute(session, output_names, frame, taken[0], taken[1], run_lock)
+            else:
+                self.hand_on(output_names, frame, self.compute(session, output_names, frame, taken[0], taken[1]))
             frame += period
 
     def take(self, frame: int) -> tuple[dict[str, np.ndarray], float] | None:
@@ -360,16 +534,19 @@ class _Worker:
         """One session.run of frame ``frame`` (the caller holds ``run_lock``): the outputs, or the error it
         raised. ``arrived``: when the inputs were there (None: run by the thread that brought them, no wait)."""
         pipeline = self.pipeline
-        overlap = pipeline.overlap
+        overlap = pipeline.overlap  # None unless a benchmark tracks it
         start = time.perf_counter()
-        overlap.start(frame, start, len(pipeline._frames) + pipeline._inline)  # a racy read is fine for a statistic
+        if overlap is not None:
+            overlap.start(frame, start, len(pipeline._frames) + pipeline._inline)  # a racy read is fine for a statistic
         try:
             results = session.run(output_names, feeds)
         except BaseException as exc:
-            overlap.end(frame, time.perf_counter())
+            if overlap is not None:
+                overlap.end(frame, time.perf_counter())
             return exc
         end = time.perf_counter()
-        overlap.end(frame, end)
+        if overlap is not None:
+            overlap.end(frame, end)
         self.stats.busy_s += end - start
         if arrived is not None:
             self.stats.wait_s += start - arrived
@@ -381,8 +558,9 @@ class _Worker:
         if isinstance(outcome, BaseException):
             self.pipeline.fail(frame, PipelineError(f"partition {self.spec.name} failed on frame {frame}: {outcome}"))
             return
+        fan_out = self.pipeline._fan_out
         for name, value in zip(output_names, outcome, strict=True):
-            self.pipeline.route(self.spec, frame, name, value)
+            fan_out(frame, name, value)
 
 
 class _UnitRunner:
@@ -485,13 +663,14 @@ class Pipeline:
         self.frames_failed = 0
         self.broken: str | None = None  # why the pipeline cannot finish frames any more (a peer link broke)
         self.on_done: Callable[[float], None] | None = None  # told each completed frame's latency (s): metrics
-        self.overlap = Overlap()  # how the partitions' runs overlapped since the last ``reset_stats``
+        self.overlap: Overlap | None = None  # how the partitions' runs overlap, while tracked (``track_overlap``)
         self.epoch = uuid.uuid4().hex  # this run of the pipeline: peers start their parts again when it changes
         self._peer_epochs: dict[str, str] = {}  # the run of each other host's part that sends to this one
         self.period = manifest.replica_period()
-        self._frames: dict[int, _Frame] = {}
+        self._frames: dict[int, FrameFuture] = {}  # the frames in flight that entered here
         self._lock = threading.Lock()
         self._space = threading.Condition(self._lock)  # a frame left: a slot is free (or the pipeline stops)
+        self._space_waiters = 0  # threads waiting on ``_space`` (under ``_lock``): a frame that ends wakes none if 0
         self._recent_failures: dict[int, None] = {}  # frames whose failure was handled here (bounded, in order)
         self._next_id = 0
         self.admitted = 0  # frames below this id have entered the pipeline (on this host)
@@ -542,6 +721,15 @@ class Pipeline:
             | {h for hs in self._announce for h in hs}
         )
         self.accepts = {t for table in self._consumers for t in table} | (self._outputs if self.entry else set())
+        # per phase, each tensor's whole route in one lookup (``_fan_out``, once per tensor of every frame):
+        # the partitions here that read it, the hosts it goes to, and whether it is a result to collect here
+        self._routes: list[dict[str, tuple[tuple[_Worker, ...], tuple[str, ...], bool]]] = [
+            {
+                t: (tuple(table.get(t, ())), tuple(remote.get(t, ())), t in self._outputs and self.entry)
+                for t in set(table) | set(remote) | self._outputs
+            }
+            for table, remote in zip(self._consumers, self._remote, strict=True)
+        ]
         self.inputs: dict[str, TensorSpec] = {t.name: t for t in manifest.inputs}
         self._input_names = set(self.inputs)
         self._input_checks = [(t.name, np.dtype(t.dtype), tuple(t.shape)) for t in manifest.inputs]
@@ -629,10 +817,9 @@ class Pipeline:
             frames = list(self._frames.values())
             self._frames.clear()
             self.frames_failed += len(frames)
-            self._space.notify_all()
+            self._freed()
         for f in frames:
-            if not f.future.done():
-                f.future.set_exception(PipelineError("the pipeline was stopped"))
+            f.set_exception(PipelineError("the pipeline was stopped"))
         if self.links is not None:
             self.links.close()
 
@@ -680,13 +867,27 @@ class Pipeline:
         deadline = time.monotonic() + timeout
         with self._lock:
             self.draining = True
-            self._space.notify_all()
+            self._freed()
             while (self._frames or self._inline) and not self.stopping:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
-                self._space.wait(left)
+                self._wait_space(left)
             return len(self._frames) + self._inline
+
+    def _wait_space(self, timeout: float | None) -> None:
+        """Wait (holding ``_lock``) until a slot frees or the pipeline's state changes, at most ``timeout`` s."""
+        self._space_waiters += 1
+        try:
+            self._space.wait(timeout)
+        finally:
+            self._space_waiters -= 1
+
+    def _freed(self) -> None:
+        """A slot freed or the pipeline's state changed (the caller holds ``_lock``): wake whoever waits on
+        ``_space``; a frame that ends while none does (frames back to back below ``max_inflight``) pays nothing."""
+        if self._space_waiters:
+            self._space.notify_all()
 
     def _refuse_new(self) -> None:
         if self.draining:
@@ -696,7 +897,7 @@ class Pipeline:
         if self.stopping:
             raise PipelineError("the pipeline was stopped")
 
-    def submit(self, tensors: Mapping[str, np.ndarray], timeout: float | None = None, run: bool = True) -> Future:
+    def submit(self, tensors: Mapping[str, np.ndarray], timeout: float | None = None, run: bool = True) -> FrameFuture:
         """Queue one frame; the future gives its outputs (``future.frame`` is its id).
 
         Waits while ``max_inflight`` frames are in flight: at most ``timeout`` seconds
@@ -705,47 +906,50 @@ class Pipeline:
         runs there in the calling thread (``_run_entry``) instead of being handed to that worker; pass
         ``run=False`` from a thread that must not block for a run (a worker's done-callback, a pacer).
         """
-        self._refuse_new()
+        if self.draining or self.broken or self.stopping:
+            self._refuse_new()
         if not self.entry:
             raise PipelineError(
                 f"this agent runs host {self.manifest.host!r}'s part of a plan over {', '.join(self.manifest.hosts)}; "
                 f"send frames to the agent of the entry host {self.manifest.entry!r}"
             )
         self.check_inputs(tensors)
-        timeout = _finite(timeout)
-        deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
-            while len(self._frames) + self._inline >= self.max_inflight and not (
-                self.stopping or self.broken or self.draining
-            ):
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    raise DeadlineExceeded(f"no frame slot within the deadline ({self.max_inflight} frames in flight)")
-                self._space.wait(left)
+            if len(self._frames) + self._inline >= self.max_inflight:
+                self._wait_for_slot(_finite(timeout))
             self._refuse_new()
-            frame = _Frame(self._next_id, time.perf_counter(), Future())
-            frame.future.frame = frame.id  # type: ignore[attr-defined]
-            frame.future.latch = _latch(frame.future)  # type: ignore[attr-defined]
-            self._frames[frame.id] = frame
-            self._next_id += 1
-            self.admitted = self._next_id  # ids grow under this lock, so ``admitted`` never goes back
+            frame_id = self._next_id
+            frame = self._frames[frame_id] = FrameFuture(frame_id, time.perf_counter())
+            self._next_id = self.admitted = frame_id + 1  # ids grow under this lock: ``admitted`` never goes back
             alone = len(self._frames) == 1 and not self._inline
         for w in self._sourceless:
             w.wake()
         if self.links is not None:
-            for host in self._announce[frame.id % self.period]:
-                self.links.send_entered(host, frame.id)
+            for host in self._announce[frame_id % self.period]:
+                self.links.send_entered(host, frame_id)
         # Only a frame alone in the pipeline: with frames in flight the submitting thread would hold back the
         # next frame (a stream's feed reads it while the worker runs this one), and the worker has it queued.
         entry = self._entry if run and alone else None
-        if entry is not None and self._take_entry(entry, frame.id):
+        if entry is not None and self._take_entry(entry, frame_id):
             for name, value in tensors.items():
-                self._fan_out(frame.id, name, value, skip=entry)
-            self._run_entry(entry, frame.id, tensors)
-            return frame.future
+                self._fan_out(frame_id, name, value, skip=entry)
+            self._run_entry(entry, frame_id, tensors)
+            return frame
         for name, value in tensors.items():
-            self._fan_out(frame.id, name, value)
-        return frame.future
+            self._fan_out(frame_id, name, value)
+        return frame
+
+    def _wait_for_slot(self, timeout: float | None) -> None:
+        """Wait (holding ``_lock``) while ``max_inflight`` frames are in flight: at most ``timeout`` s
+        (``DeadlineExceeded`` then), and never past ``stop()``, a broken link or a drain."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while len(self._frames) + self._inline >= self.max_inflight and not (
+            self.stopping or self.broken or self.draining
+        ):
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise DeadlineExceeded(f"no frame slot within the deadline ({self.max_inflight} frames in flight)")
+            self._wait_space(left)
 
     def _take_entry(self, w: _Worker, frame: int) -> bool:
         """Take frame ``frame`` from ``w`` for the submitting thread to run, if ``w`` is idle (not running a
@@ -781,37 +985,22 @@ class Pipeline:
             w.run_lock.release()
         w.hand_on(w.output_names, frame, outcome)
 
-    def result(self, future: Future, timeout: float | None = None) -> dict[str, np.ndarray]:
+    def result(self, future: FrameFuture, timeout: float | None = None) -> dict[str, np.ndarray]:
         """Wait for a submitted frame; past ``timeout`` the frame is given up (its slot freed) and
         ``DeadlineExceeded`` raised."""
-        latch = getattr(future, "latch", None)
-        timeout = _finite(timeout)
         try:
-            if latch is not None and not future.done():
-                # a C-level lock the finishing worker releases: cheaper to wait on than the future's Condition
-                if latch.acquire(True, -1 if timeout is None else max(0.0, timeout)):
-                    latch.release()  # a latch: it stays open for every other waiter
-                return future.result(0)
-            return future.result(timeout)
+            return future.result(_finite(timeout))
         except FutureTimeout:
-            frame = getattr(future, "frame", None)
-            if frame is not None:
-                self.fail(frame, DeadlineExceeded("the frame's deadline passed"))
-            if future.done() and not future.cancelled() and future.exception() is None:
+            self.fail(future.frame, DeadlineExceeded("the frame's deadline passed"))
+            if future.done() and future.exception() is None:
                 return future.result()  # finished just now
-            raise DeadlineExceeded(f"frame {frame} did not finish within the deadline") from None
+            raise DeadlineExceeded(f"frame {future.frame} did not finish within the deadline") from None
 
     @staticmethod
-    def wait(future: Future, timeout: float) -> bool:
+    def wait(future: FrameFuture, timeout: float) -> bool:
         """Wait up to ``timeout`` s for a submitted frame to finish (outputs or failure); whether it did.
         The frame is not given up (``result`` does that)."""
-        latch = getattr(future, "latch", None)
-        if latch is None or future.done():
-            return future.done() or _wait_future(future, timeout)
-        if latch.acquire(True, max(0.0, timeout)):
-            latch.release()  # a latch: it stays open for every other waiter
-            return True
-        return False
+        return future.wait(max(0.0, timeout))
 
     def infer(self, tensors: Mapping[str, np.ndarray], timeout: float | None = None) -> dict[str, np.ndarray]:
         """One frame's outputs: run in this thread where the pipeline is one idle partition
@@ -856,7 +1045,7 @@ class Pipeline:
                     self._inline -= 1
                     if not isinstance(exc, InputError):
                         self.frames_failed += 1
-                    self._space.notify_all()
+                    self._freed()
                 if isinstance(exc, (InputError, DeadlineExceeded, PipelineError)):
                     raise
                 raise PipelineError(f"partition {w.spec.name} failed on a frame: {exc}") from None
@@ -867,7 +1056,7 @@ class Pipeline:
         with self._lock:
             self._inline -= 1
             self.frames_done += 1
-            self._space.notify_all()
+            self._freed()
         if self.on_done is not None:
             self.on_done(end - started)
         return {n: v for n, v in zip(w.output_names, results, strict=True) if n in self._outputs}
@@ -897,18 +1086,18 @@ class Pipeline:
         for w in self._sourceless:
             w.wake()
 
-    def route(self, spec: PartitionSpec, frame: int, name: str, value: np.ndarray) -> None:
-        self._fan_out(frame, name, value)
-
     def _fan_out(self, frame: int, name: str, value: np.ndarray, skip: _Worker | None = None) -> None:
-        for w in self._consumers[frame % self.period].get(name, []):
+        route = self._routes[frame % self.period].get(name)
+        if route is None:
+            return  # read by no one in this phase
+        workers, hosts, collect = route
+        for w in workers:
             if w is not skip:
                 w.deliver(frame, name, value)
-        hosts = self._remote[frame % self.period].get(name) if self._remote else None
         if hosts and self.links is not None:
             for host in hosts:
                 self.links.send(host, frame, name, value)
-        if name in self._outputs and self.entry:  # also an input passed straight through
+        if collect:  # a result (also an input passed straight through)
             self._collect(frame, name, value)
 
     def receive(self, frame: int, name: str, value: np.ndarray) -> None:
@@ -936,16 +1125,17 @@ class Pipeline:
             frame = self._frames.get(frame_id)
             if frame is None:
                 return
-            frame.outputs[name] = value
-            if len(frame.outputs) < len(self._outputs):
+            collected = frame.collected
+            collected[name] = value
+            if len(collected) < len(self._outputs):
                 return
             del self._frames[frame_id]
             self.frames_done += 1
-            self._space.notify_all()
+            if self._space_waiters:
+                self._space.notify_all()  # a slot freed
         if self.on_done is not None:
             self.on_done(time.perf_counter() - frame.started)
-        if not frame.future.done():
-            frame.future.set_result(frame.outputs)
+        frame.set_result(collected)
 
     def break_down(self, message: str) -> None:
         """A peer link broke: fail every frame in flight (their tensors will not come back) and refuse new ones."""
@@ -956,10 +1146,9 @@ class Pipeline:
             frames = list(self._frames.values())
             self._frames.clear()
             self.frames_failed += len(frames)
-            self._space.notify_all()
+            self._freed()
         for f in frames:
-            if not f.future.done():
-                f.future.set_exception(PeerAway(message))
+            f.set_exception(PeerAway(message))
 
     def fail(self, frame_id: int, error: BaseException, forward: bool = True) -> None:
         """Frame ``frame_id`` failed: no partition here waits for it any more, the other hosts of the
@@ -973,14 +1162,14 @@ class Pipeline:
             frame = self._frames.pop(frame_id, None) if self.entry else None
             if frame is not None:
                 self.frames_failed += 1
-                self._space.notify_all()
+                self._freed()
         for w in self.workers.values():
             w.skip(frame_id)
         if forward and self.links is not None and not self.stopping:
             for host in self.peer_hosts:
                 self.links.send_error(host, frame_id, str(error))
-        if frame is not None and not frame.future.done():
-            frame.future.set_exception(error)
+        if frame is not None:
+            frame.set_exception(error)
 
     def stats(self) -> dict[str, WorkerStats]:
         return {name: w.stats for name, w in self.workers.items()}
@@ -988,23 +1177,19 @@ class Pipeline:
     def reset_stats(self) -> None:
         for w in self.workers.values():
             w.stats = WorkerStats()
-        self.overlap = Overlap()
+        if self.overlap is not None:
+            self.overlap = Overlap()
 
+    def track_overlap(self) -> Overlap:
+        """Record how the partitions' runs overlap from now on, into the ``Overlap`` returned, until
+        ``untrack_overlap`` is given it (or another one is tracked)."""
+        overlap = self.overlap = Overlap()
+        return overlap
 
-def _wait_future(future: Future, timeout: float) -> bool:
-    try:
-        future.exception(timeout)
-    except FutureTimeout:
-        return False
-    return True
-
-
-def _latch(future: Future) -> threading.Lock:
-    """A lock held until ``future`` is done (then released for good: waiters release it again)."""
-    lock = threading.Lock()
-    lock.acquire()
-    future.add_done_callback(lambda _f: lock.release())
-    return lock
+    def untrack_overlap(self, overlap: Overlap) -> None:
+        """Stop recording into ``overlap`` (if it is still the one tracked)."""
+        if self.overlap is overlap:
+            self.overlap = None
 
 
 def generate_inputs(specs: tuple[TensorSpec, ...], seed: int = 0) -> dict[str, np.ndarray]:

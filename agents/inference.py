@@ -14,14 +14,13 @@ import math
 import threading
 from collections import deque
 from collections.abc import Iterator, Sequence
-from concurrent.futures import Future
 
 import grpc
 import numpy as np
 
 from agents import service
 from agents.bundle import TensorSpec
-from agents.executor import DeadlineExceeded, Pipeline, PipelineError
+from agents.executor import DeadlineExceeded, FrameFuture, Pipeline, PipelineError
 from agents.proto import inference_pb2 as kpb
 from agents.proto import inference_pb2_grpc as krpc
 
@@ -271,7 +270,7 @@ class InferenceServicer(krpc.GRPCInferenceServiceServicer):
                 )
         except Exception as exc:
             _abort(context, exc)
-        pending: deque[tuple[kpb.ModelInferRequest, Future | None, str]] = deque()
+        pending: deque[tuple[kpb.ModelInferRequest, FrameFuture | None, str]] = deque()
         cond = threading.Condition()
         done = [False]
 
@@ -320,7 +319,7 @@ class InferenceServicer(krpc.GRPCInferenceServiceServicer):
             yield kpb.ModelStreamInferResponse(infer_response=encode_outputs(req, pipeline, version, outputs))
 
 
-def _submit(pipeline: Pipeline, request: kpb.ModelInferRequest, context) -> Future:
+def _submit(pipeline: Pipeline, request: kpb.ModelInferRequest, context) -> FrameFuture:
     _check_outputs(request, pipeline)
     check_request(request, pipeline.manifest.inputs)
     return pipeline.submit(decode_inputs(request), timeout=context.time_remaining())

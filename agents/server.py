@@ -20,7 +20,6 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent import futures
-from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 
@@ -28,7 +27,7 @@ import grpc
 
 from agents import service
 from agents.bundle import BundleError
-from agents.executor import DeadlineExceeded, InputError, Pipeline, PipelineError
+from agents.executor import DeadlineExceeded, FrameFuture, InputError, Pipeline, PipelineError
 from agents.memory import bound_arenas, keep_large_buffers
 from agents.peers import AGENT_SERVICE, Peer, PeerError
 from agents.proto import health_pb2, health_pb2_grpc
@@ -163,7 +162,7 @@ class CallLimits(grpc.ServerInterceptor):
         return handler._replace(stream_stream=self._streaming(kind, handler.stream_stream))
 
 
-def _wait(pipeline: Pipeline, future: Future, context: grpc.ServicerContext):
+def _wait(pipeline: Pipeline, future: FrameFuture, context: grpc.ServicerContext):
     """A frame's outputs; the frame is given up (and DeadlineExceeded raised) when the call's
     deadline passes or its caller goes away, so no server thread waits for ever."""
     while True:
@@ -228,7 +227,7 @@ class AgentServicer(rpc.AgentServicer):
             pipeline = service.require_pipeline(self.state)
         except Exception as exc:
             _abort(context, exc)
-        pending: deque[tuple[int, Future]] = deque()
+        pending: deque[tuple[int, FrameFuture]] = deque()
         cond = threading.Condition()
         error: list[BaseException] = []
         done = [False]

@@ -4,6 +4,13 @@ Linux affinity is per thread, and threads inherit both affinity and cgroup from 
 thread that creates them; so a worker pins itself (and joins its throttle cgroup)
 *before* it creates its onnxruntime session, and the session's intra-op threads
 follow. Stdlib only: the board-side agent uses this too.
+
+A CFS quota limits CFS threads only, and a cgroup-v1 cpu group without a real-time budget
+(``cpu.rt_runtime_us`` 0, what a new group gets) refuses real-time threads: a thread running
+SCHED_FIFO or SCHED_RR (a process started under ``chrt -f``) is put under SCHED_OTHER before it
+joins its throttle group, and gets its policy back when it leaves it. Scheduling policy, like
+affinity, is per thread on Linux and inherited by the threads it creates, so onnxruntime's
+intra-op threads of a throttled session run under CFS too.
 """
 
 from __future__ import annotations
@@ -16,12 +23,16 @@ from typing import TypeVar
 
 T = TypeVar("T")
 CGROUP_CPU = Path("/sys/fs/cgroup/cpu")
+SCHED_DEADLINE = 6  # not in ``os``: a thread under it cannot be given back its policy without sched_setattr
 CFS_PERIOD_US = 2000  # short periods keep throttled latency smooth rather than bursty
 MIN_QUOTA_US = 1000
 
 
 class PinningError(RuntimeError):
     """Pinning or throttling a thread failed; the message says what this host lacks."""
+
+
+_left_realtime = threading.local()  # per thread: (policy, priority) it ran under before joining a throttle group
 
 
 def pin_current_thread(cores: Sequence[int]) -> None:
@@ -35,19 +46,65 @@ def pin_current_thread(cores: Sequence[int]) -> None:
 
 
 def throttle_current_thread(name: str, quota_percent: float) -> Path:
-    """Move the calling thread into a cgroup-v1 cpu group limited to quota_percent of one core."""
+    """Move the calling thread into a cgroup-v1 cpu group limited to quota_percent of one core.
+
+    A real-time thread (SCHED_FIFO, SCHED_RR) is put under SCHED_OTHER first (a quota throttles CFS
+    threads only, and the group refuses real-time ones); ``release_current_thread`` gives it back."""
     group = CGROUP_CPU / "parapipe" / name
     period, quota = cfs_settings(quota_percent)
     try:
         group.mkdir(parents=True, exist_ok=True)
         (group / "cpu.cfs_period_us").write_text(str(period))
         (group / "cpu.cfs_quota_us").write_text(str(quota))
-        (group / "tasks").write_text(str(threading.get_native_id()))
     except OSError as exc:
         raise PinningError(
             f"cannot throttle a thread with {group}: {exc} (needs root and the cgroup v1 cpu controller)"
         ) from None
+    left = _leave_realtime()
+    try:
+        (group / "tasks").write_text(str(threading.get_native_id()))
+    except OSError as exc:
+        if left:
+            _restore_realtime()
+        raise PinningError(
+            f"cannot throttle a thread with {group}: {exc} (needs root and the cgroup v1 cpu controller)"
+        ) from None
     return group
+
+
+def _leave_realtime() -> bool:
+    """Put the calling thread under SCHED_OTHER if it runs real-time; whether it did (its policy is kept)."""
+    policy = os.sched_getscheduler(0)
+    if policy == SCHED_DEADLINE:
+        raise PinningError(
+            "cannot throttle a SCHED_DEADLINE thread: a CFS quota limits SCHED_OTHER threads only; "
+            "run the process under SCHED_OTHER or SCHED_FIFO (chrt -f) instead"
+        )
+    if policy not in (os.SCHED_FIFO, os.SCHED_RR):
+        return False
+    priority = os.sched_getparam(0).sched_priority
+    try:
+        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))  # pid 0 = the calling thread
+    except OSError as exc:
+        raise PinningError(
+            f"cannot throttle a real-time thread (policy {policy}, priority {priority}): putting it under "
+            f"SCHED_OTHER failed: {exc}; run the process without real-time priority (no chrt)"
+        ) from None
+    if getattr(_left_realtime, "saved", None) is None:
+        _left_realtime.saved = (policy, priority)
+    return True
+
+
+def _restore_realtime() -> None:
+    """Give the calling thread back the real-time policy it left to be throttled (if it did)."""
+    saved = getattr(_left_realtime, "saved", None)
+    if saved is None:
+        return
+    _left_realtime.saved = None
+    try:
+        os.sched_setscheduler(0, saved[0], os.sched_param(saved[1]))
+    except OSError:
+        pass  # it could not leave its throttle group, or may no longer run real-time: it stays under CFS
 
 
 def cfs_settings(quota_percent: float) -> tuple[int, int]:
@@ -57,11 +114,13 @@ def cfs_settings(quota_percent: float) -> tuple[int, int]:
 
 
 def release_current_thread() -> None:
-    """Put the calling thread back into the root cpu cgroup (no-op where there is none)."""
+    """Put the calling thread back into the root cpu cgroup (no-op where there is none), then back under
+    the real-time policy it left to be throttled (the root group takes real-time threads)."""
     try:
         (CGROUP_CPU / "tasks").write_text(str(threading.get_native_id()))
     except OSError:
         pass
+    _restore_realtime()
 
 
 def run_pinned(fn: Callable[[], T], cores: Sequence[int], throttle_percent: float | None = None, name: str = "pu") -> T:
