@@ -305,21 +305,7 @@ class FrameFuture:
         self._call(fn)
 
     def set_result(self, outputs: dict[str, np.ndarray]) -> None:
-        with _CALLBACKS:  # ``_finish``, inline: once per frame
-            callbacks = self._callbacks
-            if callbacks is None:
-                return  # finished already: the first outcome stands
-            self._callbacks = None
-            self._result = outputs
-            self._done = True
-            latch = self._latch
-        if latch is not None:
-            latch.release()
-        for fn in callbacks:
-            try:
-                fn(self)
-            except Exception:
-                log.exception("a done-callback of frame %d raised", self.frame)
+        self._finish(outputs, None)
 
     def set_exception(self, error: BaseException) -> None:
         self._finish(None, error)

@@ -287,7 +287,8 @@ def fit_memory(
         varies = False
 
         def error(gbps: float) -> float:
-            return _throughput_rmspe(calibrated, memory.name, gbps, runs, graph)  # noqa: B023
+            cost = calibrated.recalibrated(calibrated.calibration.with_memory(memory.name, gbps))  # noqa: B023
+            return _throughput_rmspe(cost, runs, graph)
 
         # the grid around the bandwidth calibrated so far, and each run's own: the bandwidth at which a frame's
         # bytes take that run's measured period
@@ -345,8 +346,6 @@ def fit_sustained(
     The factor on ``SUSTAINED_GRID`` (refined around the best) that predicts the measured throughputs best
     becomes the cost table's ``sustained-factor`` value for that PU. None when no PU is throttled or no
     candidate changes a prediction (no plan measured runs there, or its load binds none)."""
-    from planner.build import evaluate
-
     throttled = [p for p in profile.pus if p.throttle is not None]
     if not throttled or not runs:
         return None
@@ -356,11 +355,7 @@ def fit_sustained(
 
         def error(factor: float) -> float:
             cost = calibrated.recalibrated(calibrated.calibration.with_sustained(pu.name, factor))  # noqa: B023
-            pairs = [
-                (evaluate(plan, graph, cost, frames=0).predicted.throughput_fps, res.measured.throughput_fps)  # type: ignore[union-attr]
-                for plan, res in runs
-            ]
-            return rmspe(pairs)
+            return _throughput_rmspe(cost, runs, graph)
 
         base = calibrated.sustained_factor(pu.name)
         scored = [(f, error(f)) for f in sorted({*SUSTAINED_GRID, base})]
@@ -466,13 +461,10 @@ def fit_network(
     return learnt or None
 
 
-def _throughput_rmspe(
-    calibrated: CostModel, memory: str, gbps: float, runs: list[tuple[Plan, RunResult]], graph: OpGraph
-) -> float:
-    """RMSPE of the throughputs ``runs`` measured as predicted with ``memory`` at ``gbps``."""
+def _throughput_rmspe(cost: CostModel, runs: list[tuple[Plan, RunResult]], graph: OpGraph) -> float:
+    """RMSPE of the throughputs ``runs`` measured as ``cost`` predicts them."""
     from planner.build import evaluate
 
-    cost = calibrated.recalibrated(calibrated.calibration.with_memory(memory, gbps))
     return rmspe(
         [
             (evaluate(plan, graph, cost, frames=0).predicted.throughput_fps, res.measured.throughput_fps)  # type: ignore[union-attr]
