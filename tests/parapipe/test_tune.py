@@ -631,7 +631,14 @@ def test_tune_learns_a_throttled_pus_sustained_factor_from_a_plan_run_on_it(tmp_
         predicted = evaluate(plan, graph, cost, frames=0).predicted.throughput_fps
         return abs(predicted / result.measured.throughput_fps - 1)
 
-    assert error(fitted) < error(fitted.recalibrated(fitted.calibration.with_sustained("little", 1.0)))
+    # The memory fit runs after this one and may then explain the run as well with either factor (CI saw both
+    # at 0.0 error when the run was memory bound): the factor must beat 1.0 where it was fitted, before it
+    # (no memory bandwidth learnt yet), and never be worse after it.
+    assert error(fitted) <= error(fitted.recalibrated(fitted.calibration.with_sustained("little", 1.0)))
+    before_memory = fitted.recalibrated(dataclasses.replace(fitted.calibration, memory_gbps={}))
+    assert error(before_memory) < error(
+        before_memory.recalibrated(before_memory.calibration.with_sustained("little", 1.0))
+    )
     table.save(tmp_path / "costs.json")
     again = CostModel.from_table(unaware, graph, CostTable.load(tmp_path / "costs.json"))
     assert again.sustained_factor("little") == pytest.approx(factor)
