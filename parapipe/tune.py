@@ -55,6 +55,7 @@ from planner.segments import lower, segment_precision
 from planner.unitname import UnitName
 from profiler.calibration import NetworkFit
 from profiler.costtable import EVERY_UNIT, CalibrationRecord, Conditions, CostEntry, CostTable, entry_key
+from profiler.pinning import full_speed_ms
 
 NOISE_FRACTION = 1 / 3  # a measurement's noise is "well below" the target at a third of it or less
 NOISE_MARGIN = 1.5  # errors within 1.5x the measured noise cannot be told from noise
@@ -172,6 +173,8 @@ def feed_back(
             per_frame = p.alone_per_frame_ms or p.busy_per_frame_ms
         if per_frame is None:
             continue
+        if pu.throttle is not None:  # the work it did at full speed, as the profiler records it
+            per_frame = full_speed_ms(per_frame, pu.throttle.quota_percent)
         cond = Conditions(
             profile.name,
             seg.pu,

@@ -25,6 +25,7 @@ from models.graph import OpGraph
 from planner.unitname import UnitName
 from profiler.calibration import Calibration, Config, Fit, calibrate
 from profiler.costtable import CostTable
+from profiler.pinning import cfs_settings
 from profiler.roofline import Roofline
 
 __all__ = ["DEFAULT_HOST_CPU_US_PER_TENSOR", "Calibration", "Config", "CostModel", "Evaluation", "Fit", "Prediction"]
@@ -157,6 +158,19 @@ class CostModel:
             return fitted
         throttle = self.profile.pu(pu).throttle
         return 100.0 / throttle.quota_percent if throttle is not None else 1.0
+
+    def burst_ms(self, pu: str) -> float | None:
+        """On a CFS-throttled PU, the work (ms at full speed) one period's quota runs: a frame whose work on the
+        unit is more than this waits for the quota alone too (``Problem.burst``); None where the PU is not
+        throttled. A session spanning clusters: its throttled part's."""
+        unit = UnitName(pu)
+        if unit.spans:
+            bursts = [b for p in unit.parts if (b := self.burst_ms(p)) is not None]
+            return min(bursts) if bursts else None
+        throttle = self.profile.pu(pu).throttle
+        if throttle is None or self.sustained_factor(pu) <= 1.0:
+            return None
+        return cfs_settings(throttle.quota_percent)[1] / 1000.0
 
     def host_cpu_quantity(self, pu: str) -> Quantity | None:
         """The profile's host CPU time per tensor in or out of a GPU/NPU (or the default estimate); None: a CPU."""

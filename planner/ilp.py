@@ -267,7 +267,9 @@ def schedule(problem: Problem, assignment: Assignment) -> Figures:
     """The ILP's model evaluated for a fixed assignment: every block as early as its inputs and its unit
     allow, each unit running its blocks in the assignment's order (topological unless given).
 
-    A block that starts a partition carries its unit's per-partition overhead, in latency, load and energy."""
+    A block that starts a partition carries its unit's per-partition overhead, in latency, load and energy. On
+    a CFS-throttled unit whose frame work is more than one period's quota (``Problem.stalls``), each block takes
+    its time times the unit's factor in latency (its load and energy are its work)."""
     n = len(problem.blocks)
     unit_of = assignment.block_unit
     starts_part = partition_starts(problem, assignment)
@@ -280,6 +282,14 @@ def schedule(problem: Problem, assignment: Assignment) -> Figures:
         send, receive = problem.handoff_cpu.get(k, (0.0, 0.0))
         dur[i] += send
         dur[j] += receive
+    work: dict[int, float] = {}
+    for b in range(n):
+        work[unit_of[b]] = work.get(unit_of[b], 0.0) + dur[b]
+    # a frame's work on a throttled unit beyond one period's quota: all of it at the unit's share (latency only)
+    span = [
+        dur[b] * problem.factor(unit_of[b]) if problem.stalls(unit_of[b], work[unit_of[b]]) else dur[b]
+        for b in range(n)
+    ]
     preds = dict(enumerate(predecessors(problem)))
     free: dict[int, float] = {}
     finish = [0.0] * n
@@ -298,7 +308,7 @@ def schedule(problem: Problem, assignment: Assignment) -> Figures:
             delay = problem.handoff_delay.get((ei, p, q), 0.0) if unit_of[i] != u else 0.0
             start = max(start, finish[i] + comm + delay)
         starts[b] = start
-        finish[b] = start + dur[b]
+        finish[b] = start + span[b]
         free[u] = finish[b]
     load: dict[int, float] = {}
     busy_mj = 0.0
@@ -572,6 +582,12 @@ class _Model:
     dur: dict[int, pulp.LpAffineExpression] = field(default_factory=dict)
     # used[x,y,u]: unit u runs a block of the stretch between articulation blocks x and y (``_section_rows``)
     used: dict[tuple[int, int, int], pulp.LpVariable] = field(default_factory=dict)
+    # stall[u]: a frame's work on throttled unit u is more than its burst; extra[b,u]: what that adds to block
+    # b's duration there (``_stall_rows``), with the expressions they are set from in a warm start
+    stall: dict[int, pulp.LpVariable] = field(default_factory=dict)
+    extra: dict[tuple[int, int], pulp.LpVariable] = field(default_factory=dict)
+    stall_work: dict[int, pulp.LpAffineExpression] = field(default_factory=dict)
+    stall_own: dict[tuple[int, int], pulp.LpAffineExpression] = field(default_factory=dict)
 
     @property
     def n(self) -> int:
@@ -618,6 +634,10 @@ class _Model:
             "d": self.d,
             "dur": self.dur,
             "used": self.used,
+            "stall": self.stall,
+            "extra": self.extra,
+            "stall_work": self.stall_work,
+            "stall_own": self.stall_own,
         }
 
 
@@ -642,6 +662,8 @@ def _formulate(
     _partition_rows(m)
     _handoff_rows(m)
     dur = m.dur = _durations(m)
+    if m.timed:
+        _stall_rows(m, dur)
     _assignment_rows(m)
     _symmetry_rows(m)
     _flow_rows(m, dur)
@@ -757,6 +779,49 @@ def _durations(m: _Model) -> dict[int, pulp.LpAffineExpression]:
     return {b: pulp.lpSum(m.work(b, u) for u in m.allowed[b]) + overhead[b] + net[b] for b in range(m.n)}
 
 
+def _unit_work(m: _Model, u: int) -> pulp.LpAffineExpression:
+    """One frame's work on unit u: its blocks, the overhead of each of its partitions, its gRPC CPU time."""
+    problem = m.problem
+    return pulp.lpSum(
+        m.work(b, u) + (problem.unit_overhead[u] * m.z[(b, u)] if (b, u) in m.z else 0)
+        for b in range(m.n)
+        if (b, u) in m.a
+    ) + pulp.lpSum(m.w_cost[k] * var for k, var in m.w.items() if k[1] == u)
+
+
+def _most_work(m: _Model, b: int, u: int) -> float:
+    """An upper bound on block b's part of ``_unit_work`` on u (its slowest precision, an overhead, its gRPC)."""
+    problem = m.problem
+    times = [problem.cost.get((b, u)), problem.int8_cost.get((b, u)), problem.second_cost.get((b, u))]
+    net = sum(c for k, c in m.w_cost.items() if k[0] == b and k[1] == u)
+    return max(t for t in times if t is not None) + problem.unit_overhead[u] + net
+
+
+def _stall_rows(m: _Model, dur: dict[int, pulp.LpAffineExpression]) -> None:
+    """stall[u] = 1: a frame's work on throttled unit u is more than its burst (``Problem.stalls``), and then
+    every block there takes ``factor`` times its time: extra[b,u] >= (factor - 1) x its work there, added to
+    its duration (big-M rows, exact where they bind: the latency rows push extra down)."""
+    problem, lp = m.problem, m.lp
+    for u, burst in sorted(problem.burst.items()):
+        k = problem.factor(u)
+        blocks = [b for b in range(m.n) if (b, u) in m.a]
+        if k <= 1.0 or not blocks:
+            continue
+        most = {b: _most_work(m, b, u) for b in blocks}
+        if sum(most.values()) <= burst * (1 + 1e-9):
+            continue  # never more than the burst
+        stall = m.stall[u] = pulp.LpVariable(f"stall_{u}", cat="Binary")
+        work = m.stall_work[u] = _unit_work(m, u)
+        lp += work <= burst * (1 + 1e-9) + sum(most.values()) * stall, f"stall_{u}"
+        for b in blocks:
+            extra = m.extra[(b, u)] = pulp.LpVariable(f"stall_{b}_{u}", 0)
+            own = m.work(b, u) + (problem.unit_overhead[u] * m.z[(b, u)] if (b, u) in m.z else 0)
+            own += pulp.lpSum(m.w_cost[key] * var for key, var in m.w.items() if key[0] == b and key[1] == u)
+            m.stall_own[(b, u)] = own
+            lp += extra >= (k - 1) * own - (k - 1) * most[b] * (1 - stall), f"stall_{b}_{u}"
+            dur[b] += extra
+
+
 def _assignment_rows(m: _Model) -> None:
     """Every block runs once, on a used unit; cores are shared out; weights and activations fit memory."""
     problem, lp, a, units = m.problem, m.lp, m.a, m.problem.units
@@ -833,20 +898,20 @@ def _same_pu_handoffs(m: _Model, ei: int, i: int, j: int) -> list[pulp.LpAffineE
 def _big_m(m: _Model, horizon: float | None) -> float:
     """Big-M of the ordering rows: no block of any plan ends later (or, given, of any plan worth keeping)."""
     problem = m.problem
-    big_m = (
+    stall = max((problem.factor(u) for u in problem.burst), default=1.0)  # a throttled unit's work alone (``stalls``)
+    big_m = max(stall, 1.0) * (
         sum(max(problem.slowest(b, u) for u in m.allowed[b]) for b in range(m.n))
         + m.n * max(problem.unit_overhead.values(), default=0.0)
         + sum(sum(ends) for ends in problem.handoff_cpu.values())
-        + sum(
-            max(
-                (
-                    *(v + problem.handoff_delay.get(k, 0.0) for k, v in problem.transfer.items() if k[0] == ei),
-                    *(v for k, v in problem.handoff_delay.items() if k[0] == ei and k[1] == k[2]),
-                ),
-                default=0.0,
-            )
-            for ei in range(len(problem.edges))
+    ) + sum(
+        max(
+            (
+                *(v + problem.handoff_delay.get(k, 0.0) for k, v in problem.transfer.items() if k[0] == ei),
+                *(v for k, v in problem.handoff_delay.items() if k[0] == ei and k[1] == k[2]),
+            ),
+            default=0.0,
         )
+        for ei in range(len(problem.edges))
     )
     if horizon is not None:
         big_m = min(big_m, horizon * 1.0001)  # every block of a plan worth keeping ends by then
@@ -1213,15 +1278,7 @@ def _load_rows(m: _Model, upper_load: float | None) -> None:
     partitions, its gRPC CPU time; times its sustained factor), and a cluster delivers at most its cores'
     worth of work."""
     problem, lp, units = m.problem, m.lp, m.problem.units
-    loads = {
-        u: pulp.lpSum(
-            m.work(b, u) + (problem.unit_overhead[u] * m.z[(b, u)] if (b, u) in m.z else 0)
-            for b in range(m.n)
-            if (b, u) in m.a
-        )
-        + pulp.lpSum(m.w_cost[k] * var for k, var in m.w.items() if k[1] == u)
-        for u in range(len(units))
-    }
+    loads = {u: _unit_work(m, u) for u in range(len(units))}
     for u in range(len(units)):
         lp += m.P >= problem.factor(u) * loads[u], f"period_unit_{u}"
         if m.timed:
@@ -1319,6 +1376,12 @@ def _set_warm_start(problem: Problem, v: dict, warm: Assignment) -> None:
         var.setInitialValue(1 if ui != uj and problem.units[ui].pu == p == problem.units[uj].pu else 0)
     for (x, y, u), var in v["used"].items():
         var.setInitialValue(1 if u in warm.block_unit[x + 1 : y] else 0)
+    stalled = {u: problem.stalls(u, v["stall_work"][u].value()) for u in v["stall"]}  # after a, q, q2, z, w
+    for u, var in v["stall"].items():
+        var.setInitialValue(1 if stalled[u] else 0)
+    for (b, u), var in v["extra"].items():
+        own = v["stall_own"][(b, u)].value() if stalled[u] and warm.block_unit[b] == u else 0.0
+        var.setInitialValue((problem.factor(u) - 1) * own)
     for b, var in v["d"].items():  # after every variable its expression reads
         var.setInitialValue(v["dur"][b].value())
     v["L"].setInitialValue(figures.latency_ms)

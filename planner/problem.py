@@ -86,6 +86,10 @@ class Problem:
     # unit -> how many times its time alone a unit's work takes back to back (a CFS-throttled PU's quota runs out:
     # ``CostModel.sustained_factor``): throughput counts a unit's load at this factor, latency does not; absent: 1
     sustained: dict[int, float] = field(default_factory=dict)
+    # throttled unit -> the work (ms at full speed) one CFS period's quota runs (``CostModel.burst_ms``): a frame
+    # whose work on the unit (its blocks, partition overheads, gRPC CPU time) is more than this runs all of it
+    # at the unit's share, its time times ``factor``, in latency too (``stalls``); absent: never
+    burst: dict[int, float] = field(default_factory=dict)
     # what is derived from the problem alone (baselines, warm starts), computed once per problem
     derived: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -109,6 +113,11 @@ class Problem:
     def factor(self, unit: int) -> float:
         """The unit's load in the period is its work times this (``sustained``)."""
         return self.sustained.get(unit, 1.0)
+
+    def stalls(self, unit: int, work_ms: float) -> bool:
+        """Whether a frame with ``work_ms`` of work on the unit waits for its CFS quota alone (``burst``)."""
+        burst = self.burst.get(unit)
+        return burst is not None and self.factor(unit) > 1.0 and work_ms > burst * (1 + 1e-9)
 
     def ms(self, block: int, unit: int, int8: int = 0) -> float:
         """The block's time on the unit in fp32 (0), in the unit's reduced precision (1: ``int8_cost``) or in its
@@ -293,6 +302,7 @@ def build_problem(
         unit_overhead={ui: cost.partition_overhead_ms(u.pu, u.cores) for ui, u in enumerate(units)},
         busy_extra_w={ui: _busy_extra_w(u, cost) for ui, u in enumerate(units)},
         sustained={ui: f for ui, u in enumerate(units) if (f := cost.sustained_factor(u.pu)) != 1.0},
+        burst={ui: b for ui, u in enumerate(units) if (b := cost.burst_ms(u.pu)) is not None},
         idle_w=sum(p.idle_power_w.value for p in cost.profile.pus) * cost.calibration.power_idle_scale,
         independent=tuple(_independent_pairs(succ)),
         regions=tuple(_fork_join_regions(succ)),
@@ -477,6 +487,7 @@ def toy_problem(
     fp16_sensitivity: dict[int, float] | None = None,
     sustained: dict[int, float] | None = None,
     second_cost: dict[tuple[int, int], float] | None = None,
+    burst: dict[int, float] | None = None,
 ) -> Problem:
     """A problem from plain numbers (blocks 0..n-1 in topological order): for tests and examples."""
     n = 1 + max(b for b, _ in [*cost, *(int8_cost or {})])
@@ -513,6 +524,7 @@ def toy_problem(
         busy_extra_w={u: (busy_w or {}).get(u, 1.0) for u in range(len(units))},
         idle_w=idle_w,
         sustained=dict(sustained or {}),
+        burst=dict(burst or {}),
         independent=tuple(_independent_pairs(succ)),
         regions=tuple(_fork_join_regions(succ)),
         max_stages=max_stages,

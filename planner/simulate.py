@@ -13,7 +13,8 @@ spend the link's CPU time (gRPC) on each tensor; units on one CPU cluster hand t
 share a memory (the profile's ``memories``) share its bandwidth as a budget per frame:
 frames enter and leave no faster than the memory moves one frame's bytes. A unit on a CFS-throttled PU
 runs a partition at full speed while its quota lasts and at its quota's share of the core after
-(``CostModel.sustained_factor``): alone, a frame takes its time; back to back, its unit's load is that
+(``CostModel.sustained_factor``): alone, a frame takes its time (its factor times it where its work there
+is more than one period's quota, ``CostModel.burst_ms``); back to back, its unit's load is that
 factor times its work, in the analytic model, the simulation and the ILP alike. Frames
 are admitted while fewer than ``max_inflight`` are in flight (the executor's bounded
 queues; 1 for plans that are not pipelined), replicated stages take frames
@@ -91,6 +92,8 @@ class PlanModel:
             self.ms[key] += ms
         # a segment's load in the period is its time times its unit's sustained factor (a CFS-throttled PU)
         self.factor = {s.key: cost.sustained_factor(s.pu) for s in self.segments}
+        # and its burst: the work one CFS period's quota runs (``CostModel.burst_ms``)
+        self.burst = {s.unit_key: b for s in self.segments if (b := cost.burst_ms(s.pu)) is not None}
 
     def frame_segments(self, frame: int) -> list[Segment]:
         chosen = {s: frame % st.replicas for s, st in enumerate(self.plan.stages)}
@@ -288,7 +291,9 @@ class _Run:
         # a CFS-throttled unit (sustained factor k > 1) as a fluid quota: it runs at full speed while it has quota,
         # which refills at 1/k ms per ms up to one frame's work there (a frame alone never waits for it) and
         # drains at 1 ms per ms of work; without quota it runs at 1/k speed. Back to back, its work takes k times
-        # its time (the analytic load); alone, its time. unit -> [quota, when it was last brought up to date, cap]
+        # its time (the analytic load); alone, its time. A unit whose frame work is more than its burst (one
+        # period's quota) has none: alone too, all of it at 1/k speed (``Problem.stalls``, as in ``schedule``).
+        # unit -> [quota, when it was last brought up to date, cap]
         self.quota: dict[tuple, list[float]] = {}
         throttled = {s.unit_key for s in model.segments if model.factor[s.key] > 1.0}
         if throttled:
@@ -298,6 +303,8 @@ class _Run:
             ]
             for u in throttled:
                 cap = max(w[u] for w in work)
+                if u in model.burst and cap > model.burst[u] * (1 + 1e-9):
+                    cap = 0.0  # more than one period's quota a frame: all of it at the unit's share, alone too
                 self.quota[u] = [cap, 0.0, cap]
 
     def push(self, t: float, kind: str, data: tuple) -> None:

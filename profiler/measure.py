@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from profiler.pinning import cfs_settings, run_pinned
+from profiler.pinning import cfs_settings, full_speed_ms, run_pinned
 
 # "Latency at rate" is measured (on the agent) and predicted (by the simulator) with frames arriving at this
 # share of the throughput measured back to back: at exactly that throughput the queue has no slack, any
@@ -119,9 +119,11 @@ def time_model(
     ``meter`` makes an energy meter (``profiler.energy.EnergyMeter``) wrapped around the
     timed runs; its reading, per run, goes into the Timing with its source.
 
-    On a CFS-throttled configuration each timed run starts after one CFS period idle, with the quota refilled:
-    what is timed is a run alone, the time a frame's latency adds up (back to back, the cost model takes it
-    times the PU's sustained factor).
+    On a CFS-throttled configuration each timed run starts after one CFS period idle, with the quota refilled,
+    and what is recorded is the work it did at the core's full speed (``pinning.full_speed_ms``: a run longer
+    than one period's quota waited for it): alone, that is its time up to the quota; back to back, the cost
+    model takes it times the PU's sustained factor, and alone too where a frame's work there is more than the
+    quota (``CostModel.burst_ms``).
     """
     gap = cfs_settings(cfg.throttle_percent)[0] / 1e6 if cfg.throttle_percent else 0.0
 
@@ -140,7 +142,8 @@ def time_model(
                     time.sleep(gap)
                 t0 = time.perf_counter()
                 session.run(names, dict(feeds))
-                samples.append((time.perf_counter() - t0) * 1e3)
+                took = (time.perf_counter() - t0) * 1e3
+                samples.append(full_speed_ms(took, cfg.throttle_percent) if cfg.throttle_percent else took)
         cpu = (_cpu_seconds() - cpu0) / len(samples)
         reading = getattr(energy, "reading", None)
         if reading is None:

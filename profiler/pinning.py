@@ -113,6 +113,16 @@ def cfs_settings(quota_percent: float) -> tuple[int, int]:
     return period, round(period * quota_percent / 100)
 
 
+def full_speed_ms(alone_ms: float, quota_percent: float) -> float:
+    """The work (ms at the core's full speed) a run that took ``alone_ms`` alone on a core throttled to
+    ``quota_percent`` did: it ran at full speed on one period's quota, and at the quota's share after that
+    (a run alone longer than the quota waited for it)."""
+    quota_ms = cfs_settings(quota_percent)[1] / 1000.0
+    if alone_ms <= quota_ms:
+        return alone_ms
+    return quota_ms + (alone_ms - quota_ms) * quota_percent / 100.0
+
+
 def release_current_thread() -> None:
     """Put the calling thread back into the root cpu cgroup (no-op where there is none), then back under
     the real-time policy it left to be throttled (the root group takes real-time threads)."""

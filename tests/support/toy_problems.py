@@ -37,7 +37,8 @@ def _with_handoff_delays(draw, problem: Problem) -> Problem:
 @st.composite
 def small_problems(draw, overhead: float = 0.0) -> Problem:
     """Small DAGs with several sources and chains (where the cuts apply), blocks some PUs cannot run,
-    transfers and handoff delays between PUs and between units of one PU, int8 variants; a per-partition overhead when given."""
+    transfers and handoff delays between PUs and between units of one PU, int8 variants, a CFS-throttled unit; a
+    per-partition overhead when given."""
     n = draw(st.integers(3, 5))
     sources = draw(st.integers(1, 2))
     edges: set[tuple[int, int]] = set()
@@ -67,6 +68,8 @@ def small_problems(draw, overhead: float = 0.0) -> Problem:
         overhead_ms=dict.fromkeys(range(len(UNITS)), overhead),
     )
     problem = _with_handoff_delays(draw, problem)
+    if draw(st.booleans()):  # the second 1-core unit CFS-throttled: a frame whose work there is over its burst stalls
+        problem = dataclasses.replace(problem, sustained={2: 2.5}, burst={2: draw(st.sampled_from([1.0, 4.0, 9.0]))})
     return problem
 
 
