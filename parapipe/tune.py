@@ -7,7 +7,7 @@ board did. The time fed back is the one-at-a-time figure, and what units running
 each other goes into the shared memory's bandwidth, fitted to the measured throughputs (and what
 a tensor between hosts costs each end's CPU into the network link's figures, fitted to the plans
 measured across it; and what a CFS-throttled PU's quota costs back to back into its sustained factor,
-fitted to the measured throughputs); where the profile names no shared memory (and the PU is not
+fitted to the measured throughputs, its partitions' times being the work they did at full speed); where the profile names no shared memory (and the PU is not
 throttled), a partition keeps its back-to-back time (a unit runs its partitions in turn, so that time
 is its own).
 
