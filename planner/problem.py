@@ -84,7 +84,8 @@ class Problem:
     # what a plan with int8 blocks carries (calibration ranges, metric, budget); None: plans cannot have int8 blocks
     precision: PlanPrecision | None = None
     # unit -> how many times its time alone a unit's work takes back to back (a CFS-throttled PU's quota runs out:
-    # ``CostModel.sustained_factor``): throughput counts a unit's load at this factor, latency does not; absent: 1
+    # ``CostModel.sustained_factor``): throughput counts a unit's load at this factor, latency only where the unit
+    # stalls (``burst``); absent: 1
     sustained: dict[int, float] = field(default_factory=dict)
     # throttled unit -> the work (ms at full speed) one CFS period's quota runs (``CostModel.burst_ms``): a frame
     # whose work on the unit (its blocks, partition overheads, gRPC CPU time) is more than this runs all of it
