@@ -59,12 +59,13 @@ def test_every_client_call_has_a_deadline(black_hole: int, tmp_path: Path) -> No
         "infer_stream_results": lambda c: list(c.infer_stream_results([{"idx": np.zeros(1, np.int64)}])),
         "benchmark": lambda c: c.benchmark(frames=1),
         "profile_ops": lambda c: c.profile_ops(pb.ProfileRequest(model=b"")),
-        "wait_serving": lambda c: c.wait_serving(1.0),
+        "wait_serving": lambda c: c.wait_serving(0.2),
     }
     public = {n for n, f in inspect.getmembers(AgentClient, inspect.isfunction) if not n.startswith("_")} - {"close"}
     assert public == set(calls), f"a client call is not walked here: {sorted(public ^ set(calls))}"
-    # the calls that may run for minutes (uploads, benchmarks) get a short deadline here too
-    with AgentClient(f"127.0.0.1:{black_hole}", timeout=1.0, long_timeout=2.0) as client:
+    # the calls that may run for minutes (uploads, benchmarks) get a short deadline here too; health and
+    # ready keep their own default (2 s): that default is what is checked for them
+    with AgentClient(f"127.0.0.1:{black_hole}", timeout=0.2, long_timeout=0.4) as client:
         for name, call in calls.items():
             outcome: list[BaseException | None] = []
 
