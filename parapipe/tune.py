@@ -169,12 +169,17 @@ def feed_back(
         sustained = pu.throttle is None and profile.shared_memory(seg.pu) is None
         if sustained and p.busy_per_frame_ms is not None:
             per_frame = p.busy_per_frame_ms
+        elif pu.throttle is not None:
+            # the work it did at full speed, as the profiler records it, from its time alone (fluid: one
+            # period's quota at full speed, the rest at the quota's share); back to back it waited for the quota
+            # as well, so without a time alone nothing is fed back
+            if p.alone_per_frame_ms is None:
+                continue
+            per_frame = full_speed_ms(p.alone_per_frame_ms, pu.throttle.quota_percent)
         else:
-            per_frame = p.alone_per_frame_ms or p.busy_per_frame_ms
+            per_frame = p.alone_per_frame_ms if p.alone_per_frame_ms is not None else p.busy_per_frame_ms
         if per_frame is None:
             continue
-        if pu.throttle is not None:  # the work it did at full speed, as the profiler records it
-            per_frame = full_speed_ms(per_frame, pu.throttle.quota_percent)
         cond = Conditions(
             profile.name,
             seg.pu,

@@ -422,21 +422,24 @@ def solve(
         raise PlanError(_infeasible_message(problem, bounds, status))
     assign = _extract(problem, v)
     value = float(pulp.value({"latency": v["L"], "throughput": v["P"], "energy": v["E"]}[objective]))
+    # the incumbent as it runs: the ILP counts partitions from below (``_partition_rows``), which on a throttled
+    # unit can also decide whether it stalls, and the solver's tolerances let a stall row slip by a hair
+    figures = schedule(problem, assign)
     if (
         start is not None
         and warm is not None
         and (
-            start.value(objective) < value * (1 - 1e-9)  # the warm start is better
+            start.value(objective) < figures.value(objective) * (1 - 1e-9)  # the warm start is better
             or (  # it is the same
                 (assign.block_unit, assign.int8, assign.second) == (warm.block_unit, warm.int8, warm.second)
-                and start.value(objective) <= value * (1 + 1e-9)
+                and start.value(objective) <= figures.value(objective) * (1 + 1e-9)
             )
         )
     ):
         # never worse than the start it was given: the solver's own incumbent (value, gap) is reported,
         # the warm start is returned (and named as such when the incumbent is the warm start itself)
         return Solution(warm, start, backend.name, status, mip_gap, bound, seconds, objective, value, True)
-    return Solution(assign, schedule(problem, assign), backend.name, status, mip_gap, bound, seconds, objective, value)
+    return Solution(assign, figures, backend.name, status, mip_gap, bound, seconds, objective, value)
 
 
 FLOOR_MIN_S = 0.25  # a bound computed in less time proves little

@@ -98,7 +98,7 @@ class _Latency:
         self.overheads = any(v > 0 for v in problem.unit_overhead.values())
         # a block's time is its own unit's alone: a plan changed from some position of its order on can be
         # scheduled again from there (``after``)
-        self.incremental = not self.overheads and not problem.handoff_cpu
+        self.incremental = not self.overheads and not problem.handoff_cpu and not problem.burst
         self.base: tuple[list[int], list[int], list[float], list[list[float]], dict[int, int]] | None = None
         self.comm: dict[tuple[int, str, str], float] = {}
         for (ei, p, q), v in problem.transfer.items():
@@ -120,6 +120,12 @@ class _Latency:
                 send, receive = problem.handoff_cpu.get((ei, self.pu[unit_of[i]], self.pu[unit_of[j]]), (0.0, 0.0))
                 dur[i] += send
                 dur[j] += receive
+        if problem.burst:  # a throttled unit whose frame work is more than its burst: all of it at its factor
+            work: dict[int, float] = {}
+            for b in range(self.n):
+                work[unit_of[b]] = work.get(unit_of[b], 0.0) + dur[b]
+            stalled = {u for u, w in work.items() if problem.stalls(u, w)}
+            dur = [d * problem.factor(unit_of[b]) if unit_of[b] in stalled else d for b, d in enumerate(dur)]
         return dur
 
     def __call__(self, unit_of: Sequence[int], order: Sequence[int]) -> float:
@@ -176,8 +182,8 @@ class _Latency:
     def after(self, unit_of: Sequence[int], since: int) -> float:
         """The latency of the plan kept by ``rebase`` with the blocks at positions ``since`` and later of its
         order on ``unit_of``'s units (the blocks before them where they were): only those are scheduled again.
-        Only without per-partition overheads and gRPC CPU time (``incremental``), where a block's time is its
-        own unit's alone."""
+        Only without per-partition overheads, gRPC CPU time and throttled units (``incremental``), where a block's
+        time is its own unit's alone."""
         assert self.base is not None and self.incremental
         _, order, finish, before, _ = self.base
         pu, preds, delay, ms = self.pu, self.preds, self.problem.handoff_delay, self.ms

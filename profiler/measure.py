@@ -120,10 +120,10 @@ def time_model(
     timed runs; its reading, per run, goes into the Timing with its source.
 
     On a CFS-throttled configuration each timed run starts after one CFS period idle, with the quota refilled,
-    and what is recorded is the work it did at the core's full speed (``pinning.full_speed_ms``: a run longer
-    than one period's quota waited for it): alone, that is its time up to the quota; back to back, the cost
-    model takes it times the PU's sustained factor, and alone too where a frame's work there is more than the
-    quota (``CostModel.burst_ms``).
+    and what is recorded is the work it did at the core's full speed: on one thread its CPU time (a run longer
+    than one period's quota waited for it off the CPU), on several ``pinning.full_speed_ms`` of its time. Alone,
+    that is its time up to the quota; back to back the cost model takes it times the PU's sustained factor, and
+    alone too where a frame's work there is more than the quota (``CostModel.burst_ms``).
     """
     gap = cfs_settings(cfg.throttle_percent)[0] / 1e6 if cfg.throttle_percent else 0.0
 
@@ -140,10 +140,14 @@ def time_model(
             while len(samples) < repeats or time.perf_counter() - start < min_seconds:
                 if gap:
                     time.sleep(gap)
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.thread_time()
                 session.run(names, dict(feeds))
                 took = (time.perf_counter() - t0) * 1e3
-                samples.append(full_speed_ms(took, cfg.throttle_percent) if cfg.throttle_percent else took)
+                if cfg.throttle_percent and cfg.threads == 1:  # it ran on this thread: its CPU time is its work
+                    took = min(took, (time.thread_time() - c0) * 1e3)
+                elif cfg.throttle_percent:  # several threads: from its time, as the quota lets a run alone go
+                    took = full_speed_ms(took, cfg.throttle_percent)
+                samples.append(took)
         cpu = (_cpu_seconds() - cpu0) / len(samples)
         reading = getattr(energy, "reading", None)
         if reading is None:

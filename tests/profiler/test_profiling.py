@@ -16,7 +16,7 @@ from models.onnx_io import load_onnx
 from models.partition import random_feeds
 from parapipe.cli import app
 from profiler.costtable import CostTable
-from profiler.measure import PuConfig, profile_ops
+from profiler.measure import PuConfig, profile_ops, time_model
 from profiler.pinning import run_pinned
 from profiler.session import ProfileOptions, pu_configs, run_profile
 
@@ -49,6 +49,25 @@ def test_throttled_worker_joins_its_cgroup() -> None:
     group = Path("/sys/fs/cgroup/cpu/parapipe/test-little")
     quota, period = int((group / "cpu.cfs_quota_us").read_text()), int((group / "cpu.cfs_period_us").read_text())
     assert quota / period == pytest.approx(0.40)
+
+
+def test_a_throttled_run_records_the_work_it_did_not_the_quota_it_waited_for(tmp_path: Path) -> None:
+    """A run of a few ms alone on a core held to 40% of each CFS period waits for the quota after its first
+    1 ms; what is recorded is the work it did at full speed (its CPU time), side by side about what the same
+    core records unthrottled, not the 2x or more the wait adds."""
+    why = throttling_available()
+    if why:
+        pytest.skip(why)
+    from tests.parapipe.test_tune import _conv_chain_model
+
+    loaded = load_onnx(_conv_chain_model(tmp_path / "chain.onnx"))
+    model = loaded.proto.SerializeToString()
+    graph = build_graph(loaded.proto, loaded.sha256)
+    feeds = random_feeds(graph, loaded.proto)
+    free = time_model(model, feeds, PuConfig("big", (1,), 1), warmup=2, repeats=8)
+    throttled = time_model(model, feeds, PuConfig("little", (1,), 1, throttle_percent=40), warmup=2, repeats=8)
+    assert free.median_ms > 2.0, "the run must be longer than one period's quota (1 ms) for the test to say anything"
+    assert throttled.median_ms < 1.6 * free.median_ms, (throttled, free)
 
 
 def test_profile_cli_measures_then_reuses(exported, tmp_path: Path, monkeypatch) -> None:

@@ -37,7 +37,7 @@ def _with_handoff_delays(draw, problem: Problem) -> Problem:
 @st.composite
 def small_problems(draw, overhead: float = 0.0) -> Problem:
     """Small DAGs with several sources and chains (where the cuts apply), blocks some PUs cannot run,
-    transfers and handoff delays between PUs and between units of one PU, int8 variants, a CFS-throttled unit; a
+    transfers and handoff delays between PUs and between units of one PU, int8 variants, a CFS-throttled CPU cluster; a
     per-partition overhead when given."""
     n = draw(st.integers(3, 5))
     sources = draw(st.integers(1, 2))
@@ -68,16 +68,24 @@ def small_problems(draw, overhead: float = 0.0) -> Problem:
         overhead_ms=dict.fromkeys(range(len(UNITS)), overhead),
     )
     problem = _with_handoff_delays(draw, problem)
-    if draw(st.booleans()):  # the second 1-core unit CFS-throttled: a frame whose work there is over its burst stalls
-        problem = dataclasses.replace(problem, sustained={2: 2.5}, burst={2: draw(st.sampled_from([1.0, 4.0, 9.0]))})
-    return problem
+    return _maybe_throttled(draw, problem)
+
+
+def _maybe_throttled(draw, problem: Problem) -> Problem:
+    """Half the time the CPU cluster CFS-throttled (each of its units: they stay interchangeable): a frame whose
+    work on one of them is more than its burst runs all of it there at the factor (``Problem.stalls``)."""
+    if not draw(st.booleans()):
+        return problem
+    cpu = [u for u, unit in enumerate(problem.units) if unit.pu == "cpu"]
+    burst = draw(st.sampled_from([1.0, 4.0, 9.0]))
+    return dataclasses.replace(problem, sustained=dict.fromkeys(cpu, 2.5), burst=dict.fromkeys(cpu, burst))
 
 
 @st.composite
 def branchy_problems(draw) -> Problem:
     """DAGs of 6-14 blocks (chains and branches), some blocks the GPU cannot run, int8 variants (the NPU runs
     only those), transfers, per-partition overheads, gRPC CPU time and handoff delays between PUs and units of one PU, weights
-    against memories."""
+    against memories, a CFS-throttled CPU cluster."""
     n = draw(st.integers(6, 14))
     edges: set[tuple[int, int]] = set()
     for j in range(1, n):
@@ -108,7 +116,7 @@ def branchy_problems(draw) -> Problem:
         handoff = {k: (0.1, 0.2) for k in problem.transfer if "gpu" in k[1:]}
         problem = dataclasses.replace(problem, handoff_cpu=handoff)
     weights = {name: draw(st.integers(0, 4)) for name in problem.blocks}
-    return dataclasses.replace(problem, param_bytes=weights)
+    return _maybe_throttled(draw, dataclasses.replace(problem, param_bytes=weights))
 
 
 @st.composite
