@@ -1401,18 +1401,24 @@ class _WarmHiGHS(pulp.HiGHS):
         self.deadline = deadline
 
     def callSolver(self, lp) -> None:
+        import highspy
+
         if self.deadline is not None:  # what is left now that the model is built, never below a tenth of the limit
             left = max(self.deadline - time.perf_counter(), 0.1 * self.timeLimit)
             lp.solverModel.setOptionValue("time_limit", min(left, self.timeLimit))
         if self.warm:
-            import highspy
-
             values = [v.varValue if v.varValue is not None else 0.0 for v in lp.variables()]
             start = highspy.HighsSolution()
             start.col_value = values
             start.value_valid = True
             lp.solverModel.setSolution(start)
-        lp.solverModel.run()
+        if lp.solverModel.run() == highspy.HighsStatus.kError and (
+            lp.solverModel.getModelStatus() == highspy.HighsModelStatus.kNotset
+        ):
+            # HiGHS's thread scheduler is global to the process: one started with another thread count (a solve
+            # elsewhere in the process) refuses this one at once; start it again with this solve's
+            highspy.Highs.resetGlobalScheduler(True)
+            lp.solverModel.run()
 
 
 def _solver(

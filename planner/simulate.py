@@ -40,6 +40,12 @@ from planner.plan import Plan, Predicted
 from planner.segments import Segment, block_edges, lower, max_inflight
 from profiler.measure import AT_RATE_LOAD
 
+# a simulation runs at most this many segments (frames x segments a frame; fewer frames for a plan of many
+# partitions: captcha_crnn's latency plan on ``local`` has ~230 a frame, and 240 frames of it took most of
+# ``plan``'s time), and never fewer than MIN_SIM_FRAMES frames
+SIM_SEGMENT_RUNS = 12_000
+MIN_SIM_FRAMES = 40
+
 
 @dataclass(frozen=True)
 class SimResult:
@@ -191,6 +197,9 @@ def simulate(model: PlanModel, frames: int = 200, max_inflight: int | None = Non
     benchmark sends them: the latency a user sees near full rate.
     """
     window = max_inflight or model.max_inflight()
+    if frames > 1:  # a plan of many partitions: fewer frames, as many segment runs (the steady state comes as soon)
+        per_frame = sum(len(model.frame_segments(f)) for f in range(model.period)) / model.period
+        frames = max(min(frames, int(SIM_SEGMENT_RUNS / max(per_frame, 1.0))), MIN_SIM_FRAMES)
     # Steady state: frames that left while the window was still refilled (after the last frame entered the
     # pipeline drains, and frames that queued while it filled leave in a burst, faster than any steady rate),
     # from the middle of that stretch on. A window as large as the run would leave no such stretch, so the

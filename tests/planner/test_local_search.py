@@ -18,9 +18,9 @@ from models.graph import build_graph
 from models.onnx_io import load_onnx
 from planner import search as S
 from planner.costmodel import CostModel
-from planner.ilp import NO_BOUNDS, Assignment, Bounds, Solution, _WarmHiGHS, fits, predecessors, schedule
+from planner.ilp import NO_BOUNDS, Assignment, Bounds, Solution, _WarmHiGHS, fits, predecessors, schedule, solve
 from planner.local_search import _Latency, polish
-from planner.problem import Problem, toy_problem
+from planner.problem import Problem, Unit, toy_problem
 from planner.search import Candidate, polished
 from tests.support.toy_problems import NPU, UNITS, branchy_problems
 
@@ -152,7 +152,9 @@ def test_highs_gets_what_is_left_of_the_deadline_once_the_model_is_built() -> No
     lp += x
     lp += x >= 0
     for deadline, most in ((5.0, 5.0), (-1.0, 2.0)):  # past the deadline: a tenth of its limit
-        lp.solve(_WarmHiGHS(False, time.perf_counter() + deadline, msg=False, timeLimit=20.0))
+        # threads=1 as the planner's solves have it: HiGHS's thread scheduler is global to the process, and one
+        # started with more threads made every later solve in it fail at once (status not set)
+        lp.solve(_WarmHiGHS(False, time.perf_counter() + deadline, msg=False, timeLimit=20.0, threads=1))
         _, limit = lp.solverModel.getOptionValue("time_limit")
         assert 0 < limit <= most
 
@@ -176,3 +178,15 @@ def test_best_plan_leaves_the_work_after_the_solve_its_measured_margin(exported)
         plan = S.best_plan(blocks, graph, cost, "latency", S.SearchOptions(time_limit=40.0), frames=0)
     assert plan.predicted is not None
     assert seen and seen[0] <= 40.0 - S.margin(0.0, 4.0)
+
+
+def test_a_solve_after_highs_ran_elsewhere_in_the_process_with_more_threads_still_solves() -> None:
+    """HiGHS's thread scheduler is global to a process: a solve with another thread count before the planner's
+    (threads=1) made every later planner solve fail at once (no plan); the planner starts it again with its own."""
+    x = pulp.LpVariable("x", 0, 1, cat="Binary")
+    lp = pulp.LpProblem("elsewhere", pulp.LpMinimize)
+    lp += x
+    lp += x >= 0
+    lp.solve(pulp.HiGHS(msg=False, threads=2))
+    problem = toy_problem([Unit("cpu", "cpu", 1, 0)], {(0, 0): 1.0, (1, 0): 2.0}, [(0, 1)])
+    assert solve(problem, "latency", time_limit=5).status == "optimal"
