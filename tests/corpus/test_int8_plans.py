@@ -216,7 +216,8 @@ def test_tune_with_precision_auto_replans_within_the_budget_and_ends_on_a_plan_t
     # a plan with reduced blocks is verified by the metric; one the planner left all fp32 by max abs diff
     assert verified.verified is True
     assert (verified.accuracy is not None) == (plan.precision_mix() != "fp32"), verified
-    assert verified.accuracy["metric"] == "top1" and verified.accuracy["loss"] <= 0.01
+    if verified.accuracy is not None:
+        assert verified.accuracy["metric"] == "top1" and verified.accuracy["loss"] <= 0.01
 
 
 def _int8_nodes(plan) -> set[str]:  # type: ignore[no-untyped-def]
