@@ -282,14 +282,8 @@ def schedule(problem: Problem, assignment: Assignment) -> Figures:
         send, receive = problem.handoff_cpu.get(k, (0.0, 0.0))
         dur[i] += send
         dur[j] += receive
-    work: dict[int, float] = {}
-    for b in range(n):
-        work[unit_of[b]] = work.get(unit_of[b], 0.0) + dur[b]
     # a frame's work on a throttled unit beyond one period's quota: all of it at the unit's share (latency only)
-    span = [
-        dur[b] * problem.factor(unit_of[b]) if problem.stalls(unit_of[b], work[unit_of[b]]) else dur[b]
-        for b in range(n)
-    ]
+    span = problem.stalled(unit_of, dur)
     preds = dict(enumerate(predecessors(problem)))
     free: dict[int, float] = {}
     finish = [0.0] * n
@@ -569,6 +563,7 @@ class _Model:
     z: dict[tuple[int, int], pulp.LpVariable] = field(default_factory=dict)
     w: dict[tuple[int, int, int, str], pulp.LpVariable] = field(default_factory=dict)
     w_cost: dict[tuple[int, int, int, str], float] = field(default_factory=dict)
+    w_at: dict[tuple[int, int], list[tuple[int, int, int, str]]] = field(default_factory=dict)  # (b, u): w's keys
     r: dict[tuple[int, str, str], pulp.LpVariable] = field(default_factory=dict)
     # s[e,p]: edge e's tensor passes between two different units of PU p (a handoff delay, when timed)
     s: dict[tuple[int, str], pulp.LpVariable] = field(default_factory=dict)
@@ -614,6 +609,15 @@ class _Model:
         if second is None:
             return fp32 * self.a[(b, u)] + (int8 - fp32) * self.q[(b, u)]
         return fp32 * self.a[(b, u)] + (int8 - fp32) * self.q[(b, u)] + (second - fp32) * self.q2[(b, u)]
+
+    def net(self, b: int, u: int) -> pulp.LpAffineExpression:
+        """Block b's gRPC CPU time on unit u (``_handoff_rows``)."""
+        return pulp.lpSum(self.w_cost[k] * self.w[k] for k in self.w_at.get((b, u), ()))
+
+    def own(self, b: int, u: int) -> pulp.LpAffineExpression:
+        """Block b's part of unit u's frame work: its time, its partition's overhead, its gRPC CPU time."""
+        overhead = self.problem.unit_overhead[u] * self.z[(b, u)] if (b, u) in self.z else 0
+        return self.work(b, u) + overhead + self.net(b, u)
 
     def on_pu(self, b: int, p: str) -> pulp.LpAffineExpression:
         return pulp.lpSum(self.a[(b, u)] for u in self.units_of_pu[p] if (b, u) in self.a)
@@ -769,6 +773,7 @@ def _handoff_rows(m: _Model) -> None:
                 k = (b, u, ei, there)
                 m.w[k] = pulp.LpVariable(f"w_{ei}_{b}_{u}_{pus.index(there)}", 0, 1)
                 m.w_cost[k] = c
+                m.w_at.setdefault((b, u), []).append(k)
                 lp += m.w[k] >= m.a[(b, u)] + m.on_pu(other, there) - 1, f"handoff_cpu_{ei}_{b}_{u}_{pus.index(there)}"
 
 
@@ -778,25 +783,20 @@ def _durations(m: _Model) -> dict[int, pulp.LpAffineExpression]:
     overhead = {
         b: pulp.lpSum(problem.unit_overhead[u] * m.z[(b, u)] for u in m.allowed[b] if (b, u) in m.z) for b in range(m.n)
     }
-    net = {b: pulp.lpSum(m.w_cost[k] * var for k, var in m.w.items() if k[0] == b) for b in range(m.n)}
+    net = {b: pulp.lpSum(m.net(b, u) for u in m.allowed[b]) for b in range(m.n)}
     return {b: pulp.lpSum(m.work(b, u) for u in m.allowed[b]) + overhead[b] + net[b] for b in range(m.n)}
 
 
 def _unit_work(m: _Model, u: int) -> pulp.LpAffineExpression:
     """One frame's work on unit u: its blocks, the overhead of each of its partitions, its gRPC CPU time."""
-    problem = m.problem
-    return pulp.lpSum(
-        m.work(b, u) + (problem.unit_overhead[u] * m.z[(b, u)] if (b, u) in m.z else 0)
-        for b in range(m.n)
-        if (b, u) in m.a
-    ) + pulp.lpSum(m.w_cost[k] * var for k, var in m.w.items() if k[1] == u)
+    return pulp.lpSum(m.own(b, u) for b in range(m.n) if (b, u) in m.a)
 
 
 def _most_work(m: _Model, b: int, u: int) -> float:
     """An upper bound on block b's part of ``_unit_work`` on u (its slowest precision, an overhead, its gRPC)."""
     problem = m.problem
     times = [problem.cost.get((b, u)), problem.int8_cost.get((b, u)), problem.second_cost.get((b, u))]
-    net = sum(c for k, c in m.w_cost.items() if k[0] == b and k[1] == u)
+    net = sum(m.w_cost[k] for k in m.w_at.get((b, u), ()))
     return max(t for t in times if t is not None) + problem.unit_overhead[u] + net
 
 
@@ -818,9 +818,7 @@ def _stall_rows(m: _Model, dur: dict[int, pulp.LpAffineExpression]) -> None:
         lp += work <= burst * (1 + 1e-9) + sum(most.values()) * stall, f"stall_{u}"
         for b in blocks:
             extra = m.extra[(b, u)] = pulp.LpVariable(f"stall_{b}_{u}", 0)
-            own = m.work(b, u) + (problem.unit_overhead[u] * m.z[(b, u)] if (b, u) in m.z else 0)
-            own += pulp.lpSum(m.w_cost[key] * var for key, var in m.w.items() if key[0] == b and key[1] == u)
-            m.stall_own[(b, u)] = own
+            own = m.stall_own[(b, u)] = m.own(b, u)
             lp += extra >= (k - 1) * own - (k - 1) * most[b] * (1 - stall), f"stall_{b}_{u}"
             dur[b] += extra
 

@@ -120,13 +120,7 @@ class _Latency:
                 send, receive = problem.handoff_cpu.get((ei, self.pu[unit_of[i]], self.pu[unit_of[j]]), (0.0, 0.0))
                 dur[i] += send
                 dur[j] += receive
-        if problem.burst:  # a throttled unit whose frame work is more than its burst: all of it at its factor
-            work: dict[int, float] = {}
-            for b in range(self.n):
-                work[unit_of[b]] = work.get(unit_of[b], 0.0) + dur[b]
-            stalled = {u for u, w in work.items() if problem.stalls(u, w)}
-            dur = [d * problem.factor(unit_of[b]) if unit_of[b] in stalled else d for b, d in enumerate(dur)]
-        return dur
+        return problem.stalled(unit_of, dur)  # a throttled unit beyond its burst: all of its work at its factor
 
     def __call__(self, unit_of: Sequence[int], order: Sequence[int]) -> float:
         dur = self.durations(unit_of, order)

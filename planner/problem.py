@@ -9,7 +9,7 @@ figures, memory. Everything after this is a pure function of these arrays.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,6 +119,18 @@ class Problem:
         """Whether a frame with ``work_ms`` of work on the unit waits for its CFS quota alone (``burst``)."""
         burst = self.burst.get(unit)
         return burst is not None and self.factor(unit) > 1.0 and work_ms > burst * (1 + 1e-9)
+
+    def stalled(self, unit_of: Sequence[int], dur: Sequence[float]) -> list[float]:
+        """Blocks' durations in latency, given where they run and their durations at full speed: on a unit whose
+        frame work (their sum there) is more than its burst (``stalls``), all of it at the unit's factor."""
+        if not self.burst:
+            return list(dur)
+        work: dict[int, float] = {}
+        for b, d in enumerate(dur):
+            work[unit_of[b]] = work.get(unit_of[b], 0.0) + d
+        return [
+            d * self.factor(unit_of[b]) if self.stalls(unit_of[b], work[unit_of[b]]) else d for b, d in enumerate(dur)
+        ]
 
     def ms(self, block: int, unit: int, int8: int = 0) -> float:
         """The block's time on the unit in fp32 (0), in the unit's reduced precision (1: ``int8_cost``) or in its

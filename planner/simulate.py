@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import math
 import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -45,6 +46,9 @@ from profiler.measure import AT_RATE_LOAD
 # ``plan``'s time), and never fewer than MIN_SIM_FRAMES frames
 SIM_SEGMENT_RUNS = 12_000
 MIN_SIM_FRAMES = 40
+# a run with fewer frames in flight than the plan's window stands for it when it reaches this share of the
+# bound on throughput (a larger window cannot pass the bound, and only adds frames to simulate)
+SATURATED = 0.999
 
 
 @dataclass(frozen=True)
@@ -167,6 +171,16 @@ class PlanModel:
 def analytic(model: PlanModel) -> Predicted:
     """Latency: one frame through an empty pipeline. Throughput: the busiest unit or link per frame."""
     one = simulate(model, frames=1)
+    period_ms, extra_mj = _period(model)
+    if not model.plan.pipelined:
+        period_ms = max(period_ms, one.latency_p50_ms)
+    energy = extra_mj / model.period + period_ms * model.idle_w()
+    return Predicted(one.latency_p50_ms, 1000.0 / period_ms, energy, "modelled", "analytic")
+
+
+def _period(model: PlanModel) -> tuple[float, float]:
+    """(ms a frame on the busiest unit, link or memory; busy and transfer energy in mJ over one replica
+    period): the bound no pipelined run of the plan beats."""
     load: dict[tuple, float] = {}
     extra_mj = 0.0
     for f in range(model.period):
@@ -181,11 +195,7 @@ def analytic(model: PlanModel) -> Predicted:
             if t:
                 load[("link", x, y)] = load.get(("link", x, y), 0.0) + t
             extra_mj += model.cost.transfer_mj(nbytes, x, y)
-    period_ms = max(load.values()) / model.period
-    if not model.plan.pipelined:
-        period_ms = max(period_ms, one.latency_p50_ms)
-    energy = extra_mj / model.period + period_ms * model.idle_w()
-    return Predicted(one.latency_p50_ms, 1000.0 / period_ms, energy, "modelled", "analytic")
+    return max(load.values()) / model.period, extra_mj
 
 
 def simulate(model: PlanModel, frames: int = 200, max_inflight: int | None = None) -> SimResult:
@@ -200,21 +210,18 @@ def simulate(model: PlanModel, frames: int = 200, max_inflight: int | None = Non
     if frames > 1:  # a plan of many partitions: fewer frames, as many segment runs (the steady state comes as soon)
         per_frame = sum(len(model.frame_segments(f)) for f in range(model.period)) / model.period
         frames = max(min(frames, int(SIM_SEGMENT_RUNS / max(per_frame, 1.0))), MIN_SIM_FRAMES)
-    # Steady state: frames that left while the window was still refilled (after the last frame entered the
-    # pipeline drains, and frames that queued while it filled leave in a burst, faster than any steady rate),
-    # from the middle of that stretch on. A window as large as the run would leave no such stretch, so the
-    # run is at least two windows long.
-    requested, frames = frames, max(frames, 2 * window) if frames > 1 else frames
-    enter, leave, busy, extra_mj = _run(model, frames, window, None)
-    last = frames - 1 - window if frames - 1 - window >= 1 else frames - 1  # left before the last frame entered
-    warm = max(1, last // 2)
-    span = leave[last] - leave[warm - 1] if frames > 1 else leave[0] - enter[0]
-    # frames that leave together (replicas started at once) count whole: every frame that left after the
-    # first instant and by the last, so a burst split by the frame indices does not bias the rate
-    done = bisect.bisect_right(leave, leave[last]) - bisect.bisect_right(leave, leave[warm - 1]) if frames > 1 else 1
-    throughput = 1000.0 * done / span if span > 0 else float("inf")
+    requested = frames
+    steady = None
+    if frames > 1 and window > (small := _saturating_window(model)):
+        # The run below is at least two windows long, and a plan of hundreds of partitions has a window of
+        # hundreds of frames. Fewer in flight already fill the busiest unit in most plans: then the rate is
+        # the bound (``_period``) that a larger window cannot pass, and the short run is the answer.
+        steady = _steady(model, frames, small)
+        if steady[5] < SATURATED * 1000.0 / _period(model)[0]:
+            steady = None
+    frames, enter, leave, busy, extra_mj, throughput = steady or _steady(model, frames, window)
     makespan = leave[-1] - enter[0]
-    if frames > 1 and span > 0:
+    if frames > 1 and math.isfinite(throughput):
         p_enter, p_leave, _, _ = _run(model, requested, window, 1000.0 / (AT_RATE_LOAD * throughput))
         latencies = sorted(b - a for a, b in zip(p_enter, p_leave, strict=True))
     else:
@@ -228,6 +235,35 @@ def simulate(model: PlanModel, frames: int = 200, max_inflight: int | None = Non
         busy_ms=busy,
         makespan_ms=makespan,
     )
+
+
+def _saturating_window(model: PlanModel) -> int:
+    """Frames in flight that keep every unit busy in a plan whose one frame crosses them in turn: one in each
+    unit and one waiting in front of it, for every frame the busiest unit finishes during one frame's
+    latency, and one more."""
+    one = _run(model, 1, 1, None)
+    units = {s.unit_key for s in model.segments}
+    return 2 * len(units) * max(1, math.ceil((one[1][0] - one[0][0]) / _period(model)[0])) + 1
+
+
+def _steady(
+    model: PlanModel, frames: int, window: int
+) -> tuple[int, list[float], list[float], dict[str, float], float, float]:
+    """Frames offered back to back into a window: (frames run, entry and leave times, busy ms, busy mJ,
+    steady-state throughput in fps)."""
+    # Steady state: frames that left while the window was still refilled (after the last frame entered the
+    # pipeline drains, and frames that queued while it filled leave in a burst, faster than any steady rate),
+    # from the middle of that stretch on. A window as large as the run would leave no such stretch, so the
+    # run is at least two windows long.
+    frames = max(frames, 2 * window) if frames > 1 else frames
+    enter, leave, busy, extra_mj = _run(model, frames, window, None)
+    last = frames - 1 - window if frames - 1 - window >= 1 else frames - 1  # left before the last frame entered
+    warm = max(1, last // 2)
+    span = leave[last] - leave[warm - 1] if frames > 1 else leave[0] - enter[0]
+    # frames that leave together (replicas started at once) count whole: every frame that left after the
+    # first instant and by the last, so a burst split by the frame indices does not bias the rate
+    done = bisect.bisect_right(leave, leave[last]) - bisect.bisect_right(leave, leave[warm - 1]) if frames > 1 else 1
+    return frames, enter, leave, busy, extra_mj, 1000.0 * done / span if span > 0 else float("inf")
 
 
 def _run(
