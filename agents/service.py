@@ -49,6 +49,7 @@ MAX_THREADS = 256
 MAX_REPEATS = 10_000
 MAX_WARMUP = 1_000
 MAX_FRAMES = 100_000
+RELEASE_SETTLE_S = 5.0  # how long a stopped pipeline's release collects again while something still holds it
 # onnxruntime 1.13 took onnx 1.12.1's checks that external data stays in the model's folder
 # (microsoft/onnxruntime#12915); the agent checks locations itself too, and refuses older releases.
 MIN_ORT_VERSION = (1, 13)
@@ -390,15 +391,23 @@ def _release(pipeline: Pipeline) -> None:
     garbage collector frees it, and on an agent that is otherwise idle that waited for a full
     collection, many restarts later: a collection here frees it (and its links' gRPC channels) first."""
     threads = [w.thread for w in pipeline.workers.values()]  # not the pipeline: it is to be collected
+    gone = weakref.ref(pipeline)
     del pipeline
 
     def run() -> None:
         deadline = time.monotonic() + 60.0
         for t in threads:
             t.join(max(0.0, deadline - time.monotonic()))
-        if not any(t.is_alive() for t in threads):
+        if any(t.is_alive() for t in threads):
+            return
+        # the caller may still hold it for a moment (``start_pipeline`` returning): collect until it is gone
+        settle = time.monotonic() + RELEASE_SETTLE_S
+        while True:
             gc.collect()
-            give_back_free_memory()
+            if gone() is None or time.monotonic() > settle:
+                break
+            time.sleep(0.05)
+        give_back_free_memory()
 
     threading.Thread(target=run, name="pp-release", daemon=True).start()
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import gc
 import platform
 import shutil
+import time
 import weakref
 from pathlib import Path
 
@@ -111,6 +112,36 @@ def test_a_replaced_pipeline_is_collected_without_waiting_for_a_full_collection(
         assert (state.pipeline.submit(frame(1)).result(timeout=30)["t1"] == expected(1, 2)).all()  # type: ignore[union-attr]
         service.start_pipeline(state, sha)  # replaces it: stopped, released in the background
         eventually("the replaced pipeline is collected", lambda: first() is None)
+    finally:
+        gc.enable()
+        service.stop_pipeline(state)
+
+
+def test_a_replaced_pipeline_still_held_when_its_workers_end_is_collected_once_let_go(tmp_path: Path) -> None:
+    """The release collects as soon as the replaced pipeline's workers have ended; whoever replaced it may
+    still hold it then (``start_pipeline`` had not returned, under load). One collection at that moment
+    freed nothing, and with nothing else collecting the pipeline stayed: the release collects again until
+    it is gone."""
+    folder = write_tiny_bundle(tmp_path / "b", stages=2)
+    sha = bundle_sha(folder)
+    state = service.AgentState(tmp_path / "agent")
+    shutil.copytree(folder, state.bundle_dir(sha))
+    gc.collect()
+    gc.disable()
+    try:
+        service.start_pipeline(state, sha)
+        held = state.pipeline
+        assert held is not None
+        assert (held.submit(frame(1)).result(timeout=30)["t1"] == expected(1, 2)).all()
+        threads = [w.thread for w in held.workers.values()]
+        first = weakref.ref(held)
+        service.start_pipeline(state, sha)  # replaces it: stopped, released in the background
+        for t in threads:
+            t.join(30)
+        time.sleep(0.3)  # the release's first collection runs while this test still holds the pipeline
+        assert first() is not None
+        del held
+        eventually("the replaced pipeline is collected once let go", lambda: first() is None)
     finally:
         gc.enable()
         service.stop_pipeline(state)

@@ -269,7 +269,8 @@ def test_schedule_is_the_lowered_plan_for_any_placement_and_order(case) -> None:
     if handoff == 0:  # a handoff delay many periods long can make the window of in-flight frames the limit
         assert simulated.throughput_fps == pytest.approx(predicted.throughput_fps, rel=0.02)
     # the simulator may run fewer frames in flight than the executor's window where they already reach the
-    # bound on throughput (checked above): the plan run with its whole window goes no faster
+    # bound on throughput (checked above): the plan run with its whole window goes no faster, but where its
+    # measured stretch comes out above the bound itself
     model = priced(plan, graph, cost)
     whole = _steady(model, 240, model.max_inflight())
-    assert simulated.throughput_fps >= whole[5] * (1 - 0.002)
+    assert simulated.throughput_fps >= min(whole[5], predicted.throughput_fps) * (1 - 0.002)
