@@ -36,6 +36,8 @@ from profiler.calibration import NetworkFit
 from profiler.costtable import CostTable
 from tests.support.cli import PARAPIPE
 
+pytestmark = pytest.mark.exclusive  # CPU time on throttled or contended cores: run alone (Makefile)
+
 MODEL = "squeezenet1_1"
 
 

@@ -24,6 +24,8 @@ from profiler.pinning import PinningError
 from profiler.roofline import Roofline
 from profiler.session import contention_configs
 
+pytestmark = pytest.mark.exclusive  # CPU time on throttled or contended cores: run alone (Makefile)
+
 TWO_CORES = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
 times = st.floats(0.05, 500.0)
 

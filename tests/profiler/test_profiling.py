@@ -20,6 +20,8 @@ from profiler.measure import PuConfig, profile_ops, time_model
 from profiler.pinning import run_pinned
 from profiler.session import ProfileOptions, pu_configs, run_profile
 
+pytestmark = pytest.mark.exclusive  # CPU time on throttled or contended cores: run alone (Makefile)
+
 
 def test_op_profile_maps_back_to_onnx_node_names(exported) -> None:
     loaded = load_onnx(exported("squeezenet1_1").path)
