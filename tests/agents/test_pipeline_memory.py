@@ -94,16 +94,22 @@ def test_glibc_accepts_the_arena_bound() -> None:
     assert bound_arenas() is True
 
 
+def _agent_with_tiny_bundle(tmp_path: Path) -> tuple[service.AgentState, str]:
+    """An agent's state with a two-stage tiny bundle in place, and the bundle's sha."""
+    folder = write_tiny_bundle(tmp_path / "b", stages=2)
+    sha = bundle_sha(folder)
+    state = service.AgentState(tmp_path / "agent")
+    shutil.copytree(folder, state.bundle_dir(sha))
+    return state, sha
+
+
 def test_a_replaced_pipeline_is_collected_without_waiting_for_a_full_collection(tmp_path: Path) -> None:
     """A stopped pipeline and its workers refer to each other: only the cyclic collector frees it. The
     agent collects once the replaced pipeline's workers ended, so it does not wait for a full collection
     that, on an agent whose pipeline ran long enough to reach the oldest generation, came many restarts
     later (each kept its pipeline, links and channels: the soak's entry host grew ~8 MiB per peer
     restart). Automatic collection is off here, so only the agent's own collection can free it."""
-    folder = write_tiny_bundle(tmp_path / "b", stages=2)
-    sha = bundle_sha(folder)
-    state = service.AgentState(tmp_path / "agent")
-    shutil.copytree(folder, state.bundle_dir(sha))
+    state, sha = _agent_with_tiny_bundle(tmp_path)
     gc.collect()
     gc.disable()
     try:
@@ -122,10 +128,7 @@ def test_a_replaced_pipeline_still_held_when_its_workers_end_is_collected_once_l
     still hold it then (``start_pipeline`` had not returned, under load). One collection at that moment
     freed nothing, and with nothing else collecting the pipeline stayed: the release collects again until
     it is gone."""
-    folder = write_tiny_bundle(tmp_path / "b", stages=2)
-    sha = bundle_sha(folder)
-    state = service.AgentState(tmp_path / "agent")
-    shutil.copytree(folder, state.bundle_dir(sha))
+    state, sha = _agent_with_tiny_bundle(tmp_path)
     gc.collect()
     gc.disable()
     try:
