@@ -10,6 +10,7 @@ cannot drift apart; ``load_record`` converts back.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 import typing
 from typing import Any, Literal, TypeVar
@@ -77,7 +78,7 @@ def record_schema(
     """The strict schema of the frozen dataclass ``cls`` as a file holds it (its fields but ``exclude``)."""
     key = (cls, exclude, extra)
     if key not in _SCHEMAS:
-        hints = typing.get_type_hints(cls)
+        hints = _hints(cls)
         fields: dict[str, Any] = {}
         for f in dataclasses.fields(cls):
             if f.name in exclude:
@@ -104,8 +105,15 @@ def _record_value(hint: Any, value: Any) -> Any:
     return value
 
 
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    """``cls``'s field types, resolved once: resolving string annotations compiles each of them, and a cost
+    table loads thousands of records."""
+    return typing.get_type_hints(cls)
+
+
 def load_record(cls: type[R], checked: BaseModel, **more: Any) -> R:
     """The ``cls`` record of what ``record_schema(cls)`` checked (plus fields given in ``more``)."""
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     values = {name: _record_value(hints[name], getattr(checked, name)) for name in type(checked).model_fields}
     return cls(**values, **more)

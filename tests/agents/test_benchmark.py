@@ -66,6 +66,14 @@ def test_a_failing_frame_ends_the_benchmark_with_its_error(pipeline: Pipeline) -
     assert result.frames == 12 and result.throughput_fps > 0
 
 
+def test_latency_alone_is_taken_over_as_many_frames_as_the_benchmark_runs(pipeline: Pipeline) -> None:
+    """More frames must mean a less noisy latency too (``tune`` doubles them while its noise is large): every
+    frame of the benchmark is also run one at a time, not a fixed handful."""
+    result = run_benchmark(pipeline, frames=45, warmup=1)
+    assert result.frames == 45 and result.latency_alone_ms > 0
+    assert [p.alone_frames for p in result.partitions] == [45, 45]
+
+
 @pytest.mark.parametrize("layout", ["two-stages", "replicas"])
 def test_frames_back_to_back_run_on_both_units_at_once(layout: str, two_cores, tmp_path) -> None:
     """Two partitions on two cores (a stage each, or a replica each), frames back to back: each partition ran
