@@ -33,6 +33,7 @@ import math
 import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from agents.modulo import lags
 from models.graph import OpGraph
@@ -87,6 +88,8 @@ class PlanModel:
         self.stage_of_block = {b: s.stage for s in self.segments for b in s.blocks}
         self.flows = {k: sum(v.values()) for k, v in block_edges(plan, graph).items()}
         self.period = plan.replica_period()
+        self._segments_of: dict[int, tuple[Segment, ...]] = {}
+        self._flows_of: dict[int, Mapping[tuple[tuple, tuple], tuple[int, str, str, tuple[int, ...]]]] = {}
         # between hosts, a tensor costs the sending and the receiving segment CPU time (gRPC), per block edge as
         # in the ILP; the same for every frame that runs a segment, whichever replica it sends to
         handoff: dict[tuple, float] = {}
@@ -105,13 +108,25 @@ class PlanModel:
         # and its burst: the work one CFS period's quota runs (``CostModel.burst_ms``)
         self.burst = {s.unit_key: b for s in self.segments if (b := cost.burst_ms(s.pu)) is not None}
 
-    def frame_segments(self, frame: int) -> list[Segment]:
-        chosen = {s: frame % st.replicas for s, st in enumerate(self.plan.stages)}
-        return [s for s in self.segments if s.group == chosen[s.stage]]
+    def frame_segments(self, frame: int) -> tuple[Segment, ...]:
+        """The segments one frame runs (its replica of every stage); the same for every frame of one phase of
+        the replica period, so computed once per phase."""
+        phase = frame % self.period
+        if phase not in self._segments_of:
+            chosen = {s: phase % st.replicas for s, st in enumerate(self.plan.stages)}
+            self._segments_of[phase] = tuple(s for s in self.segments if s.group == chosen[s.stage])
+        return self._segments_of[phase]
 
-    def frame_flows(self, frame: int) -> dict[tuple[tuple, tuple], tuple[int, str, str, tuple[int, ...]]]:
+    def frame_flows(self, frame: int) -> Mapping[tuple[tuple, tuple], tuple[int, str, str, tuple[int, ...]]]:
         """(source segment key, target segment key) -> (bytes, source PU, target PU, bytes of each block edge)
-        for one frame. Each block edge (producer block -> consumer block) is one transfer, as in the ILP."""
+        for one frame. Each block edge (producer block -> consumer block) is one transfer, as in the ILP.
+        Computed once per phase of the replica period (read-only: every caller shares it)."""
+        phase = frame % self.period
+        if phase not in self._flows_of:
+            self._flows_of[phase] = MappingProxyType(self._frame_flows(phase))
+        return self._flows_of[phase]
+
+    def _frame_flows(self, frame: int) -> dict[tuple[tuple, tuple], tuple[int, str, str, tuple[int, ...]]]:
         chosen = {s: frame % st.replicas for s, st in enumerate(self.plan.stages)}
         out: dict[tuple[tuple, tuple], tuple[int, str, str, tuple[int, ...]]] = {}
         for (a, b), nbytes in self.flows.items():
@@ -212,12 +227,12 @@ def simulate(model: PlanModel, frames: int = 200, max_inflight: int | None = Non
         frames = max(min(frames, int(SIM_SEGMENT_RUNS / max(per_frame, 1.0))), MIN_SIM_FRAMES)
     requested = frames
     steady = None
-    if frames > 1 and window > (small := _saturating_window(model)):
+    if frames > 1 and window > (small := _saturating_window(model, bound := _period(model)[0])):
         # The run below is at least two windows long, and a plan of hundreds of partitions has a window of
         # hundreds of frames. Fewer in flight already fill the busiest unit in most plans: then the rate is
         # the bound (``_period``) that a larger window cannot pass, and the short run is the answer.
         steady = _steady(model, frames, small)
-        if steady[5] < SATURATED * 1000.0 / _period(model)[0]:
+        if steady[5] < SATURATED * 1000.0 / bound:
             steady = None
     frames, enter, leave, busy, extra_mj, throughput = steady or _steady(model, frames, window)
     makespan = leave[-1] - enter[0]
@@ -237,13 +252,13 @@ def simulate(model: PlanModel, frames: int = 200, max_inflight: int | None = Non
     )
 
 
-def _saturating_window(model: PlanModel) -> int:
+def _saturating_window(model: PlanModel, period_ms: float) -> int:
     """Frames in flight that keep every unit busy in a plan whose one frame crosses them in turn: one in each
     unit and one waiting in front of it, for every frame the busiest unit finishes during one frame's
     latency, and one more."""
     one = _run(model, 1, 1, None)
     units = {s.unit_key for s in model.segments}
-    return 2 * len(units) * max(1, math.ceil((one[1][0] - one[0][0]) / _period(model)[0])) + 1
+    return 2 * len(units) * max(1, math.ceil((one[1][0] - one[0][0]) / period_ms)) + 1
 
 
 def _steady(
