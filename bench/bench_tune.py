@@ -7,7 +7,8 @@ noise. Energy is modelled here (no sensor), so it is not part of the error.
 Per round: the round's plans as predicted by the table they were planned with (out of
 sample for plans not measured before), the frames per measurement, and whether the
 recalibration after the round was kept (the new table's RMSPE on every plan measured so
-far, latency and throughput pooled, against the previous table's). Per model: the noise
+far, latency and throughput pooled, against the previous table's) and, with --detail, what a kept
+recalibration learnt (handoff, shared-memory bandwidth, throttled PUs' sustained factors). Per model: the noise
 (relative std of one measurement: the first plan repeated, pooled with every plan a later round
 measured again; ``runs`` measurements in all), whether the final RMSPE
 is <= 5% or within 1.5x the noise, and whether no round was worse than the previous
@@ -33,6 +34,17 @@ from parapipe.tune import NOISE_MARGIN, Round, TuneOptions, tune
 def no_worse(history: list[Round], tolerance: float) -> bool:
     """No round's RMSPE (the larger of latency's and throughput's) above the previous round's + tolerance."""
     return all(b.rmspe <= a.rmspe + tolerance for a, b in itertools.pairwise(history))
+
+
+def learnt(h: Round) -> str:
+    """What the round's kept recalibration learnt (a fitted factor far from the profile's is where a later
+    round's plans can go wrong)."""
+    c = h.calibration
+    parts = [f"handoff {h.handoff_ms:.2f} ms" if h.handoff_ms is not None else ""]
+    parts += [f"memory {name} {gbps:.2f} GB/s" for name, gbps in c.memory_gbps] if c else []
+    parts += [f"sustained {pu} x{factor:.2f}" for pu, factor in c.sustained] if c else []
+    parts += [f"link {name} {gbps:.2f} GB/s {msg:.0f} us/msg" for name, gbps, msg, _ in c.network] if c else []
+    return "learnt: " + (", ".join(p for p in parts if p) or "nothing")
 
 
 def main() -> None:
@@ -76,6 +88,8 @@ def main() -> None:
                     f"{h.frames:6d}  {cal:55} {h.stop or ''}",
                     flush=True,
                 )
+                if args.detail and c is not None and c.kept:
+                    print(f"{'':16} {'':14} {'':5} {learnt(h)}", flush=True)
                 for row in h.rows if args.detail else ():
                     p, m = row["predicted"], row["measured"]
                     print(
