@@ -47,6 +47,20 @@ def learnt(h: Round) -> str:
     return "learnt: " + (", ".join(p for p in parts if p) or "nothing")
 
 
+def verdict(board: str, name: str, history: list[Round], target: float) -> str:
+    """One model's row of the closing table: its noise, final RMSPE and whether each goal holds."""
+    final = history[-1]
+    noise = final.noise
+    assert noise is not None
+    ok = final.rmspe <= target or final.rmspe <= NOISE_MARGIN * noise.pct
+    why = "yes" if final.rmspe <= target else ("yes (noise)" if ok else "NO")
+    return (
+        f"{board:16} {name:14} {len(history):6d} {noise.latency_pct:11.1f} {noise.throughput_pct:11.1f} {noise.runs:4d} "
+        f"{noise.frames:9d}{'*' if noise.capped else ' '} {final.rmspe:12.1f}  {why:20} "
+        f"{'yes' if no_worse(history, 0.0) else 'NO':14} {'yes' if no_worse(history, noise.pct) else 'NO':14}"
+    )
+
+
 def main() -> None:
     from models.zoo import CORE
 
@@ -99,23 +113,15 @@ def main() -> None:
                         flush=True,
                     )
             summary.append((board, name, history))
+            # each model's verdict at once too, so a run stopped before the end still has it
+            print(f"# {verdict(board, name, history, args.target)}", flush=True)
     print()
     print(
         f"{'per model':16} {'':14} {'rounds':>6} {'noise lat %':>11} {'noise thr %':>11} {'runs':>4} {'at frames':>9} "
         f"{'final RMSPE %':>13}  {'<=5% or <=1.5x noise':20} {'no round worse':14} {'(within noise)':14}"
     )
     for board, name, history in summary:
-        final = history[-1]
-        noise = final.noise
-        assert noise is not None
-        ok = final.rmspe <= args.target or final.rmspe <= NOISE_MARGIN * noise.pct
-        why = "yes" if final.rmspe <= args.target else ("yes (noise)" if ok else "NO")
-        print(
-            f"{board:16} {name:14} {len(history):6d} {noise.latency_pct:11.1f} {noise.throughput_pct:11.1f} {noise.runs:4d} "
-            f"{noise.frames:9d}{'*' if noise.capped else ' '} {final.rmspe:12.1f}  {why:20} "
-            f"{'yes' if no_worse(history, 0.0) else 'NO':14} {'yes' if no_worse(history, noise.pct) else 'NO':14}",
-            flush=True,
-        )
+        print(verdict(board, name, history, args.target), flush=True)
     print("* frames at the cap with the noise still above a third of the target")
 
 
