@@ -24,6 +24,7 @@
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -206,6 +207,8 @@ class Auto:
     fp16_tie_break: dict[str, float] = dataclasses.field(default_factory=dict)
     fp16_ms: dict[tuple[str, str, int], float] = dataclasses.field(default_factory=dict)
     fp16_source: dict[tuple[str, str, int], str] = dataclasses.field(default_factory=dict)
+    # what the int8 times were held to on this machine: the mix of blocks faster alone, timed whole (calibrate_int8)
+    int8_checks: list[Int8Check] = dataclasses.field(default_factory=list)
 
     def choice(self, budget: float | None = None) -> Int8Choice:
         """The precision choice for the ILP, within ``budget`` (default: the user's)."""
@@ -301,9 +304,10 @@ def measure(
         sens = sensitivity(each, groups)
         rel = sensitivity(lambda s: evaluator.loss(s, "relerr"), groups)  # the same runs, kept
         ms, notes = int8_times(loaded, groups, calibration, cost, table, costs_path, local, progress)
+        checks: list[Int8Check] = []
         if local and ms:
-            progress("timing the whole model in fp32 and with every candidate block in int8, on each core count")
-            ms, more = calibrate_int8(ms, loaded, groups, cost, cache, calibration[0])
+            progress("timing the whole model in fp32 and with the blocks faster in int8 in int8, on each core count")
+            ms, checks, more = calibrate_int8(ms, loaded, groups, cost, cache, calibration[0])
             notes += more
         # fp16 candidates: the blocks a PU that computes fp16 (a GPU) can run at all
         half_pus = [p for p in cost.profile.pus if p.computes("fp16") and p.computes("fp32")]
@@ -317,7 +321,7 @@ def measure(
             half_sens, half_rel = fp16_sensitivity(loaded, runnable, calibration, evaluator, request.metric, progress)
     return Auto(
         loaded, graph, request, calibration, held_out, ranges, sens, rel, ms, notes, half_sens, half_rel, half_ms,
-        half_source,
+        half_source, checks,
     )  # fmt: skip
 
 
@@ -462,6 +466,23 @@ MAX_INT8_SCALE = 2.0
 MIN_INT8_SHARE = 0.2
 
 
+@dataclass(frozen=True)
+class Int8Check:
+    """``calibrate_int8`` on one (PU, cores): the model with the blocks that claimed a saving there in int8,
+    against fp32, timed as one session each (medians over interleaved rounds), and what it made of the claims."""
+
+    label: str  # the PuConfig's label, e.g. cpux2
+    blocks: tuple[str, ...]  # the blocks whose int8 time alone was below their fp32 time
+    fp32_ms: float
+    int8_ms: float
+    measured: float  # share of the whole model's fp32 time the mix saved: the median of the rounds' ratios
+    claimed: float  # share the blocks' own int8 times claimed
+    scale: float  # what their savings were scaled by
+
+    def as_dict(self) -> dict[str, object]:
+        return dataclasses.asdict(self) | {"blocks": list(self.blocks)}
+
+
 def calibrate_int8(
     ms: Mapping[tuple[str, str, int], float],
     loaded: LoadedModel,
@@ -470,54 +491,79 @@ def calibrate_int8(
     ranges: Path,
     frame: Frame,
     timer: Timer | None = None,
-    rounds: int = 3,
-) -> tuple[dict[tuple[str, str, int], float], list[str]]:
-    """The blocks' int8 times held to the whole model: on each (PU, cores) they are given for, the model in fp32
-    and with every candidate block in int8 (as plans quantise them) are timed as one session, interleaved; the
-    share of the fp32 time that mix saves, measured, against the share the blocks' own int8 times claim
-    (each block timed alone, cut out of the model) scales what each block saves there. A block alone can gain
-    more, or less, from int8 than inside the model, where onnxruntime fuses across its boundary and its threads
-    wait for each other once per operator; the whole model's run says which. Where the mix cannot be made or
-    claims nothing, the times stay as they are."""
+    rounds: int = 5,
+) -> tuple[dict[tuple[str, str, int], float], list[Int8Check], list[str]]:
+    """The blocks' int8 times held to the whole model. On each (PU, cores) they are given for, the blocks whose
+    int8 time alone (cut out of the model) is below their fp32 time are the ones a plan would put in int8
+    there; the model with those blocks in int8 (as plans quantise them) and the model in fp32 are timed as one
+    session each, interleaved over ``rounds`` rounds, and the median of the rounds' int8/fp32 ratios is the
+    share of the model's time the mix saves, measured. Against the share those blocks' own times claim, it
+    scales what each of them saves there (at most MAX_INT8_SCALE, never below MIN_INT8_SHARE of the fp32
+    time; 0 where the mix was no faster: then none of them is faster in int8). A block alone can gain more,
+    or less, from int8 than inside the model, where onnxruntime fuses across its boundary and its threads wait
+    for each other once per operator; the whole model's run says which. Blocks slower in int8 alone keep their
+    times (a plan does not put them in int8 to save time). Where the mix cannot be made the times stay."""
     from profiler.measure import PuConfig
     from profiler.variants import VariantOptions, time_interleaved
 
     out = dict(ms)
+    checks: list[Int8Check] = []
     notes: list[str] = []
-    try:
-        mixed = assemble(loaded, ranges, int8_nodes=int8_nodes(groups, groups)).model
-    except PrecisionError as exc:  # RefusedMix included: onnxruntime cannot run every candidate in int8 at once
-        return out, [f"int8 times not checked against the whole model: {exc}"]
     every = [n.name for n in cost.graph.nodes]
-    configs = []
+    fp32_model = loaded.ort_proto.SerializeToString()
+    mixes: dict[tuple[str, ...], bytes] = {}
     for pu, cores in sorted({(p, c) for _, p, c in ms}):
         spec = cost.profile.pu(pu)
-        if spec.kind == "cpu" and cores <= len(spec.cores):
-            throttle = spec.throttle.quota_percent if spec.throttle else None
-            configs.append(PuConfig(pu, spec.cores[:cores], cores, spec.execution_provider, throttle))
-    models = {"fp32": loaded.ort_proto.SerializeToString(), "int8": mixed}
-    times = time_interleaved(models, frame, cost.profile, configs, rounds, VariantOptions(repeats=20, timer=timer))
-    for cfg in configs:
-        pu, cores = cfg.pu, len(cfg.cores)
-        fp32_ms, mixed_ms = times[("fp32", cfg.label)], times[("int8", cfg.label)]
+        if spec.kind != "cpu" or cores > len(spec.cores):
+            continue
+        throttle = spec.throttle.quota_percent if spec.throttle else None
+        cfg = PuConfig(pu, spec.cores[:cores], cores, spec.execution_provider, throttle)
         # in the blocks' own unit (their calibrated shares, from the same profile): a fused time measured at
         # another moment, under another load, would skew the share they claim
+        saved = {
+            g: cost.block_ms(groups[g], pu, cores) - out[(g, pu, cores)]
+            for g in groups
+            if (g, pu, cores) in out and cost.block_ms(groups[g], pu, cores) > out[(g, pu, cores)]
+        }
         whole = cost.block_ms(every, pu, cores)
-        saved = {g: cost.block_ms(groups[g], pu, cores) - out[(g, pu, cores)] for g in groups if (g, pu, cores) in out}
-        claimed = sum(saved.values()) / whole if whole > 0 else 0.0
-        if claimed <= 0 or fp32_ms <= 0:
+        if not saved or whole <= 0:
             continue
-        measured = (fp32_ms - mixed_ms) / fp32_ms
+        chosen = tuple(sorted(saved))
+        if chosen not in mixes:
+            try:
+                mixes[chosen] = assemble(loaded, ranges, int8_nodes=int8_nodes(groups, chosen)).model
+            except PrecisionError as exc:  # RefusedMix included: onnxruntime cannot run this mix in one session
+                notes.append(f"int8 on {cfg.label}: times not checked against the whole model: {exc}")
+                continue
+        models = {"fp32": fp32_model, "int8": mixes[chosen]}
+        times = time_interleaved(models, frame, cost.profile, [cfg], rounds, VariantOptions(repeats=12, timer=timer))
+        pairs = [(f, m) for f, m in zip(times[("fp32", cfg.label)], times[("int8", cfg.label)], strict=True) if f > 0]
+        if not pairs:
+            continue
+        measured = 1.0 - statistics.median(m / f for f, m in pairs)
+        claimed = sum(saved.values()) / whole
         scale = min(MAX_INT8_SCALE, max(0.0, measured / claimed))
         for g, s in saved.items():
             fp32 = cost.block_ms(groups[g], pu, cores)
             out[(g, pu, cores)] = max(fp32 - scale * s, MIN_INT8_SHARE * fp32)
-        notes.append(
-            f"int8 on {cfg.label}: every candidate block in int8 measured {measured:.1%} faster than fp32 in one "
-            f"session ({fp32_ms:.3g} -> {mixed_ms:.3g} ms); the blocks timed alone claimed {claimed:.1%}: "
-            f"their int8 savings scaled by {scale:.2f}"
+        check = Int8Check(
+            cfg.label,
+            chosen,
+            statistics.median(f for f, _ in pairs),
+            statistics.median(m for _, m in pairs),
+            measured,
+            claimed,
+            scale,
         )
-    return out, notes
+        checks.append(check)
+        notes.append(
+            f"int8 on {cfg.label}: the {len(chosen)} block(s) faster in int8 alone, in int8 together, measured "
+            f"{abs(measured):.1%} {'faster' if measured >= 0 else 'slower'} than fp32 in one session (median of "
+            f"{len(pairs)} interleaved rounds, "
+            f"{check.fp32_ms:.3g} -> {check.int8_ms:.3g} ms); alone they claimed {claimed:.1%}: their int8 "
+            f"savings scaled by {scale:.2f}"
+        )
+    return out, checks, notes
 
 
 def grow(plan: Plan, auto: Auto, cost: CostModel, graph: OpGraph, progress: Progress) -> Plan:

@@ -14,7 +14,6 @@ variant's boundary is inside the variant, hence inside its time.
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -131,10 +130,10 @@ def time_interleaved(
     configs: Sequence[PuConfig],
     rounds: int = 3,
     options: VariantOptions = VariantOptions(repeats=20),
-) -> dict[tuple[str, str], float]:
-    """(model name, ``PuConfig.label``) -> median ms per run over ``rounds`` rounds, each timing every model on
-    every configuration in turn: a change of load between rounds touches every model alike, so their ratios
-    hold where their times drift."""
+) -> dict[tuple[str, str], list[float]]:
+    """(model name, ``PuConfig.label``) -> the median ms per run of each of ``rounds`` rounds, each round timing
+    every model on every configuration in turn: a change of load between rounds touches every model of a round
+    alike, so their ratios within a round hold where their times drift."""
     timer = options.timer or LocalTimer()
     samples: dict[tuple[str, str], list[float]] = {}
     for _ in range(rounds):
@@ -143,4 +142,4 @@ def time_interleaved(
             for name, model in models.items():
                 t = timer.time(model, dict(feeds), cfg, options.warmup, options.repeats, pu)
                 samples.setdefault((name, cfg.label), []).append(t.median_ms)
-    return {k: statistics.median(v) for k, v in samples.items()}
+    return samples

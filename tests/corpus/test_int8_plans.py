@@ -146,7 +146,13 @@ def test_plan_precision_auto_on_a_trained_classifier_holds_its_budget_end_to_end
     assert out["precision"]["metric"] == "top1" and out["precision"]["budget"] == 0.01
     assert out["precision"]["calibration_frames"] == 9 and out["precision"]["held_out_frames"] == 3
     row = out["plans"][0]
-    assert row["precision"].startswith("int8 "), "int8 is faster on this CPU: some blocks should be int8"
+    # int8 is offered where this machine measured it faster: the blocks faster in int8 alone, in int8 together in
+    # the whole model against fp32 (on this MobileNet, int8 depthwise convolutions are slower: every candidate
+    # in int8 runs slower than fp32, the blocks faster alone save about 10% on one core, nothing on two)
+    checks = out["precision"]["int8_checks"]
+    assert checks and all(set(c["blocks"]) <= set(out["precision"]["sensitivity"]) for c in checks)
+    if any(c["label"] in row["units"] and c["measured"] > 0.02 for c in checks):
+        assert row["precision"].startswith("int8 "), f"int8 measured faster on the plan's units: {checks}"
     stored = json.loads((plans / f"{row['plan']}.json").read_text())
     assert stored["precision"]["held_out_frames"] == 3
     assert stored["precision"]["measured"]["top1"] <= 0.01, "checked (and repaired) on held-back frames"
