@@ -158,27 +158,34 @@ def test_a_part_started_again_after_a_broken_link_gives_memory_back_before_loadi
     they leave free goes back to the system before the new sessions load. Held, the new sessions did not
     reuse all of it (new worker threads, maybe another malloc arena) and took much of it again: the soak's
     agents peaked 8-15% above their steady size for a moment at each restart of a peer. Seen through the agent's own
-    call to ``malloc_trim`` (which still runs): one comes while no session is alive, the broken pipeline
-    still installed (sessions other tests left alive do not count)."""
+    call to ``malloc_trim`` (which still runs): one comes while no session of this bundle is alive, the broken
+    pipeline still installed. Only sessions of this test's bundle count: a background thread another test left
+    (a release, a recovery) may load or drop sessions of its own at any moment."""
     import onnxruntime as ort
 
-    def sessions() -> list[ort.InferenceSession]:
-        gc.collect()
-        return [o for o in gc.get_objects() if type(o) is ort.InferenceSession]
-
-    earlier = weakref.WeakSet(sessions())
     folder = write_tiny_bundle(tmp_path / "b", stages=2)
     sha = bundle_sha(folder)
     state = service.AgentState(tmp_path / "agent")
     shutil.copytree(folder, state.bundle_dir(sha))
+    ours = str(state.bundle_dir(sha))
+
+    def sessions() -> list[ort.InferenceSession]:
+        gc.collect()
+        return [
+            o
+            for o in gc.get_objects()
+            if type(o) is ort.InferenceSession and str(getattr(o, "_model_path", "")).startswith(ours)
+        ]
+
     service.start_pipeline(state, sha)
     broken = state.pipeline
     assert broken is not None
     assert (broken.submit(frame(1)).result(timeout=30)["t1"] == expected(1, 2)).all()
+    assert len(sessions()) == 2, "the two partitions' sessions, found by their files"
     seen: list[tuple[int, bool]] = []  # (live sessions, the broken pipeline still installed) at each give-back
 
     def give_back() -> bool:
-        seen.append((sum(o not in earlier for o in sessions()), state.pipeline is broken))
+        seen.append((len(sessions()), state.pipeline is broken))
         return give_back_free_memory()
 
     monkeypatch.setattr(service, "give_back_free_memory", give_back)
