@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -261,6 +261,24 @@ def fit_handoff(
     return best[0]
 
 
+# Errors (RMSPE) this close are equal: the measured plans do not tell the candidates apart
+TIE = 1e-9
+FINER = (-4, -3, -2, -1, 1, 2, 3, 4)  # steps of 2.5% around a grid's best, to refine it
+
+
+def least_change(scored: Sequence[tuple[float, float]], base: float) -> tuple[float, float]:
+    """Of (value, error) candidates, one with the least error; among those that tie with it, the one nearest
+    ``base`` (by ratio). The measured plans may not tell a range of values apart (none of them is bound by
+    the term there: it predicts them all alike): the calibration then moves only as far as they say, not to
+    the end of the range, which plans of another shape (bound by the term) would be priced by."""
+    low = min(e for _, e in scored)
+
+    def distance(fe: tuple[float, float]) -> float:
+        return abs(math.log(fe[0] / base)) if fe[0] > 0 and base > 0 else math.inf
+
+    return min((fe for fe in scored if fe[1] <= low + TIE), key=distance)
+
+
 # Factors tried on a shared memory's bandwidth (what running the model's units at once lets through): from
 # four times the contention measured to none at all.
 MEMORY_GRID = (0.25, 0.35, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0)
@@ -291,8 +309,6 @@ def fit_memory(
     for memory in profile.memories:
         calibrated = CostModel.from_table(profile, graph, table)
         base = calibrated.memory_gbps(memory.name)
-        best: tuple[float, float] | None = None
-        varies = False
 
         def error(gbps: float) -> float:
             cost = calibrated.recalibrated(calibrated.calibration.with_memory(memory.name, gbps))  # noqa: B023
@@ -304,20 +320,13 @@ def fit_memory(
         candidates = sorted(
             {base * f for f in MEMORY_GRID} | {frame_bytes * r.measured.throughput_fps / 1e9 for _, r in runs}
         )
-        for gbps in candidates:
-            err = error(gbps)
-            if best is not None and abs(err - best[1]) > 1e-9:
-                varies = True
-            if best is None or err < best[1] - 1e-9 or (abs(err - best[1]) <= 1e-9 and gbps == base):
-                best = (gbps, err)
-        if best is not None and varies and best[0] != base:  # then finer, around the best
-            for step in (-4, -3, -2, -1, 1, 2, 3, 4):
-                gbps = best[0] * (1 + step * 0.025)
-                err = error(gbps)
-                if err < best[1] - 1e-9:
-                    best = (gbps, err)
-        if best is None or not varies:
-            continue
+        scored = [(gbps, error(gbps)) for gbps in candidates]
+        varies = max(e for _, e in scored) - min(e for _, e in scored) > TIE
+        if not varies:
+            continue  # no measured plan's throughput depends on it
+        best = least_change(scored, base)
+        if best[0] != base:  # then finer, around the best
+            best = least_change([best, *((g, error(g)) for g in (best[0] * (1 + s * 0.025) for s in FINER))], base)
         gbps = calibrated.recalibrated(calibrated.calibration.with_memory(memory.name, best[0])).memory_gbps(
             memory.name
         )  # what the cost model makes of it: never below the whole model on one core alone
@@ -367,13 +376,12 @@ def fit_sustained(
 
         base = calibrated.sustained_factor(pu.name)
         scored = [(f, error(f)) for f in sorted({*SUSTAINED_GRID, base})]
-        if max(e for _, e in scored) - min(e for _, e in scored) <= 1e-9:
+        if max(e for _, e in scored) - min(e for _, e in scored) <= TIE:
             continue  # no measured plan's throughput depends on it
-        best = min(scored, key=lambda fe: (fe[1], fe[0] != base))
-        for step in (-4, -3, -2, -1, 1, 2, 3, 4):  # then finer, around the best
-            factor = best[0] * (1 + step * 0.025)
-            if factor >= 1.0 and (err := error(factor)) < best[1] - 1e-9:
-                best = (factor, err)
+        best = least_change(scored, base)
+        if best[0] != base:  # then finer, around the best
+            finer = [f for f in (best[0] * (1 + s * 0.025) for s in FINER) if f >= 1.0]
+            best = least_change([best, *((f, error(f)) for f in finer)], base)
         if best[0] == base:
             continue
         cond = Conditions(

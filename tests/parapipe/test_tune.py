@@ -13,6 +13,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from parapipe.records import Figures, PartitionMeasurement
 from parapipe.tune import (
@@ -21,6 +23,7 @@ from parapipe.tune import (
     TuneOptions,
     feed_back,
     is_outlier,
+    least_change,
     merge_runs,
     noise_verdict,
     pooled_noise,
@@ -644,3 +647,23 @@ def test_tune_learns_a_throttled_pus_sustained_factor_from_a_plan_run_on_it(tmp_
     table.save(tmp_path / "costs.json")
     again = CostModel.from_table(unaware, graph, CostTable.load(tmp_path / "costs.json"))
     assert again.sustained_factor("little") == pytest.approx(factor)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    errors=st.lists(st.sampled_from([0.05, 0.1, 0.2, 0.4]), min_size=2, max_size=14),
+    base_at=st.integers(0, 13),
+)
+def test_a_fit_moves_only_as_far_as_the_measured_plans_tell_values_apart(errors: list[float], base_at: int) -> None:
+    """Of a grid of candidate values, a fit takes one of the least error, and among the values the measured plans
+    predict alike (a plateau: the term binds none of them there) the one nearest the value it had: never the far
+    end of the plateau, which plans of another shape would then be priced by (a throttled core's sustained
+    factor moved from 2.5 to 1.4 by plans none of which the core bound)."""
+    values = [1.0 + 0.25 * i for i in range(len(errors))]
+    base = values[min(base_at, len(values) - 1)]
+    value, error = least_change(list(zip(values, errors, strict=True)), base)
+    assert error == min(errors)
+    tied = [v for v, e in zip(values, errors, strict=True) if e == error]
+    assert abs(math.log(value / base)) == min(abs(math.log(v / base)) for v in tied)
+    if error == errors[values.index(base)]:
+        assert value == base, "where the value it had predicts as well, it stays"
