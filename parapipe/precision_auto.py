@@ -499,7 +499,8 @@ def calibrate_int8(
     session each, interleaved over ``rounds`` rounds, and the median of the rounds' int8/fp32 ratios is the
     share of the model's time the mix saves, measured. Against the share those blocks' own times claim, it
     scales what each of them saves there (at most MAX_INT8_SCALE, never below MIN_INT8_SHARE of the fp32
-    time; 0 where the mix was no faster: then none of them is faster in int8). A block alone can gain more,
+    time); where the mix was no faster, int8 is not offered for them there (it would save nothing and cost
+    accuracy). A block alone can gain more,
     or less, from int8 than inside the model, where onnxruntime fuses across its boundary and its threads wait
     for each other once per operator; the whole model's run says which. Blocks slower in int8 alone keep their
     times (a plan does not put them in int8 to save time). Where the mix cannot be made the times stay."""
@@ -545,7 +546,10 @@ def calibrate_int8(
         scale = min(MAX_INT8_SCALE, max(0.0, measured / claimed))
         for g, s in saved.items():
             fp32 = cost.block_ms(groups[g], pu, cores)
-            out[(g, pu, cores)] = max(fp32 - scale * s, MIN_INT8_SHARE * fp32)
+            if scale > 0:
+                out[(g, pu, cores)] = max(fp32 - scale * s, MIN_INT8_SHARE * fp32)
+            else:  # int8 saves nothing here: not offered (at fp32's time it would only cost accuracy)
+                del out[(g, pu, cores)]
         check = Int8Check(
             cfg.label,
             chosen,
