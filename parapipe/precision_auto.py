@@ -479,9 +479,6 @@ class Int8Check:
     claimed: float  # share the blocks' own int8 times claimed
     scale: float  # what their savings were scaled by
 
-    def as_dict(self) -> dict[str, object]:
-        return dataclasses.asdict(self) | {"blocks": list(self.blocks)}
-
 
 def calibrate_int8(
     ms: Mapping[tuple[str, str, int], float],
@@ -521,11 +518,8 @@ def calibrate_int8(
         cfg = PuConfig(pu, spec.cores[:cores], cores, spec.execution_provider, throttle)
         # in the blocks' own unit (their calibrated shares, from the same profile): a fused time measured at
         # another moment, under another load, would skew the share they claim
-        saved = {
-            g: cost.block_ms(groups[g], pu, cores) - out[(g, pu, cores)]
-            for g in groups
-            if (g, pu, cores) in out and cost.block_ms(groups[g], pu, cores) > out[(g, pu, cores)]
-        }
+        fp32 = {g: cost.block_ms(groups[g], pu, cores) for g in groups if (g, pu, cores) in out}
+        saved = {g: t - out[(g, pu, cores)] for g, t in fp32.items() if t > out[(g, pu, cores)]}
         whole = cost.block_ms(every, pu, cores)
         if not saved or whole <= 0:
             continue
@@ -545,9 +539,8 @@ def calibrate_int8(
         claimed = sum(saved.values()) / whole
         scale = min(MAX_INT8_SCALE, max(0.0, measured / claimed))
         for g, s in saved.items():
-            fp32 = cost.block_ms(groups[g], pu, cores)
             if scale > 0:
-                out[(g, pu, cores)] = max(fp32 - scale * s, MIN_INT8_SHARE * fp32)
+                out[(g, pu, cores)] = max(fp32[g] - scale * s, MIN_INT8_SHARE * fp32[g])
             else:  # int8 saves nothing here: not offered (at fp32's time it would only cost accuracy)
                 del out[(g, pu, cores)]
         check = Int8Check(

@@ -262,7 +262,7 @@ def plan(
                     if objective == "pareto"
                     else [auto.request.budget],
                     "reverted": {k: list(v) for k, v in reverted.items()},
-                    "int8_checks": [c.as_dict() for c in auto.int8_checks],
+                    "int8_checks": [dataclasses.asdict(c) for c in auto.int8_checks],
                     "notes": auto.notes,
                 },
             }
