@@ -154,16 +154,24 @@ def test_plan_precision_auto_on_a_trained_classifier_holds_its_budget_end_to_end
     if any(c["label"] in row["units"] and c["measured"] > 0.02 for c in checks):
         assert row["precision"].startswith("int8 "), f"int8 measured faster on the plan's units: {checks}"
     stored = json.loads((plans / f"{row['plan']}.json").read_text())
-    assert stored["precision"]["held_out_frames"] == 3
-    assert stored["precision"]["measured"]["top1"] <= 0.01, "checked (and repaired) on held-back frames"
-    assert all(out["precision"]["sensitivity"][b] >= 0 for b in stored["int8"])
+    reduced = bool(stored.get("int8") or stored.get("fp16"))  # an all-fp32 plan's file has neither
+    assert reduced == (row["precision"] != "fp32")
+    if reduced:  # checked (and repaired) on held-back frames; an all-fp32 plan is the model itself, nothing to check
+        assert stored["precision"]["held_out_frames"] == 3
+        assert stored["precision"]["measured"]["top1"] <= 0.01
+        assert all(out["precision"]["sensitivity"][b] >= 0 for b in stored["int8"])
+    else:
+        assert stored.get("precision") is None
 
     ran = _cli(tmp_path, "run", str(plans / f"{row['plan']}.json"), "--board", "local", "--verify",
                "--input-data", str(tmp_path / "held.npz"), "--frames", "5", "--json")  # fmt: skip
     assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-2000:]
     result = json.loads(ran.stdout)
-    assert result["verified"] is True and result["accuracy"]["metric"] == "top1"
-    assert result["accuracy"]["loss"] <= 0.01
+    assert result["verified"] is True
+    if reduced:  # judged by the plan's metric and budget; all fp32 by max abs difference against the model
+        assert result["accuracy"]["metric"] == "top1" and result["accuracy"]["loss"] <= 0.01
+    else:
+        assert result["accuracy"] is None
 
 
 def test_tune_with_precision_auto_replans_within_the_budget_and_ends_on_a_plan_that_holds_it(
