@@ -11,6 +11,7 @@ predicted, beside plain onnxruntime.
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import time
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from models.coarsen import coarsen
 from models.graph import OpGraph, build_graph
 from models.onnx_io import LoadedModel, load_onnx
 from models.partition import cut_partitions, example_grouping, verify_partitions
-from parapipe.run import run_plan
+from parapipe.run import RunResult, run_plan
 from parapipe.summary import human_bytes, model_summary
 from planner.catalog import write_folder
 from planner.costmodel import CostModel
@@ -167,6 +168,9 @@ def _plan_front(demo: Demo, board: str) -> list[Plan]:
     return front
 
 
+RUN_ROUNDS = 3  # each plan measured this many times, interleaved with the others: a shared machine drifts
+
+
 def _run_chosen(demo: Demo, front: list[Plan]) -> None:
     demo.console.rule("6. run the chosen plans on a real local agent (gRPC on 127.0.0.1) beside plain onnxruntime")
     cost = CostModel.from_table(load_profile("local"), demo.graph, demo.table)
@@ -176,28 +180,61 @@ def _run_chosen(demo: Demo, front: list[Plan]) -> None:
     }
     ort_plan = baselines(demo.blocks, demo.graph, cost, 4)["ort-all-cores"]
     where = {"model_path": str(demo.onnx_path.resolve()), "inputs": demo.loaded.inputs}
-    rows = []
-    for label, plan in (*chosen.items(), ("plain onnxruntime, all cores", ort_plan)):
-        rows.append((label, plan, run_plan(dataclasses.replace(plan, **where), "local", None, frames=40, verify=True)))
+    runs = [
+        (label, dataclasses.replace(plan, **where))
+        for label, plan in (*chosen.items(), ("plain onnxruntime, all cores", ort_plan))
+    ]
+    results: list[list[RunResult]] = [[] for _ in runs]
+    for k in range(RUN_ROUNDS):  # round by round, so every plan sees the machine's slow and fast moments alike
+        demo.console.print(f"round {k + 1} of {RUN_ROUNDS}: 40 frames of each plan", highlight=False)
+        for i, (_, plan) in enumerate(runs):
+            results[i].append(run_plan(plan, "local", None, frames=40, verify=k == 0))
     out = Table(
-        "plan", "units", "latency ms pred / meas", "fps pred / meas", "energy mJ pred / meas (modelled)", "max abs diff"
+        "plan",
+        "units",
+        "latency ms pred / meas",
+        "fps pred / meas",
+        "energy mJ pred / meas (modelled)",
+        "max abs diff",
+        title=f"measured: median of {RUN_ROUNDS} interleaved runs (their range in brackets)",
     )
-    for label, plan, r in rows:
+    medians = []
+    for (label, plan), rs in zip(runs, results, strict=True):
+        lat = [r.measured.latency_ms for r in rs]
+        fps = [r.measured.throughput_fps for r in rs]
+        medians.append((statistics.median(lat), statistics.median(fps)))
+        same = " (= plain onnxruntime)" if label != runs[-1][0] and _same_configuration(plan, ort_plan) else ""
+        first = rs[0]
         out.add_row(
-            f"{label}: {plan.name}",
+            f"{label}: {plan.name}{same}",
             _units(plan),
-            f"{r.predicted.latency_ms:.1f} / {r.measured.latency_ms:.1f}",
-            f"{r.predicted.throughput_fps:.1f} / {r.measured.throughput_fps:.1f}",
-            f"{r.predicted.energy_mj:.0f} / {r.measured.energy_mj:.0f}",
-            f"{r.max_abs_diff:.1e}",
+            f"{first.predicted.latency_ms:.1f} / {medians[-1][0]:.1f} [{min(lat):.1f}-{max(lat):.1f}]",
+            f"{first.predicted.throughput_fps:.1f} / {medians[-1][1]:.1f} [{min(fps):.1f}-{max(fps):.1f}]",
+            f"{first.predicted.energy_mj:.0f} / {statistics.median(r.measured.energy_mj for r in rs):.0f}",
+            f"{first.max_abs_diff:.1e}",
         )
     demo.console.print(out)
-    ort_r = rows[-1][2]
+    (_, thr_fps), (lat_ms, _), (ort_ms, ort_fps) = medians
     demo.console.print(
-        f"measured vs plain onnxruntime: throughput {rows[0][2].measured.throughput_fps / ort_r.measured.throughput_fps:.2f}x, "
-        f"latency {rows[1][2].measured.latency_ms / ort_r.measured.latency_ms:.2f}x (lower is better)",
+        f"measured vs plain onnxruntime (medians): throughput {thr_fps / ort_fps:.2f}x, "
+        f"latency {lat_ms / ort_ms:.2f}x (lower is better)",
         highlight=False,
     )
+    if any(_same_configuration(p, ort_plan) for p in chosen.values()):
+        demo.console.print(
+            "a plan marked (= plain onnxruntime) runs the same configuration as it: their difference is the "
+            "machine's run-to-run noise",
+            highlight=False,
+        )
+
+
+def _same_configuration(plan: Plan, other: Plan) -> bool:
+    """Whether two plans run the same blocks on the same units in the same stages and replicas."""
+
+    def shape(p: Plan) -> list[list[list[tuple[str, int, frozenset[str]]]]]:
+        return [[[(a.pu, a.cores, frozenset(a.blocks)) for a in g] for g in st.groups] for st in p.stages]
+
+    return shape(plan) == shape(other) and plan.int8 == other.int8 and plan.fp16 == other.fp16
 
 
 def _units(plan: Plan) -> str:
