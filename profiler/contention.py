@@ -64,12 +64,17 @@ class Contention:
 
 
 class _Worker:
-    """A thread pinned to one configuration holding one session: told to start, it runs frames back to back
-    until told to stop, then reports its ms per frame. The session is made (and warmed up) once."""
+    """A thread pinned to one configuration holding one session: given a deadline, it runs frames back to back
+    until then, then reports its ms per frame. The session is made (and warmed up) once.
+
+    The worker watches the deadline itself rather than waiting to be told to stop: under real-time priority
+    (a process started under ``chrt -f``) a busy worker on every core keeps the caller's thread, of the same
+    priority, from running at all, so a stop it would set came only when two workers happened to contend for
+    the GIL (minutes with a model of tens of ms a frame)."""
 
     def __init__(self, model: bytes, feeds: Mapping[str, np.ndarray], cfg: PuConfig, warmup: int) -> None:
         self.cfg = cfg
-        self.commands: queue.Queue[threading.Event | None] = queue.Queue()
+        self.commands: queue.Queue[float | None] = queue.Queue()  # a deadline (perf_counter), None: end
         self.results: queue.Queue[float | BaseException] = queue.Queue()
         self.thread = threading.Thread(
             target=self._body, args=(model, feeds, warmup), name=f"parapipe-contention-{cfg.label}", daemon=True
@@ -87,9 +92,9 @@ class _Worker:
             for _ in range(warmup):
                 session.run(names, dict(feeds))
             self.results.put(0.0)  # ready
-            while (stop := self.commands.get()) is not None:
+            while (deadline := self.commands.get()) is not None:
                 frames, start = 0, time.perf_counter()
-                while not stop.is_set() or frames == 0:
+                while frames == 0 or time.perf_counter() < deadline:
                     session.run(names, dict(feeds))
                     frames += 1
                 self.results.put((time.perf_counter() - start) * 1e3 / frames)
@@ -109,12 +114,11 @@ class _Worker:
 
 
 def _run_at_once(workers: Sequence[_Worker], seconds: float) -> list[float]:
-    """Ms per frame of each worker, all running back to back for ``seconds`` at the same time."""
-    stop = threading.Event()
+    """Ms per frame of each worker, all running back to back for ``seconds`` at the same time (each until the
+    same deadline: see ``_Worker``)."""
+    deadline = time.perf_counter() + seconds
     for w in workers:
-        w.commands.put(stop)
-    time.sleep(seconds)
-    stop.set()
+        w.commands.put(deadline)
     return [w.result() for w in workers]
 
 

@@ -108,3 +108,51 @@ def test_profile_measures_the_memory_once_and_the_cost_model_uses_it(exported, t
     assert [r.value for r in CostTable.load(tmp_path / "costs.json").learnt() if r.kind == "memory-bandwidth"] == [
         record.value
     ], "measured once"
+
+
+RT_SCRIPT = """
+import sys, numpy as np, onnx
+from onnx import TensorProto, helper, numpy_helper
+from profiler.contention import measure_contention
+from profiler.measure import PuConfig
+
+rng = np.random.default_rng(0)
+nodes, inits, prev = [], [], "x"
+for i in range(4):  # tens of ms a frame on one thread: long runs, so two busy workers rarely meet at the GIL
+    inits.append(numpy_helper.from_array(rng.random((1024, 1024), dtype=np.float32) / 1024, f"w{i}"))
+    nodes.append(helper.make_node("MatMul", [prev, f"w{i}"], [f"y{i}"]))
+    prev = f"y{i}"
+graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [256, 1024])],
+                          [helper.make_tensor_value_info(prev, TensorProto.FLOAT, [256, 1024])], inits)
+model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+cores = [int(c) for c in sys.argv[1:3]]
+cfgs = [PuConfig("cpu", (c,), 1) for c in cores]
+found = measure_contention(model, {"x": rng.random((256, 1024), dtype=np.float32)}, cfgs, seconds=0.3, rounds=1)
+print("ok", found.describe("chain"))
+"""
+
+
+@TWO_CORES
+def test_contention_under_real_time_priority_ends(tmp_path: Path) -> None:
+    """Under ``chrt -f`` (as the benchmarks run on ``local``) a worker busy on every core leaves the caller's
+    thread of the same priority no CPU: the measurement must end without it (it hung for minutes when the
+    caller had to wake up and tell the workers to stop)."""
+    import shutil
+    import subprocess
+    import sys
+
+    chrt = shutil.which("chrt")
+    if chrt is None or subprocess.run([chrt, "-f", "10", "true"], capture_output=True).returncode != 0:
+        pytest.skip("cannot run a process under SCHED_FIFO here (chrt missing or not permitted)")
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [chrt, "-f", "10", sys.executable, "-c", RT_SCRIPT, *map(str, cores)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("ok ") and "at once" in done.stdout
