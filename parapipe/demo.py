@@ -29,7 +29,7 @@ from planner.catalog import write_folder
 from planner.costmodel import CostModel
 from planner.plan import Plan
 from planner.problem import build_problem
-from planner.search import SearchOptions, baselines, pareto_set
+from planner.search import SearchOptions, baselines, pareto_set, signature
 from profiler.costtable import CostTable
 from profiler.session import held_out, pu_configs, run_profile
 
@@ -203,7 +203,7 @@ def _run_chosen(demo: Demo, front: list[Plan]) -> None:
         lat = [r.measured.latency_ms for r in rs]
         fps = [r.measured.throughput_fps for r in rs]
         medians.append((statistics.median(lat), statistics.median(fps)))
-        same = " (= plain onnxruntime)" if label != runs[-1][0] and _same_configuration(plan, ort_plan) else ""
+        same = " (= plain onnxruntime)" if label != runs[-1][0] and signature(plan) == signature(ort_plan) else ""
         first = rs[0]
         out.add_row(
             f"{label}: {plan.name}{same}",
@@ -220,21 +220,12 @@ def _run_chosen(demo: Demo, front: list[Plan]) -> None:
         f"latency {lat_ms / ort_ms:.2f}x (lower is better)",
         highlight=False,
     )
-    if any(_same_configuration(p, ort_plan) for p in chosen.values()):
+    if any(signature(p) == signature(ort_plan) for p in chosen.values()):
         demo.console.print(
             "a plan marked (= plain onnxruntime) runs the same configuration as it: their difference is the "
             "machine's run-to-run noise",
             highlight=False,
         )
-
-
-def _same_configuration(plan: Plan, other: Plan) -> bool:
-    """Whether two plans run the same blocks on the same units in the same stages and replicas."""
-
-    def shape(p: Plan) -> list[list[list[tuple[str, int, frozenset[str]]]]]:
-        return [[[(a.pu, a.cores, frozenset(a.blocks)) for a in g] for g in st.groups] for st in p.stages]
-
-    return shape(plan) == shape(other) and plan.int8 == other.int8 and plan.fp16 == other.fp16
 
 
 def _units(plan: Plan) -> str:
