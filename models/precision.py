@@ -568,18 +568,26 @@ def _float_outputs(ref: Sequence[Frame]) -> list[str]:
 
 
 def _top1(ref: Sequence[Frame], got: Sequence[Frame]) -> float:
-    """1 - the share of rows whose argmax over the last axis agrees (per position for sequences, e.g. CTC)."""
-    agree = total = 0
+    """The share of rows (over the last axis; per position for sequences, e.g. CTC) whose top-1 is not safe: its
+    argmax changed, or its fp32 lead over the runner-up is smaller than twice the largest change of that row's
+    scores, so that a change of the same size in another direction flips it. Counting only the flips seen
+    promised a 1% budget from a dozen frames where 8-13% of unseen ones flipped: a classifier that is
+    unsure (outputs near uniform) flips under any int8 block, and a few frames rarely show it."""
+    lost = total = 0
     for name in _float_outputs(ref):
         if np.asarray(ref[0][name]).shape[-1] < 2:
             continue
         for r, g in zip(ref, got, strict=True):
-            a, b = np.argmax(r[name], axis=-1), np.argmax(g[name], axis=-1)
-            agree += int(np.sum(a == b))
-            total += a.size
+            a, b = np.asarray(r[name], np.float64), np.asarray(g[name], np.float64)
+            top2 = np.sort(a, axis=-1)[..., -2:]
+            lead = top2[..., 1] - top2[..., 0]
+            change = np.max(np.abs(b - a), axis=-1)
+            unsafe = (np.argmax(a, axis=-1) != np.argmax(b, axis=-1)) | (lead < 2 * change)
+            lost += int(np.sum(unsafe))
+            total += unsafe.size
     if not total:
         raise PrecisionError("top1 needs an output with classes on its last axis (size >= 2)")
-    return 1.0 - agree / total
+    return lost / total
 
 
 def _cosine(ref: Sequence[Frame], got: Sequence[Frame]) -> float:
@@ -610,7 +618,9 @@ def _relerr(ref: Sequence[Frame], got: Sequence[Frame]) -> float:
 
 
 METRICS: dict[str, Metric] = {
-    "top1": Metric("top1", "top-1 disagreement (argmax over the last axis, per row/time step)", _top1),
+    "top1": Metric(
+        "top1", "top-1 not safe: argmax changed, or the lead within twice the change (per row/time step)", _top1
+    ),
     "cosine": Metric("cosine", "1 - cosine similarity of the outputs", _cosine),
     "relerr": Metric("relerr", "relative L2 error of the outputs, pooled over frames", _relerr),
 }

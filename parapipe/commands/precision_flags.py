@@ -49,7 +49,10 @@ class PrecisionFlags:
     ] = None
     metric: Annotated[
         str | None,
-        typer.Option("--metric", help="top1, cosine or relerr (default relerr): how the loss is measured."),
+        typer.Option(
+            "--metric",
+            help="top1 (a row is lost when its argmax changes or its lead is under twice the change), cosine or relerr (default relerr): how the loss is measured.",
+        ),
     ] = None
 
     def request(self) -> PrecisionRequest | None:

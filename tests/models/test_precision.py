@@ -169,6 +169,14 @@ def test_metrics_on_known_inputs() -> None:
     assert METRICS["top1"].loss(ref, ref) == 0.0
     one_flip = [{"y": np.array([[0.1, 0.9, 0.0], [0.1, 0.8, 0.1]], np.float32)}]
     assert METRICS["top1"].loss(ref, one_flip) == pytest.approx(0.5)
+    # no flip, but a row whose lead over the runner-up (0.06) is under twice its largest change (0.05) is not safe
+    close = [{"y": np.array([[0.40, 0.34, 0.26], [0.8, 0.1, 0.1]], np.float32)}]
+    moved = [{"y": np.array([[0.45, 0.34, 0.21], [0.8, 0.1, 0.1]], np.float32)}]
+    assert METRICS["top1"].loss(close, moved) == pytest.approx(0.5)
+    small = [{"y": np.array([[0.41, 0.34, 0.25], [0.8, 0.1, 0.1]], np.float32)}]  # change 0.01: lead 0.06 holds
+    assert METRICS["top1"].loss(close, small) == 0.0
+    tie = [{"y": np.array([[0.5, 0.5, 0.0]], np.float32)}]
+    assert METRICS["top1"].loss(tie, tie) == 0.0  # identical outputs lose nothing, even at a tie
     a = [{"v": np.array([3.0, 4.0])}]
     assert METRICS["relerr"].loss(a, [{"v": np.array([3.0, 4.5])}]) == pytest.approx(0.1)
     assert METRICS["cosine"].loss(a, [{"v": np.array([6.0, 8.0])}]) == pytest.approx(0.0, abs=1e-12)
