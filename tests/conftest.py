@@ -51,20 +51,36 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(scope="session")
-def zoo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("zoo")
+def zoo_dir(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
+    """One folder for the session's exports, shared by the xdist workers of one run (``-n 2``): each zoo model
+    is exported once per run, not once per worker (an export takes torch 5-50 s here)."""
+    if worker_id == "master":
+        return tmp_path_factory.mktemp("zoo")
+    shared = tmp_path_factory.getbasetemp().parent / "zoo"
+    shared.mkdir(exist_ok=True)
+    return shared
 
 
 @pytest.fixture(scope="session")
 def exported(zoo_dir: Path):
-    """name -> ExportReport, exporting each zoo model the first time a test asks for it."""
+    """name -> ExportReport, exporting each zoo model the first time a test of this run asks for it (under a
+    lock, so that another worker waits for the file and reads its report instead of exporting it again)."""
+    import pickle
+
     from models.export import export_model
+    from models.files import atomic_write, locked
 
     cache: dict[str, object] = {}
 
     def get(name: str):
         if name not in cache:
-            cache[name] = export_model(name, zoo_dir / f"{name}.onnx")
+            path, report = zoo_dir / f"{name}.onnx", zoo_dir / f"{name}.report.pickle"
+            with locked(path):
+                if report.exists():
+                    cache[name] = pickle.loads(report.read_bytes())
+                else:
+                    cache[name] = export_model(name, path)
+                    atomic_write(report, pickle.dumps(cache[name]))
         return cache[name]
 
     return get
