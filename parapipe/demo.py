@@ -179,6 +179,7 @@ def _run_chosen(demo: Demo, front: list[Plan]) -> None:
         "latency": min(front, key=lambda p: p.predicted.latency_ms),
     }
     ort_plan = baselines(demo.blocks, demo.graph, cost, 4)["ort-all-cores"]
+    ort_signature = signature(ort_plan)
     where = {"model_path": str(demo.onnx_path.resolve()), "inputs": demo.loaded.inputs}
     runs = [
         (label, dataclasses.replace(plan, **where))
@@ -203,7 +204,7 @@ def _run_chosen(demo: Demo, front: list[Plan]) -> None:
         lat = [r.measured.latency_ms for r in rs]
         fps = [r.measured.throughput_fps for r in rs]
         medians.append((statistics.median(lat), statistics.median(fps)))
-        same = " (= plain onnxruntime)" if label != runs[-1][0] and signature(plan) == signature(ort_plan) else ""
+        same = " (= plain onnxruntime)" if label != runs[-1][0] and signature(plan) == ort_signature else ""
         first = rs[0]
         out.add_row(
             f"{label}: {plan.name}{same}",
@@ -220,7 +221,7 @@ def _run_chosen(demo: Demo, front: list[Plan]) -> None:
         f"latency {lat_ms / ort_ms:.2f}x (lower is better)",
         highlight=False,
     )
-    if any(signature(p) == signature(ort_plan) for p in chosen.values()):
+    if any(signature(p) == ort_signature for p in chosen.values()):
         demo.console.print(
             "a plan marked (= plain onnxruntime) runs the same configuration as it: their difference is the "
             "machine's run-to-run noise",
