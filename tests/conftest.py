@@ -11,6 +11,7 @@ grouping is in one place.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -48,6 +49,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(getattr(pytest.mark, marker))
         if "exported" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.zoo)
+
+
+@pytest.fixture
+def this_machines_crontab() -> Iterator[None]:
+    """Held by a test whose board is this machine over the loopback sshd: every deploy there edits this
+    machine's one crontab (root's), and some tests check it line by line, so such tests run one at a time
+    across xdist workers (and pytest runs) under a lock of this machine's, not at once."""
+    import tempfile
+
+    from models.files import locked
+
+    with locked(Path(tempfile.gettempdir()) / "parapipe-tests" / "this-machines-crontab"):
+        yield
 
 
 @pytest.fixture(scope="session")

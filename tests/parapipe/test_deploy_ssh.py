@@ -23,6 +23,9 @@ from parapipe.local_agent import DeployError
 from parapipe.ssh import BoardConnection
 from tests.support.sshd import free_port, keygen, start_sshd, stop_sshd
 
+# this machine is the board: one test at a time edits its crontab (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("this_machines_crontab")
+
 
 @pytest.fixture(scope="module")
 def sshd(tmp_path_factory):
@@ -32,7 +35,7 @@ def sshd(tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
-def _crontab_kept():
+def _crontab_kept(this_machines_crontab):
     """Deploy adds an @reboot line where crontab exists (this "board" is this machine): whatever a
     test does, this account's crontab is as it was afterwards."""
     if shutil.which("crontab") is None:

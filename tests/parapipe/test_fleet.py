@@ -12,6 +12,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import parapipe
 from parapipe.boards import Board, add_board
@@ -20,6 +21,9 @@ from parapipe.ssh import BoardConnection
 from tests.support.cli import PARAPIPE
 from tests.support.serving import write_model
 from tests.support.sshd import free_port, start_sshd, stop_sshd
+
+# this machine is the board: one test at a time edits its crontab (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("this_machines_crontab")
 
 
 def _cli(work: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
