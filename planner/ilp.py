@@ -114,6 +114,19 @@ def predecessors(problem: Problem) -> list[list[tuple[int, int]]]:
     return preds
 
 
+def _shape(
+    problem: Problem,
+) -> tuple[tuple[tuple[tuple[int, int], ...], ...], tuple[str, ...], tuple[tuple[str, ...], ...]]:
+    """What ``schedule`` and ``partition_starts`` read on every call, from the problem alone (computed once per
+    problem: a warm start's local moves evaluate thousands of assignments): every block's (producer, edge)
+    pairs, every unit's PU, and the shared memories every unit's PU is on."""
+    if "schedule_shape" not in problem.derived:
+        pu_of = tuple(x.pu for x in problem.units)
+        memories = tuple(tuple(m for m, members in problem.shared_memories.items() if pu in members) for pu in pu_of)
+        problem.derived["schedule_shape"] = (tuple(map(tuple, predecessors(problem))), pu_of, memories)
+    return problem.derived["schedule_shape"]
+
+
 def partition_starts(problem: Problem, assignment: Assignment) -> tuple[bool, ...]:
     """Which blocks start a partition when the plan is lowered (``planner.segments``, the same rule):
     a block continues the partition its unit ran last only when all its inputs come from it or from
@@ -121,8 +134,9 @@ def partition_starts(problem: Problem, assignment: Assignment) -> tuple[bool, ..
     unit_of = assignment.block_unit
     exports = [False] * len(problem.blocks)
     for i, j, _ in problem.edges:
-        exports[i] |= unit_of[i] != unit_of[j]
-    preds = predecessors(problem)
+        if unit_of[i] != unit_of[j]:
+            exports[i] = True
+    preds = _shape(problem)[0]
     part: dict[int, int] = {}
     feeds: dict[int, set[int]] = {}
     last: dict[int, int] = {}  # unit -> the block it ran last
@@ -132,12 +146,14 @@ def partition_starts(problem: Problem, assignment: Assignment) -> tuple[bool, ..
         ps = preds[b]
         u = unit_of[b]
         current = part.get(last.get(u, -1))
-        if (
-            ps
-            and current is not None
-            and current not in closed
-            and all(unit_of[i] == u and (part[i] == current or part[i] in feeds[current]) for i, _ in ps)
-        ):
+        joins = bool(ps) and current is not None and current not in closed
+        if joins:
+            fed = feeds[current]
+            for i, _ in ps:
+                if unit_of[i] != u or (part[i] != current and part[i] not in fed):
+                    joins = False
+                    break
+        if joins:
             part[b] = current
             starts[b] = False
         else:
@@ -272,19 +288,27 @@ def schedule(problem: Problem, assignment: Assignment) -> Figures:
     its time times the unit's factor in latency (its load and energy are its work)."""
     n = len(problem.blocks)
     unit_of = assignment.block_unit
+    preds, pu_of_unit, memories_of_unit = _shape(problem)
+    pu_of = [pu_of_unit[u] for u in unit_of]
     starts_part = partition_starts(problem, assignment)
-    dur = [
-        problem.ms(b, unit_of[b], assignment.level(b)) + (problem.unit_overhead[unit_of[b]] if starts_part[b] else 0.0)
-        for b in range(n)
-    ]
-    for ei, (i, j, _) in enumerate(problem.edges):  # gRPC between hosts: CPU time on the sender and the receiver
-        k = (ei, problem.units[unit_of[i]].pu, problem.units[unit_of[j]].pu)
-        send, receive = problem.handoff_cpu.get(k, (0.0, 0.0))
-        dur[i] += send
-        dur[j] += receive
+    overhead = problem.unit_overhead
+    if assignment.int8 or assignment.second:
+        levels = [assignment.level(b) for b in range(n)]
+        dur = [
+            problem.ms(b, unit_of[b], levels[b]) + (overhead[unit_of[b]] if starts_part[b] else 0.0) for b in range(n)
+        ]
+    else:
+        levels = [0] * n
+        cost = problem.cost
+        dur = [cost[(b, unit_of[b])] + (overhead[unit_of[b]] if starts_part[b] else 0.0) for b in range(n)]
+    if problem.handoff_cpu:  # gRPC between hosts: CPU time on the sender and the receiver
+        for ei, (i, j, _) in enumerate(problem.edges):
+            send, receive = problem.handoff_cpu.get((ei, pu_of[i], pu_of[j]), (0.0, 0.0))
+            dur[i] += send
+            dur[j] += receive
     # a frame's work on a throttled unit beyond one period's quota: all of it at the unit's share (latency only)
     span = problem.stalled(unit_of, dur)
-    preds = dict(enumerate(predecessors(problem)))
+    transfer, handoff_delay = problem.transfer, problem.handoff_delay
     free: dict[int, float] = {}
     finish = [0.0] * n
     starts = [0.0] * n
@@ -292,30 +316,36 @@ def schedule(problem: Problem, assignment: Assignment) -> Figures:
     transfer_mj = 0.0
     for b in assignment.sequence():
         u = unit_of[b]
+        q = pu_of[b]
         start = free.get(u, 0.0)
         for i, ei in preds[b]:
-            p, q = problem.units[unit_of[i]].pu, problem.units[u].pu
-            comm = problem.transfer[(ei, p, q)] if p != q else 0.0
+            p = pu_of[i]
             if p != q:
+                comm = transfer[(ei, p, q)]
                 link_load[(p, q)] = link_load.get((p, q), 0.0) + comm
                 transfer_mj += problem.transfer_mj[(ei, p, q)]
-            delay = problem.handoff_delay.get((ei, p, q), 0.0) if unit_of[i] != u else 0.0
-            start = max(start, finish[i] + comm + delay)
+            else:
+                comm = 0.0
+            delay = handoff_delay.get((ei, p, q), 0.0) if handoff_delay and unit_of[i] != u else 0.0
+            ready = finish[i] + comm + delay
+            if ready > start:
+                start = ready
         starts[b] = start
         finish[b] = start + span[b]
         free[u] = finish[b]
     load: dict[int, float] = {}
     busy_mj = 0.0
+    factors = [problem.factor(u) for u in range(len(problem.units))]
+    busy_w = problem.busy_extra_w
     for b in range(n):
         u = unit_of[b]
-        load[u] = load.get(u, 0.0) + dur[b] * problem.factor(u)
-        busy_mj += dur[b] * problem.busy_extra_w[u]
+        load[u] = load.get(u, 0.0) + dur[b] * factors[u]
+        busy_mj += dur[b] * busy_w[u]
     traffic: dict[str, float] = {}  # per shared memory: the time a frame's bytes occupy it
-    for b in range(n):
-        pu = problem.units[unit_of[b]].pu
-        for m, members in problem.shared_memories.items():
-            if pu in members:
-                share = problem.traffic_share(b, unit_of[b], assignment.level(b))
+    if problem.shared_memories:
+        for b in range(n):
+            for m in memories_of_unit[unit_of[b]]:
+                share = problem.traffic_share(b, unit_of[b], levels[b]) if levels[b] else 1.0
                 traffic[m] = traffic.get(m, 0.0) + problem.traffic[(b, m)] * share
     loads = (*(load.get(u, 0.0) for u in range(len(problem.units))), *link_load.values(), *traffic.values())
     period = max(loads)
