@@ -39,6 +39,7 @@ class Contention:
     together_ms: tuple[float, ...]
     rounds: int
     spread_pct: float  # the largest relative spread (max - min over median, %) of a PU's slowdown over rounds
+    seconds: float = 0.0  # each run's length (back to back, alone or all at once)
 
     @property
     def slowdown(self) -> tuple[float, ...]:
@@ -60,7 +61,7 @@ class Contention:
             f"{p} {t:.2f} vs {a:.2f} ms alone (x{s:.2f})"
             for p, t, a, s in zip(self.pus, self.together_ms, self.alone_ms, self.slowdown, strict=True)
         )
-        return f"{model} on {' + '.join(self.pus)} at once: {per}; medians of {self.rounds} rounds, spread {self.spread_pct:.0f}%"
+        return f"{model} on {' + '.join(self.pus)} at once: {per}; medians of {self.rounds} rounds of {self.seconds:g} s runs, spread {self.spread_pct:.0f}%"
 
 
 class _Worker:
@@ -157,4 +158,5 @@ def measure_contention(
         tuple(m * statistics.median(r) for m, r in zip(medians, ratios, strict=True)),
         rounds,
         max((max(r) - min(r)) / statistics.median(r) * 100 for r in ratios),
+        seconds,
     )

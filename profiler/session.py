@@ -74,7 +74,8 @@ class ProfilingError(ParapipeError):
 
 @dataclass(frozen=True)
 class ProfileOptions:
-    """What a profiling run measures and how often: the CLI's --granularity, --repeats and --warmup."""
+    """What a profiling run measures and how often: the CLI's --granularity, --repeats, --warmup and
+    --memory-seconds."""
 
     granularity: str = "coarse"  # the blocks timed: coarse, fine or both
     repeats: int = 10  # timed runs per measurement

@@ -35,6 +35,15 @@ class ProfileFlags:
     granularity: Annotated[str, typer.Option("--granularity", help="Blocks to time: coarse, fine or both.")] = "coarse"
     repeats: Annotated[int, typer.Option("--repeats", min=3, help="Timed runs per measurement.")] = 10
     warmup: Annotated[int, typer.Option("--warmup", min=0, help="Untimed runs first.")] = 3
+    memory_seconds: Annotated[
+        float,
+        typer.Option(
+            "--memory-seconds",
+            min=0.05,
+            help="Each run of a shared memory's bandwidth measurement (the model alone on each core set, then on "
+            "all at once; 3 rounds): longer on a noisy board.",
+        ),
+    ] = 0.5
 
 
 @app.command()
@@ -71,7 +80,7 @@ def profile(
     table = CostTable.load(path)
     before = len(table)
     with _progress_bar(f"profiling {model.name} on {board}", board, quiet=as_json) as progress:
-        options = ProfileOptions(flags.granularity, flags.repeats, flags.warmup, progress)
+        options = ProfileOptions(flags.granularity, flags.repeats, flags.warmup, progress, flags.memory_seconds)
         done = profile_on_board(loaded, graph, board, table, path, pu, options)
     summary = done.summary
     result = _summarise(table, loaded.sha256, done.profile.name, done.configs, graph)

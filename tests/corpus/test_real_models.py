@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.cli import PARAPIPE
+from tests.support.cli import PARAPIPE, SHORT_MEMORY
 from tests.support.realmodels import CORPUS, RealModel, fetch
 
 pytestmark = [pytest.mark.corpus, pytest.mark.agent]
@@ -50,7 +50,9 @@ def test_real_model_through_the_whole_chain(model: RealModel, tmp_path: Path) ->
         ids = next(i for i in info["inputs"] if i["name"] == "input_ids")
         assert ids["high"] == 30522.0, "token ids must stay below the embedding table's size"
 
-    _ok(_cli(tmp_path, "profile", str(path), "--board", "local", *shapes, "--repeats", "3", "--warmup", "1", "--json"))
+    profiled = ("--repeats", "3", "--warmup", "1", *SHORT_MEMORY)
+    memories = _ok(_cli(tmp_path, "profile", str(path), "--board", "local", *shapes, *profiled, "--json"))["memories"]
+    assert memories and all("rounds of 0.1 s runs" in m["measured"] for m in memories), memories
 
     plans = tmp_path / "plans"
     planned = _ok(

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from tests.support.cli import PARAPIPE, run_cli
+from tests.support.cli import PARAPIPE, SHORT_MEMORY, run_cli
 
 _run = run_cli
 
@@ -17,7 +17,9 @@ def planned(exported, tmp_path_factory):
     home = tmp_path_factory.mktemp("home")
     model = exported("squeezenet1_1").path
     folder = home / "plans"
-    result = _run("profile", str(model), "--board", "local", "--repeats", "3", "--warmup", "1", "--json", home=home)
+    result = _run(
+        "profile", str(model), "--board", "local", "--repeats", "3", "--warmup", "1", *SHORT_MEMORY, "--json", home=home
+    )
     assert result.returncode == 0, result.stderr
     result = _run("plan", str(model), "--device", "local", "--time-limit", "1", "-o", str(folder), "--json", home=home)
     assert result.returncode == 0, result.stderr

@@ -21,6 +21,7 @@ from parapipe.boards import Board
 from parapipe.deploy import agent_client, deploy, undeploy
 from parapipe.local_agent import DeployError
 from parapipe.ssh import BoardConnection
+from tests.support.cli import SHORT_MEMORY
 from tests.support.sshd import free_port, keygen, start_sshd, stop_sshd
 
 # this machine is the board: one test at a time edits its crontab (tests/conftest.py)
@@ -283,6 +284,7 @@ def test_remote_profiling_session_caches_on_the_host(board, tmp_path, monkeypatc
     add_board(dataclasses.replace(board, name="prof-board"))
     model = str(exported("squeezenet1_1").path)
     args = ["profile", model, "--board", "prof-board", "--pu", "cpu", "--repeats", "3", "--warmup", "1", "--json"]
+    args += list(SHORT_MEMORY)
     first = CliRunner().invoke(app, args)
     assert first.exit_code == 0, first.output
     measured = json.loads(first.stdout)["measured"]

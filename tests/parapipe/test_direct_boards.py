@@ -13,9 +13,11 @@ from agents.client import AgentClient, AgentError
 from parapipe.local_agent import LocalAgent
 from planner.baselines import flop_pipeline
 from tests.support.certs import make_certs
+from tests.support.cli import SHORT_MEMORY
 from tests.support.cli import run_cli as _run
 
 TOKEN = "s3cret-token"
+QUICK = ("--repeats", "3", "--warmup", "0", *SHORT_MEMORY)  # profiling that checks where it reaches, briefly
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +98,7 @@ def test_direct_board_add_check_and_run(tls_agent, certs, exported, tmp_path) ->
     out = json.loads(result.stdout)
     assert out["max_abs_diff"] <= 1e-5 and out["measured"]["throughput_fps"] > 0
     # profiling reaches the board the same way (no SSH): the blocks are timed by its agent
-    profiled = _run("profile", str(model), "--board", "tlsbox", "--repeats", "3", "--warmup", "0", "--json", home=home)
+    profiled = _run("profile", str(model), "--board", "tlsbox", *QUICK, "--json", home=home)
     assert profiled.returncode == 0, profiled.stderr
     assert json.loads(profiled.stdout)["measured"] > 0
     served = tls_agent.client.status()
@@ -148,9 +150,7 @@ def test_run_a_plan_over_two_hosts_from_the_cli(exported, tmp_path) -> None:
 def test_profile_the_two_host_board(exported, tmp_path) -> None:
     home = tmp_path / "home"
     model = exported("squeezenet1_1").path
-    result = _run(
-        "profile", str(model), "--board", "local-edge-cloud", "--repeats", "3", "--warmup", "0", "--json", home=home
-    )
+    result = _run("profile", str(model), "--board", "local-edge-cloud", *QUICK, "--json", home=home)
     assert result.returncode == 0, result.stderr
     from profiler.costtable import CostTable
 

@@ -19,7 +19,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tests.support.cli import PARAPIPE
+from tests.support.cli import PARAPIPE, SHORT_MEMORY
 
 pytestmark = pytest.mark.agent
 
@@ -67,7 +67,9 @@ def test_hostile_names_never_become_paths(tmp_path: Path) -> None:
     assert all(PLAIN.match(p["file"]) for p in manifest["partitions"])
     assert {n for p in manifest["partitions"] for n in p["nodes"]} == set(HOSTILE[:6])
 
-    _cli(work, home, "profile", str(model), "--board", "local", "--granularity", "fine", "--repeats", "3")
+    _cli(
+        work, home, "profile", str(model), "--board", "local", "--granularity", "fine", "--repeats", "3", *SHORT_MEMORY
+    )
     planned = _cli(work, home, "plan", str(model), "--device", "local", "--objective", "latency", "--time-limit", "2")
     plan_file = Path(planned["folder"]) / f"{planned['plans'][0]['plan']}.json"
     _cli(work, home, "compile", str(plan_file), str(model), "-o", str(work / "bundle"))

@@ -9,6 +9,8 @@ from pathlib import Path
 
 PARAPIPE = shutil.which("parapipe") or str(Path(__file__).resolve().parents[2] / ".venv" / "bin" / "parapipe")
 USER_MODELS = Path(__file__).resolve().parents[1] / "data" / "user_models.py"
+# ``profile``'s shared-memory measurement in short runs, for tests of what profiling feeds, not of the bandwidth
+SHORT_MEMORY = ("--memory-seconds", "0.1")
 
 
 def run_cli(*args: str, home: Path, timeout: float = 600, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
