@@ -9,7 +9,7 @@ weights, inputs and outputs through the PU's memory, plus the PU's per-launch ov
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from device_profiles.schema import DeviceProfile
 from models.graph import OpGraph
@@ -19,6 +19,9 @@ from models.graph import OpGraph
 class Roofline:
     profile: DeviceProfile
     graph: OpGraph
+    # (node, PU, cores, precision) -> ms: a pure function of the two above, asked again for every partition a
+    # planner prices (thousands of times per plan)
+    _ms: dict[tuple[str, str, int, str], float] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def node_bytes(self, node: str) -> int:
         """Bytes one operator moves through memory per frame: its weights, inputs and outputs."""
@@ -33,6 +36,12 @@ class Roofline:
     def ms(self, node: str, pu: str, cores: int, precision: str = "fp32") -> float:
         """The operator's time in fp32, or in fp16 (``precision="fp16"``, on a PU whose profile gives its
         ``fp16_peak_ratio``): its compute at that multiple of the fp32 peak, half its bytes to move."""
+        key = (node, pu, cores, precision)
+        if key not in self._ms:
+            self._ms[key] = self._compute_ms(node, pu, cores, precision)
+        return self._ms[key]
+
+    def _compute_ms(self, node: str, pu: str, cores: int, precision: str) -> float:
         n = self.graph.index[node]
         p = self.profile.pu(pu)
         speed, width = 1.0, 1.0
