@@ -56,7 +56,7 @@ def test_real_model_through_the_whole_chain(model: RealModel, tmp_path: Path) ->
 
     plans = tmp_path / "plans"
     planned = _ok(
-        _cli(tmp_path, "plan", str(path), "--device", "local", *shapes, "--objective", "latency", "--time-limit", "3",
+        _cli(tmp_path, "plan", str(path), "--device", "local", *shapes, "--objective", "latency", "--time-limit", "1",
              "-o", str(plans), "--json")
     )  # fmt: skip
     assert planned["plans"], planned
