@@ -24,9 +24,6 @@ from parapipe.ssh import BoardConnection
 from tests.support.cli import SHORT_MEMORY
 from tests.support.sshd import free_port, keygen, start_sshd, stop_sshd
 
-# this machine is the board: one test at a time edits its crontab (tests/conftest.py)
-pytestmark = pytest.mark.usefixtures("this_machines_crontab")
-
 
 @pytest.fixture(scope="module")
 def sshd(tmp_path_factory):
@@ -38,7 +35,8 @@ def sshd(tmp_path_factory):
 @pytest.fixture(autouse=True)
 def _crontab_kept(this_machines_crontab):
     """Deploy adds an @reboot line where crontab exists (this "board" is this machine): whatever a
-    test does, this account's crontab is as it was afterwards."""
+    test does, this account's crontab is as it was afterwards; one test at a time edits it, under the
+    machine's lock (tests/conftest.py), taken before the crontab is saved."""
     if shutil.which("crontab") is None:
         yield
         return
