@@ -38,6 +38,7 @@ import contextlib
 import itertools
 import math
 import os
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -373,8 +374,10 @@ def solve(
     warm: Assignment | None = None,
     gap: float = 0.01,
     solver: str = "highs",
+    cut: LimitCut | None = None,
 ) -> Solution:
-    """The ILP's best assignment for ``objective`` under ``bounds``, never worse than ``warm``."""
+    """The ILP's best assignment for ``objective`` under ``bounds``, never worse than ``warm``; ``cut``: seconds
+    the caller may take off ``time_limit`` while the solve runs (``LimitCut``)."""
     max_latency_ms = bounds.max_latency_ms
     if objective not in OBJECTIVES:
         raise PlanError(f"unknown objective {objective!r}; choose one of {', '.join(OBJECTIVES)}")
@@ -420,13 +423,14 @@ def solve(
     # the others close at the root either way, bert_small takes as many nodes, multiview_bev on
     # khadas-vim3-armcl 511 instead of 441 (in less time)
     effort = 0.3 if objective == "throughput" and not timed else None
-    backend = _run_solver(lp, solver, remaining, time_limit, gap, warm is not None, effort, deadline)
+    backend = _run_solver(lp, solver, remaining, time_limit, gap, warm is not None, effort, deadline, cut)
     seconds = time.perf_counter() - started
     status, mip_gap, bound = _status(lp, backend)
     floor = None
-    if objective == "latency" and status != "optimal" and status != "infeasible":
+    if objective == "latency" and status != "optimal" and status != "infeasible" and not (cut and cut.stopped):
         known = [x for x in (start.latency_ms if start is not None else None, _value(v["L"])) if x is not None]
-        left = max(started + time_limit - time.perf_counter(), reserve / 2)
+        taken = cut.seconds if cut is not None else 0.0
+        left = max(started + time_limit - taken - time.perf_counter(), reserve / 2)
         floor = _configuration_floor(problem, left, min(known, default=None))
     if floor is not None and status not in ("infeasible", "no solution"):
         mine = float(pulp.value(v["L"]))  # the solver's incumbent's latency
@@ -507,10 +511,12 @@ def _run_solver(
     warm: bool,
     effort: float | None = None,
     deadline: float | None = None,
+    cut: LimitCut | None = None,
 ):
     """Solve ``lp`` in place; returns the backend (its status is read from it). Solver crashes are PlanErrors.
-    With a ``deadline`` (``time.perf_counter()``), HiGHS stops by then, however long handing it the model took."""
-    backend = _solver(solver, remaining, gap, warm, effort, deadline)
+    With a ``deadline`` (``time.perf_counter()``), HiGHS stops by then, however long handing it the model took;
+    with a ``cut``, earlier by what the caller takes off while it runs."""
+    backend = _solver(solver, remaining, gap, warm, effort, deadline, cut)
     try:
         with _quiet():
             lp.solve(backend)
@@ -562,17 +568,30 @@ def rows_within(time_limit: float) -> float:
     return max(50_000.0, 20_000.0 * time_limit)
 
 
+_BANNER = threading.Lock()
+_banner_shown = False
+
+
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
-    """HiGHS prints its banner from C++ to fd 1 even with output off; keep it out of our output."""
-    saved = os.dup(1)
-    try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 1)
-            yield
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
+    """HiGHS prints its banner from C++ to fd 1, even with output off, once per process: at its first instance.
+    That instance is made here with fd 1 pointed away, once; the solves after it print nothing, so fd 1 stays
+    ours while they run (a solve may run beside another thread's output: ``LimitCut``)."""
+    global _banner_shown
+    with _BANNER:
+        if not _banner_shown:
+            import highspy
+
+            saved = os.dup(1)
+            try:
+                with open(os.devnull, "w") as null:
+                    os.dup2(null.fileno(), 1)
+                    highspy.Highs()
+            finally:
+                os.dup2(saved, 1)
+                os.close(saved)
+            _banner_shown = True
+    yield
 
 
 @dataclass
@@ -1420,42 +1439,139 @@ def _set_warm_start(problem: Problem, v: dict, warm: Assignment) -> None:
     v["E"].setInitialValue(figures.energy_mj)
 
 
+# One HiGHS run at a time in the process: a solve may run in a thread beside Python work (HiGHS lets go of the
+# GIL while it runs), never beside another solve (HiGHS's thread scheduler is not safe to restart under a run)
+_HIGHS_RUN = threading.Lock()
+
+
+class LimitCut:
+    """Seconds taken off a solve's time limit while it runs, from another thread: the caller learns, beside the
+    solve, that what follows it needs more time (``planner.search.best_plan`` times the simulation of the warm
+    start's plan while HiGHS runs). A cut made before HiGHS starts shortens its limit; one made while it runs
+    stops it (``_interrupt``: it reports its incumbent as after a time limit) when the shortened limit is up.
+    Never below a tenth of the limit, as a deadline already passed leaves the solve."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seconds = 0.0
+        self._run: tuple[object, float, float] | None = None  # (the Highs instance, when it started, its limit)
+        self._timer: threading.Timer | None = None
+        self._stopped = False
+
+    @property
+    def seconds(self) -> float:
+        """The seconds taken off so far."""
+        return self._seconds
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
+
+    @property
+    def running(self) -> bool:
+        """HiGHS is running the solve now."""
+        return self._run is not None
+
+    def shorten(self, seconds: float) -> None:
+        with self._lock:
+            self._seconds += max(seconds, 0.0)
+            if self._run is not None:
+                run = self._run
+                _, began, limit = run
+                if self._timer is not None:
+                    self._timer.cancel()
+                self._timer = threading.Timer(
+                    max(began + self._limit(limit) - time.perf_counter(), 0.0), self._stop, (run,)
+                )
+                self._timer.daemon = True
+                self._timer.start()
+
+    def stop(self) -> None:
+        """End the solve now (the caller was interrupted): HiGHS stops at once, and a run still to come at once."""
+        with self._lock:
+            self._stopped = True
+            if self._run is not None:
+                _interrupt(self._run[0])
+
+    def _limit(self, limit: float) -> float:
+        return 0.0 if self._stopped else max(limit - self._seconds, 0.1 * limit)
+
+    def _stop(self, run: tuple[object, float, float]) -> None:
+        with self._lock:
+            if self._run is run:  # still the run the timer was set for
+                _interrupt(run[0])
+
+    @contextlib.contextmanager
+    def run(self, highs: object, limit: float) -> Iterator[float]:
+        """While ``highs`` runs with ``limit`` seconds: the limit less what was cut so far."""
+        with self._lock:
+            self._run = (highs, time.perf_counter(), limit)
+            shortened = self._limit(limit)
+        try:
+            yield shortened
+        finally:
+            with self._lock:
+                self._run = None
+                if self._timer is not None:
+                    self._timer.cancel()
+                    self._timer = None
+
+
+def _interrupt(highs) -> None:
+    """Stop a running HiGHS from another thread: its interrupt callbacks are switched on now, not for the whole
+    run (they take the GIL each time HiGHS checks them, which costs a solve beside busy Python a fifth of its
+    speed), and the next check stops it with its incumbent."""
+    highs.HandleUserInterrupt = True
+    highs.cancelSolve()
+
+
 class _WarmHiGHS(pulp.HiGHS):
     """PuLP's HiGHS interface, handing the variables' initial values to HiGHS as a start solution."""
 
-    def __init__(self, warm: bool, deadline: float | None = None, **kwargs) -> None:
+    def __init__(self, warm: bool, deadline: float | None = None, cut: LimitCut | None = None, **kwargs) -> None:
         super().__init__(**kwargs)
         self.warm = warm
         self.deadline = deadline
+        self.cut = cut
 
     def callSolver(self, lp) -> None:
         import highspy
 
+        limit = self.timeLimit
         if self.deadline is not None:  # what is left now that the model is built, never below a tenth of the limit
-            left = max(self.deadline - time.perf_counter(), 0.1 * self.timeLimit)
-            lp.solverModel.setOptionValue("time_limit", min(left, self.timeLimit))
+            limit = min(max(self.deadline - time.perf_counter(), 0.1 * self.timeLimit), self.timeLimit)
         if self.warm:
             values = [v.varValue if v.varValue is not None else 0.0 for v in lp.variables()]
             start = highspy.HighsSolution()
             start.col_value = values
             start.value_valid = True
             lp.solverModel.setSolution(start)
-        if lp.solverModel.run() == highspy.HighsStatus.kError and (
-            lp.solverModel.getModelStatus() == highspy.HighsModelStatus.kNotset
-        ):
-            # HiGHS's thread scheduler is global to the process: one started with another thread count (a solve
-            # elsewhere in the process) refuses this one at once; start it again with this solve's
-            highspy.Highs.resetGlobalScheduler(True)
-            lp.solverModel.run()
+        running = self.cut.run(lp.solverModel, limit) if self.cut else contextlib.nullcontext(limit)
+        with _HIGHS_RUN, running as left:
+            lp.solverModel.setOptionValue("time_limit", left)
+            if lp.solverModel.run() == highspy.HighsStatus.kError and (
+                lp.solverModel.getModelStatus() == highspy.HighsModelStatus.kNotset
+            ):
+                # HiGHS's thread scheduler is global to the process: one started with another thread count (a
+                # solve elsewhere in the process) refuses this one at once; start it again with this solve's
+                highspy.Highs.resetGlobalScheduler(True)
+                lp.solverModel.run()
 
 
 def _solver(
-    name: str, time_limit: float, gap: float, warm: bool, effort: float | None = None, deadline: float | None = None
+    name: str,
+    time_limit: float,
+    gap: float,
+    warm: bool,
+    effort: float | None = None,
+    deadline: float | None = None,
+    cut: LimitCut | None = None,
 ):
     """The backend; ``effort``: HiGHS's share of its time for primal heuristics (None: its default); ``deadline``:
-    HiGHS's limit is what is left of it once the model is built (``time.perf_counter()``; at most ``time_limit``)."""
+    HiGHS's limit is what is left of it once the model is built (``time.perf_counter()``; at most ``time_limit``);
+    ``cut``: less what the caller takes off (HiGHS only; CBC runs to its limit)."""
     if name == "highs":
-        solver = _WarmHiGHS(warm, deadline, msg=False, timeLimit=time_limit, gapRel=gap, threads=1)
+        solver = _WarmHiGHS(warm, deadline, cut, msg=False, timeLimit=time_limit, gapRel=gap, threads=1)
         if effort is not None:
             solver.optionsDict["mip_heuristic_effort"] = effort
         solver.name = "highs"

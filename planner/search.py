@@ -8,6 +8,7 @@ epsilon constraints and keeps the non-dominated, deduplicated plans.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import time
 from collections.abc import Callable
@@ -18,7 +19,18 @@ from models.graph import OpGraph
 from planner import heuristics as H
 from planner.build import evaluate, replicate, to_plan
 from planner.costmodel import CostModel
-from planner.ilp import NO_BOUNDS, OBJECTIVES, Assignment, Bounds, Solution, fits, schedule, solve
+from planner.ilp import (
+    NO_BOUNDS,
+    OBJECTIVES,
+    Assignment,
+    Bounds,
+    LimitCut,
+    Solution,
+    fits,
+    schedule,
+    segment_bounds,
+    solve,
+)
 from planner.local_search import polish
 from planner.plan import Plan, PlanError, Provenance, memory_use
 from planner.problem import Problem, build_problem
@@ -239,6 +251,63 @@ def polished(
     return Candidate(f"{warm.name}+local-search", result.assignment, warm.pipelined) if result.improved else warm
 
 
+@dataclass(frozen=True)
+class Solved:
+    """One objective's solve and what it was started from: the warm start as the solver got it (``warm``: after
+    the local search, for latency) and every candidate's plan (``tried``: what ``best_plan`` holds it to)."""
+
+    solution: Solution
+    warm: Candidate
+    tried: list[tuple[Candidate, Plan]]
+
+
+def solve_objective(goal: _Goal, search: SearchOptions, frames: int) -> Solved:
+    """The objective's warm start, the local search on it (latency), the solve in what is left of
+    ``search.time_limit``, leaving the margin that what follows the solve (lowering, pricing, simulating
+    ``frames`` frames) needs.
+
+    HiGHS lets go of the GIL while it runs, so the solver runs in a thread of its own, beside the Python work
+    that does not need its answer: the segments' latency bounds (``segment_bounds``, ILPs that need no start)
+    are solved there while the warm start is built and polished here, and the simulation of the warm start's
+    plan, which sizes the margin, is timed here while the solve runs; the solve's limit is then cut by that
+    margin (``LimitCut``). HiGHS itself runs one solve at a time (``planner.ilp``): this overlaps Python with
+    HiGHS, never two solves, and on one core it costs nothing but the thread."""
+    problem, objective, bounds = goal.problem, goal.objective, goal.bounds
+    started = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="parapipe-solver") as solver:
+        cands = warm_candidates(problem, objective)
+        start = warm_start(problem, objective, bounded_candidates(problem, objective, bounds), bounds)
+        # (after the warm start, whose latency ILPs would wait for these: HiGHS runs one solve at a time)
+        early = []  # the solve computes them first otherwise, inside its own limit
+        if objective == "latency" or bounds.max_latency_ms is not None:
+            early.append(solver.submit(segment_bounds, problem, search.time_limit / 4))
+        # what follows the solve, timed on the start's plan before it: the margin the solve leaves for it
+        probe = time.perf_counter()
+        start_plan = goal.plan_of(start.assignment, Provenance("ilp"))
+        finished = goal.finish(start_plan, Provenance("ilp"), 0)
+        reserve = margin(time.perf_counter() - probe, 0.0)
+        # every candidate's plan (what the solve changes is only their labels)
+        tried = [(c, goal.plan_of(c.assignment, Provenance("ilp"))) for c in cands if c != start] + [
+            (start, start_plan)
+        ]
+        warm = polished(problem, objective, start, polish_deadline(search.time_limit, started, reserve), goal.limits)
+        if warm != start:
+            tried.append((warm, goal.plan_of(warm.assignment, Provenance("ilp"))))
+        concurrent.futures.wait(early)  # (a failure there is the solve's to meet again)
+        limit = solve_limit(search.time_limit, started, reserve)
+        cut = LimitCut()
+        solving = solver.submit(goal.solve, dataclasses.replace(search, time_limit=limit), warm, cut)
+        try:
+            # the simulation's share of the margin, timed while HiGHS runs; never below half the objective's limit
+            simulated = simulation_seconds(finished, goal.graph, goal.cost, frames)
+            cut.shorten(min(RESERVE_FACTOR * simulated, limit - search.time_limit / 2))
+            solution = solving.result()
+        except BaseException:
+            cut.stop()  # an interrupt, or the simulation failed: the solve ends now, not at its limit
+            raise
+    return Solved(solution, warm, tried)
+
+
 def best_plan(
     blocks: OpGraph,
     graph: OpGraph,
@@ -254,21 +323,8 @@ def best_plan(
     goal = _Goal(
         blocks, graph, cost, objective, bounds, problem or build_problem(blocks, graph, cost, search.max_stages)
     )
-    started = time.perf_counter()
-    cands = warm_candidates(goal.problem, objective)
-    start = warm_start(goal.problem, objective, bounded_candidates(goal.problem, objective, bounds), bounds)
-    # what follows the solve, timed on the start's plan before it: the margin the solve leaves for it
-    probe = time.perf_counter()
-    start_plan = goal.plan_of(start.assignment, Provenance("ilp"))
-    finished = goal.finish(start_plan, Provenance("ilp"), 0)
-    reserve = margin(time.perf_counter() - probe, simulation_seconds(finished, graph, cost, frames))
-    # every candidate's plan (what the solve changes is only their labels)
-    tried = [(c, goal.plan_of(c.assignment, Provenance("ilp"))) for c in cands if c != start] + [(start, start_plan)]
-    warm = polished(goal.problem, objective, start, polish_deadline(search.time_limit, started, reserve), goal.limits)
-    if warm != start:
-        tried.append((warm, goal.plan_of(warm.assignment, Provenance("ilp"))))
-    search = dataclasses.replace(search, time_limit=solve_limit(search.time_limit, started, reserve))
-    solution = goal.solve(search, warm)
+    solved = solve_objective(goal, search, frames)
+    solution, warm, tried = solved.solution, solved.warm, solved.tried
     provenance = Provenance(
         method=f"heuristic:{warm.name}" if solution.warm_kept else "ilp",
         solver=solution.solver,
@@ -311,7 +367,7 @@ class _Goal:
     def name(self) -> str:
         return f"ilp-{self.objective}"
 
-    def solve(self, search: SearchOptions, warm: Candidate) -> Solution:
+    def solve(self, search: SearchOptions, warm: Candidate, cut: LimitCut | None = None) -> Solution:
         if search.progress:
             search.progress(
                 f"solving for {self.objective} ({len(self.problem.blocks)} blocks, {len(self.problem.units)} units)"
@@ -325,6 +381,7 @@ class _Goal:
             limits,
             warm=warm.assignment if _meets(self.problem, warm.assignment, max_l, max_period, max_e) else None,
             solver=search.solver,
+            cut=cut,
         )
 
     @property

@@ -9,6 +9,7 @@ import time
 from unittest import mock
 
 import pulp
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -18,7 +19,18 @@ from models.graph import build_graph
 from models.onnx_io import load_onnx
 from planner import search as S
 from planner.costmodel import CostModel
-from planner.ilp import NO_BOUNDS, Assignment, Bounds, Solution, _WarmHiGHS, fits, predecessors, schedule, solve
+from planner.ilp import (
+    NO_BOUNDS,
+    Assignment,
+    Bounds,
+    LimitCut,
+    Solution,
+    _WarmHiGHS,
+    fits,
+    predecessors,
+    schedule,
+    solve,
+)
 from planner.local_search import _Latency, polish
 from planner.problem import Problem, Unit, toy_problem
 from planner.search import Candidate, polished
@@ -160,16 +172,17 @@ def test_highs_gets_what_is_left_of_the_deadline_once_the_model_is_built() -> No
 
 
 def test_best_plan_leaves_the_work_after_the_solve_its_measured_margin(exported) -> None:
-    """The solve's limit is the objective's, less the warm start, the search and the margin timed before it."""
+    """The solve's limit is the objective's, less the warm start, the search and the margin: the lowering's,
+    timed before the solve, and the simulation's, timed while it runs and cut from its limit then."""
     loaded = load_onnx(exported("googlenet").path)
     graph = build_graph(loaded.proto, loaded.sha256, "googlenet")
     blocks, cost = coarsen(graph, "coarse"), CostModel(load_profile("khadas-vim3"), graph)
-    seen: list[float] = []
+    seen: list[tuple[float, LimitCut]] = []
     solve = S._Goal.solve
 
-    def spy(self: S._Goal, search: S.SearchOptions, warm: Candidate) -> Solution:
-        seen.append(search.time_limit)
-        return solve(self, search, warm)
+    def spy(self: S._Goal, search: S.SearchOptions, warm: Candidate, cut: LimitCut) -> Solution:
+        seen.append((search.time_limit, cut))
+        return solve(self, search, warm, cut)
 
     with (
         mock.patch.object(S._Goal, "solve", spy),
@@ -177,7 +190,9 @@ def test_best_plan_leaves_the_work_after_the_solve_its_measured_margin(exported)
     ):
         plan = S.best_plan(blocks, graph, cost, "latency", S.SearchOptions(time_limit=40.0), frames=0)
     assert plan.predicted is not None
-    assert seen and seen[0] <= 40.0 - S.margin(0.0, 4.0)
+    (limit, cut), *_ = seen
+    assert cut.seconds == pytest.approx(S.RESERVE_FACTOR * 4.0)
+    assert limit - cut.seconds <= 40.0 - S.margin(0.0, 4.0)
 
 
 def test_a_solve_after_highs_ran_elsewhere_in_the_process_with_more_threads_still_solves() -> None:
