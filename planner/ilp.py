@@ -1457,6 +1457,7 @@ class LimitCut:
         self._run: tuple[object, float, float] | None = None  # (the Highs instance, when it started, its limit)
         self._timer: threading.Timer | None = None
         self._stopped = False
+        self.started = threading.Event()  # HiGHS has started running (the model is written)
 
     @property
     def seconds(self) -> float:
@@ -1507,6 +1508,7 @@ class LimitCut:
         with self._lock:
             self._run = (highs, time.perf_counter(), limit)
             shortened = self._limit(limit)
+            self.started.set()
         try:
             yield shortened
         finally:

@@ -28,7 +28,6 @@ from planner.ilp import (
     Solution,
     fits,
     schedule,
-    segment_bounds,
     solve,
 )
 from planner.local_search import polish
@@ -266,21 +265,16 @@ def solve_objective(goal: _Goal, search: SearchOptions, frames: int) -> Solved:
     ``search.time_limit``, leaving the margin that what follows the solve (lowering, pricing, simulating
     ``frames`` frames) needs.
 
-    HiGHS lets go of the GIL while it runs, so the solver runs in a thread of its own, beside the Python work
-    that does not need its answer: the segments' latency bounds (``segment_bounds``, ILPs that need no start)
-    are solved there while the warm start is built and polished here, and the simulation of the warm start's
-    plan, which sizes the margin, is timed here while the solve runs; the solve's limit is then cut by that
-    margin (``LimitCut``). HiGHS itself runs one solve at a time (``planner.ilp``): this overlaps Python with
-    HiGHS, never two solves, and on one core it costs nothing but the thread."""
+    HiGHS lets go of the GIL while it runs, so the solve runs in a thread of its own, and the simulation of the
+    warm start's plan, which sizes the margin, is timed here while HiGHS runs; the solve's limit is then cut by
+    that share of the margin (``LimitCut``). Only HiGHS's run overlaps Python: the solve's other work (the
+    model written, the bounds computed) is Python, and beside the simulation both would take twice as long
+    (bert_small: a solve of 12 s took 22). HiGHS runs one solve at a time (``planner.ilp``)."""
     problem, objective, bounds = goal.problem, goal.objective, goal.bounds
     started = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="parapipe-solver") as solver:
         cands = warm_candidates(problem, objective)
         start = warm_start(problem, objective, bounded_candidates(problem, objective, bounds), bounds)
-        # (after the warm start, whose latency ILPs would wait for these: HiGHS runs one solve at a time)
-        early = []  # the solve computes them first otherwise, inside its own limit
-        if objective == "latency" or bounds.max_latency_ms is not None:
-            early.append(solver.submit(segment_bounds, problem, search.time_limit / 4))
         # what follows the solve, timed on the start's plan before it: the margin the solve leaves for it
         probe = time.perf_counter()
         start_plan = goal.plan_of(start.assignment, Provenance("ilp"))
@@ -293,14 +287,20 @@ def solve_objective(goal: _Goal, search: SearchOptions, frames: int) -> Solved:
         warm = polished(problem, objective, start, polish_deadline(search.time_limit, started, reserve), goal.limits)
         if warm != start:
             tried.append((warm, goal.plan_of(warm.assignment, Provenance("ilp"))))
-        concurrent.futures.wait(early)  # (a failure there is the solve's to meet again)
+        if search.solver != "highs":  # CBC runs to its limit, uncut: the simulation is timed first
+            reserve += RESERVE_FACTOR * simulation_seconds(finished, goal.graph, goal.cost, frames)
         limit = solve_limit(search.time_limit, started, reserve)
         cut = LimitCut()
         solving = solver.submit(goal.solve, dataclasses.replace(search, time_limit=limit), warm, cut)
         try:
-            # the simulation's share of the margin, timed while HiGHS runs; never below half the objective's limit
-            simulated = simulation_seconds(finished, goal.graph, goal.cost, frames)
-            cut.shorten(min(RESERVE_FACTOR * simulated, limit - search.time_limit / 2))
+            # The simulation's share of the margin, timed while HiGHS runs, not while the model is written (that is
+            # Python too: the two would share the GIL, each take twice as long, and the margin would be twice too
+            # large); cut from the solve's limit, never below half the objective's.
+            while search.solver == "highs" and not cut.started.wait(0.02) and not solving.done():
+                pass
+            if not solving.done():
+                simulated = simulation_seconds(finished, goal.graph, goal.cost, frames)
+                cut.shorten(min(RESERVE_FACTOR * simulated, limit - search.time_limit / 2))
             solution = solving.result()
         except BaseException:
             cut.stop()  # an interrupt, or the simulation failed: the solve ends now, not at its limit
