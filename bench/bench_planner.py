@@ -56,6 +56,15 @@ CASES = [
 ]
 
 
+def python_loop_seconds() -> float:
+    """The machine's speed at what the planner mostly is (Python), to compare runs on different machines: 2.8 s
+    on 12-02's, whose rows took 1.4-3.4x as long as 12-01's; 1.5-2.0 s on 12-03's."""
+    started, total = time.perf_counter(), 0
+    for i in range(20_000_000):
+        total += i
+    return time.perf_counter() - started
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--profiles", nargs="+", default=["khadas-vim3", "bst-a1000", "khadas-vim3-armcl"])
@@ -71,6 +80,9 @@ def main() -> None:
 
     from models.export import export_model
 
+    print(
+        f"# this machine: {python_loop_seconds():.2f} s for a pure-Python loop of 20M additions (the seconds below scale with it)"
+    )
     print(
         f"{'model':13} {'gran':6} {'profile':12} {'objective':10} {'blocks':>6} {'status':12} {'s':>6} {'goal s':>6} "
         f"{'gap':>7} {'ILP':>9} {'best base':>9} {'ratio':>6} {'solv/anl':>8} {'sim/anl':>7}  goal missed by"

@@ -1446,8 +1446,8 @@ _HIGHS_RUN = threading.Lock()
 
 class LimitCut:
     """Seconds taken off a solve's time limit while it runs, from another thread: the caller learns, beside the
-    solve, that what follows it needs more time (``planner.search.best_plan`` times the simulation of the warm
-    start's plan while HiGHS runs). A cut made before HiGHS starts shortens its limit; one made while it runs
+    solve, that what follows it needs more time (``planner.search.solve_objective`` times the simulation of the
+    warm start's plan while HiGHS runs). A cut made before HiGHS starts shortens its limit; one made while it runs
     stops it (``_interrupt``: it reports its incumbent as after a time limit) when the shortened limit is up.
     Never below a tenth of the limit, as a deadline already passed leaves the solve."""
 
