@@ -470,6 +470,11 @@ def solve(
     return Solution(assign, figures, backend.name, status, mip_gap, bound, seconds, objective, value)
 
 
+MIB = float(2**20)  # the memory rows count MiB: in bytes their 1e6-1e10 coefficients made HiGHS warn of bad scaling
+# HiGHS's presolve rules switched off (bit 15: probing). Probing the binaries of a latency model with thousands of
+# ordering rows took all of bert_small's 19 s on bst-a1000 (interrupted in presolve, no bound at all); with it
+# off that solve closes at the root, and over bench_planner's 72 rows the seconds fell (``bench/results_planner.txt``)
+PROBING_OFF = 1 << 15
 FLOOR_MIN_S = 0.25  # a bound computed in less time proves little
 FLOOR_SHARE = 1 / 8  # of a latency solve's limit, kept for the bound from outside the solver
 
@@ -629,6 +634,8 @@ class _Model:
     dur: dict[int, pulp.LpAffineExpression] = field(default_factory=dict)
     # used[x,y,u]: unit u runs a block of the stretch between articulation blocks x and y (``_section_rows``)
     used: dict[tuple[int, int, int], pulp.LpVariable] = field(default_factory=dict)
+    # held[u,b]: how many of blocks 0..b unit u runs, where u has a next identical instance (``_symmetry_rows``)
+    held: dict[tuple[int, int], pulp.LpVariable] = field(default_factory=dict)
     # stall[u]: a frame's work on throttled unit u is more than its burst; extra[b,u]: what that adds to block
     # b's duration there (``_stall_rows``), with the expressions they are set from in a warm start
     stall: dict[int, pulp.LpVariable] = field(default_factory=dict)
@@ -690,6 +697,7 @@ class _Model:
             "d": self.d,
             "dur": self.dur,
             "used": self.used,
+            "held": self.held,
             "stall": self.stall,
             "extra": self.extra,
             "stall_work": self.stall_work,
@@ -883,13 +891,15 @@ def _assignment_rows(m: _Model) -> None:
         # a cluster's cores are shared out: every core belongs to at most one unit (and so one stage)
         lp += pulp.lpSum(units[u].cores * m.on[u] for u in m.units_of_pu[p]) <= cores, f"cores_{p}"
     for p in problem.pus():
-        held = pulp.lpSum(problem.held_bytes(b) * m.on_pu(b, p) for b in range(m.n))
-        lp += held <= problem.memory[p], f"memory_{p}"  # weights and activations fit the PU's memory
+        held = pulp.lpSum(problem.held_bytes(b) / MIB * m.on_pu(b, p) for b in range(m.n))
+        lp += held <= problem.memory[p] / MIB, f"memory_{p}"  # weights and activations fit the PU's memory
 
 
 def _symmetry_rows(m: _Model) -> None:
     """Of identical units, instance i+1 is used only after instance i, and holds a block only if instance i
-    holds an earlier one (so each solution is counted once, not k! times)."""
+    holds an earlier one (so each solution is counted once, not k! times). How many blocks up to b instance i
+    holds is a variable of its own, a running sum (``held``): the sum written out in each row was two thirds of
+    bert_small's model on bst-a1000 (265k of 417k nonzeros) for the same relaxation."""
     lp, a, units = m.lp, m.a, m.problem.units
     for u, x in enumerate(units):
         nxt = next(
@@ -898,10 +908,14 @@ def _symmetry_rows(m: _Model) -> None:
         if nxt is None:
             continue
         lp += m.on[u] >= m.on[nxt], f"symmetry_on_{u}"
+        before: pulp.LpVariable | None = None  # the running sum so far: blocks up to b that u holds
         for b in range(m.n):
+            if (b, u) in a:
+                count = m.held[(u, b)] = pulp.LpVariable(f"h_{u}_{b}", 0)
+                lp += count == (before if before is not None else 0) + a[(b, u)], f"symmetry_count_{u}_{b}"
+                before = count
             if (b, nxt) in a:
-                earlier = pulp.lpSum(a[(c, u)] for c in range(b + 1) if (c, u) in a)
-                lp += a[(b, nxt)] <= earlier, f"symmetry_first_{u}_{b}"
+                lp += a[(b, nxt)] <= (before if before is not None else 0), f"symmetry_first_{u}_{b}"
 
 
 def _flow_rows(m: _Model, dur: dict[int, pulp.LpAffineExpression]) -> None:
@@ -1426,6 +1440,11 @@ def _set_warm_start(problem: Problem, v: dict, warm: Assignment) -> None:
         var.setInitialValue(1 if ui != uj and problem.units[ui].pu == p == problem.units[uj].pu else 0)
     for (x, y, u), var in v["used"].items():
         var.setInitialValue(1 if u in warm.block_unit[x + 1 : y] else 0)
+    counts: dict[int, list[int]] = {}  # unit -> how many of blocks 0..b it runs, per b
+    for (u, b), var in v["held"].items():
+        if u not in counts:
+            counts[u] = list(itertools.accumulate(1 if x == u else 0 for x in warm.block_unit))
+        var.setInitialValue(counts[u][b])
     stalled = {u: problem.stalls(u, v["stall_work"][u].value()) for u in v["stall"]}  # after a, q, q2, z, w
     for u, var in v["stall"].items():
         var.setInitialValue(1 if stalled[u] else 0)
@@ -1576,6 +1595,7 @@ def _solver(
         solver = _WarmHiGHS(warm, deadline, cut, msg=False, timeLimit=time_limit, gapRel=gap, threads=1)
         if effort is not None:
             solver.optionsDict["mip_heuristic_effort"] = effort
+        solver.optionsDict["presolve_rule_off"] = PROBING_OFF
         solver.name = "highs"
         return solver
     if name == "cbc":

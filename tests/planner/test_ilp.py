@@ -81,6 +81,24 @@ def _cluster_toy(n_blocks: int, edges: list[tuple[int, int]], costs: list[float]
     return toy_problem(units, cost, edges, transfer_ms=0.3, busy_w={u: 0.2 * x.cores for u, x in enumerate(units)})
 
 
+def test_symmetry_rows_forbid_a_later_instance_first_in_rows_linear_in_the_blocks() -> None:
+    nonzeros = []
+    for n in (20, 40):
+        problem = _cluster_toy(n, [(i, i + 1) for i in range(n - 1)], [1.0] * n)
+        lp, _ = _formulate(problem, "throughput")
+        nonzeros.append(sum(len(row) for name, row in lp.constraints.items() if name.startswith("symmetry")))
+    # a running count per unit: twice the blocks, about twice the nonzeros (the sums written out: four times)
+    assert nonzeros[1] <= 2.2 * nonzeros[0]
+    problem = _cluster_toy(3, [(0, 1), (1, 2)], [1.0, 1.0, 1.0])
+    lp, v = _formulate(problem, "throughput")
+    # the 1-core units are 3..6: instance 1 (unit 4) runs block 0, instance 0 (unit 3) only block 1
+    _set_warm_start(problem, v, Assignment((4, 3, 7)))
+    broken = {name for name, row in lp.constraints.items() if not row.valid(1e-6)}
+    assert broken == {"symmetry_first_3_0"}
+    _set_warm_start(problem, v, Assignment((3, 4, 7)))  # the same layout, instances in order
+    assert not [name for name, row in lp.constraints.items() if not row.valid(1e-6)]
+
+
 @st.composite
 def _warm_starts(draw):
     n = draw(st.integers(3, 7))
