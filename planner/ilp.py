@@ -470,10 +470,11 @@ def solve(
     return Solution(assign, figures, backend.name, status, mip_gap, bound, seconds, objective, value)
 
 
-MIB = float(2**20)  # the memory rows count MiB: in bytes their 1e6-1e10 coefficients made HiGHS warn of bad scaling
+MIB = float(2**20)  # the memory rows count MiB: in bytes (coefficients to 2e6, right-hand sides to 8e9) HiGHS warned of bad scaling
 # HiGHS's presolve rules switched off (bit 15: probing). Probing the binaries of a latency model with thousands of
-# ordering rows took all of bert_small's 19 s on bst-a1000 (interrupted in presolve, no bound at all); with it
-# off that solve closes at the root, and over bench_planner's 72 rows the seconds fell (``bench/results_planner.txt``)
+# ordering rows took all of bert_small's 19 s on bst-a1000 (interrupted in presolve, no bound at all); with it off
+# and the shorter symmetry rows that solve closes at the root, and bench_planner's 72 rows took 506 s instead of 583
+# with probing (655 s before both; ``bench/results_planner.txt``)
 PROBING_OFF = 1 << 15
 FLOOR_MIN_S = 0.25  # a bound computed in less time proves little
 FLOOR_SHARE = 1 / 8  # of a latency solve's limit, kept for the bound from outside the solver
