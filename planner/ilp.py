@@ -470,7 +470,8 @@ def solve(
     return Solution(assign, figures, backend.name, status, mip_gap, bound, seconds, objective, value)
 
 
-MIB = float(2**20)  # the memory rows count MiB: in bytes (coefficients to 2e6, right-hand sides to 8e9) HiGHS warned of bad scaling
+# the memory rows count MiB: in bytes (coefficients to 2e6, right-hand sides to 8e9) HiGHS warned of bad scaling
+MIB = float(2**20)
 # HiGHS's presolve rules switched off (bit 15: probing). Probing the binaries of a latency model with thousands of
 # ordering rows took all of bert_small's 19 s on bst-a1000 (interrupted in presolve, no bound at all); with it off
 # and the shorter symmetry rows that solve closes at the root, and bench_planner's 72 rows took 506 s instead of 583
