@@ -6,7 +6,8 @@ inception_v3 in <= 5 s, a >= 340-op transformer (bert_small, fine operators) and
 Prints, per (model, profile, objective): blocks, solver status, seconds, gap, the ILP's
 objective and the best baseline's, and the ratio (baseline / ours, > 1 = we are better);
 then the execution-model check: the solver's value against the analytic prediction of the
-lowered plan (solver/analytic, 1.000 = one model) and simulated / analytic throughput;
+lowered plan (solver/analytic, 1.000 = one model) and simulated / analytic throughput (the plan's own
+simulation; where that is off by more than 2%, 1,000 frames, as the tests check, since 240 may still see the fill);
 last, which goal was missed: seconds over the goal, a proven gap over its target (with the
 solver's bound: the objective no plan beats; the gap is between it and the ILP column).
 Seconds are ``solve_objective``'s, the step of best_plan that solves: the objective's own warm start
@@ -36,12 +37,13 @@ from device_profiles.loader import load_profile
 from models.coarsen import coarsen
 from models.graph import build_graph
 from models.onnx_io import load_onnx
-from planner.build import evaluate, to_plan
+from planner.build import evaluate, priced, to_plan
 from planner.costmodel import CostModel
 from planner.ilp import schedule
 from planner.plan import Provenance
 from planner.problem import build_problem
 from planner.search import UNBOUNDED, SearchOptions, _candidates, _Goal, pareto_set, solve_objective
+from planner.simulate import simulate
 
 CASES = [
     ("googlenet", "coarse", 2.0),
@@ -116,6 +118,8 @@ def main() -> None:
                     "energy": plan.predicted.energy_mj,
                 }[objective]
                 sim = plan.simulated.throughput_fps / plan.predicted.throughput_fps
+                if abs(sim - 1) > SIM_TOLERANCE:  # 240 frames may still see the fill's transient: 1,000 must agree
+                    sim = simulate(priced(plan, graph, cost), LONG_RUN).throughput_fps / plan.predicted.throughput_fps
                 target = 0.03 if objective == "latency" and goal >= 30 else 0.01
                 missed = [f"+{seconds - goal:.1f}s"] if seconds > goal else []
                 if sol.gap is None or sol.gap > target:
@@ -132,6 +136,8 @@ def main() -> None:
 
 
 PARETO_GOAL_S = 60.0
+SIM_TOLERANCE = 0.02  # simulated / analytic steady-state throughput
+LONG_RUN = 1000  # frames simulated where the plan's own run is off by more than that (as the tests do)
 
 
 def pareto(args: argparse.Namespace) -> None:

@@ -291,8 +291,10 @@ def schedule(problem: Problem, assignment: Assignment) -> Figures:
     unit_of = assignment.block_unit
     preds, pu_of_unit, memories_of_unit = _shape(problem)
     pu_of = [pu_of_unit[u] for u in unit_of]
-    starts_part = partition_starts(problem, assignment)
     overhead = problem.unit_overhead
+    # which blocks start a partition matters for the per-partition overhead only (none on a profile not calibrated:
+    # a third of a call's time, and load balancing makes thousands of calls)
+    starts_part = partition_starts(problem, assignment) if any(overhead.values()) else (False,) * n
     if assignment.int8 or assignment.second:
         levels = [assignment.level(b) for b in range(n)]
         dur = [
