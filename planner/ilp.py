@@ -423,7 +423,8 @@ def solve(
     # HiGHS's primal heuristics at 0.3 of its effort (default 0.05) for throughput: googlenet on
     # khadas-vim3-armcl closes in 27 nodes instead of 499; of 18 throughput solves (7 zoo models, 3 boards)
     # the others close at the root either way, bert_small takes as many nodes, multiview_bev on
-    # khadas-vim3-armcl 511 instead of 441 (in less time)
+    # khadas-vim3-armcl 511 instead of 441 (in less time). Shifting on too took a quarter off the 24 throughput rows'
+    # seconds but pushed bert_small on khadas-vim3 past its gap in 30 s (``bench/results_planner.txt``, 12-04)
     effort = 0.3 if objective == "throughput" and not timed else None
     backend = _run_solver(lp, solver, remaining, time_limit, gap, warm is not None, effort, deadline, cut)
     seconds = time.perf_counter() - started
