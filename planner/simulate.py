@@ -47,8 +47,9 @@ from profiler.measure import AT_RATE_LOAD
 # ``plan``'s time), and never fewer than MIN_SIM_FRAMES frames
 SIM_SEGMENT_RUNS = 12_000
 MIN_SIM_FRAMES = 40
-# a run with fewer frames in flight than the plan's window stands for it when it reaches this share of the
-# bound on throughput (a larger window cannot pass the bound, and only adds frames to simulate)
+# a run with fewer frames in flight than the plan's window stands for it when its rate is the bound on throughput
+# to within this share (a larger window cannot pass the bound, and only adds frames to simulate; a rate above it
+# is a transient: ``_at_bound``)
 SATURATED = 0.999
 
 
@@ -234,12 +235,19 @@ def simulate(model: PlanModel, frames: int = 200, max_inflight: int | None = Non
         # twice as large in turn, each under half the plan's, so that all of them together cost less than the
         # plan's own (captcha_crnn's latency plan on ``local``: 463 partitions, a window of 927 frames, 11.8 s
         # to simulate; 18 in flight reach 99.97% of the bound, in 0.15 s).
+        # A rate above the bound is no steady state either: frames that queued while a window filled, leaving
+        # in a burst (yolo_det's energy plan on khadas-vim3: 50 in flight over 100 frames ran at 1.038 of it).
         trial = small
         while steady is None and trial < window / 2:
             steady = _steady(model, frames, trial)
-            if steady[5] < SATURATED * 1000.0 / bound:
+            if not _at_bound(steady[5], bound):
                 steady, trial = None, 2 * trial
     frames, enter, leave, busy, extra_mj, throughput = steady or _steady(model, frames, window)
+    if steady is None and frames > 1 and model.plan.pipelined and not _at_bound(throughput, _period(model)[0]):
+        # two windows of a large window may not be past the fill yet (multiview_bev's throughput plan on
+        # khadas-vim3-armcl: 207 in flight over 414 frames ran at 0.975 of the bound, over 1,000 at 1.000):
+        # once more, twice as long, and that answer stands (below the bound it may be the plan's own limit)
+        frames, enter, leave, busy, extra_mj, throughput = _steady(model, 2 * frames, window)
     makespan = leave[-1] - enter[0]
     if frames > 1 and math.isfinite(throughput):
         p_enter, p_leave, _, _ = _run(model, requested, window, 1000.0 / (AT_RATE_LOAD * throughput))
@@ -255,6 +263,12 @@ def simulate(model: PlanModel, frames: int = 200, max_inflight: int | None = Non
         busy_ms=busy,
         makespan_ms=makespan,
     )
+
+
+def _at_bound(throughput_fps: float, period_ms: float) -> bool:
+    """Whether a run's rate is the bound's (``_period``) to within ``SATURATED``, from below or above."""
+    ratio = throughput_fps * period_ms / 1000.0
+    return SATURATED <= ratio <= 1.0 / SATURATED
 
 
 def _saturating_window(model: PlanModel, period_ms: float) -> int:
