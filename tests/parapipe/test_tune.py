@@ -564,8 +564,8 @@ def test_tune_learns_a_network_link_from_a_plan_run_across_it(tmp_path, monkeypa
     assert again.calibration.network[link] == fitted.calibration.network[link]
 
 
-def _conv_chain_model(path: Path) -> Path:
-    """Four 3x3 convolutions of 16 channels on a 128x128 map: a few ms a frame on one core."""
+def _conv_chain_model(path: Path, side: int = 128) -> Path:
+    """Four 3x3 convolutions of 16 channels on a ``side`` x ``side`` map: a few ms a frame on one core at 128."""
     import numpy as np
     import onnx
     from onnx import TensorProto, helper, numpy_helper
@@ -583,8 +583,8 @@ def _conv_chain_model(path: Path) -> Path:
     graph = helper.make_graph(
         nodes,
         "conv-chain",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 128, 128])],
-        [helper.make_tensor_value_info(prev, TensorProto.FLOAT, [1, 16, 128, 128])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, side, side])],
+        [helper.make_tensor_value_info(prev, TensorProto.FLOAT, [1, 16, side, side])],
         weights,
     )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)

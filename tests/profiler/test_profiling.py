@@ -62,7 +62,9 @@ def test_a_throttled_run_records_the_work_it_did_not_the_quota_it_waited_for(tmp
         pytest.skip(why)
     from tests.parapipe.test_tune import _conv_chain_model
 
-    loaded = load_onnx(_conv_chain_model(tmp_path / "chain.onnx"))
+    # a 256x256 map: four times the work of test_tune's chain, so that a fast core (1.6 ms at 128 on 12-04's
+    # machine) still runs it longer than two quotas
+    loaded = load_onnx(_conv_chain_model(tmp_path / "chain.onnx", side=256))
     model = loaded.proto.SerializeToString()
     graph = build_graph(loaded.proto, loaded.sha256)
     feeds = random_feeds(graph, loaded.proto)
