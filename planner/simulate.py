@@ -228,7 +228,8 @@ def simulate(model: PlanModel, frames: int = 200, max_inflight: int | None = Non
         frames = max(min(frames, int(SIM_SEGMENT_RUNS / max(per_frame, 1.0))), MIN_SIM_FRAMES)
     requested = frames
     steady = None
-    if frames > 1 and window > (small := _saturating_window(model, bound := _period(model)[0])):
+    bound = _period(model)[0] if frames > 1 else 0.0  # the analytic period: what a steady run's rate is checked by
+    if frames > 1 and window > (small := _saturating_window(model, bound)):
         # The run below is at least two windows long, and a plan of hundreds of partitions has a window of
         # hundreds of frames. Fewer in flight already fill the busiest unit in most plans: then the rate is
         # the bound (``_period``) that a larger window cannot pass, and the short run is the answer. Windows
@@ -243,7 +244,7 @@ def simulate(model: PlanModel, frames: int = 200, max_inflight: int | None = Non
             if not _at_bound(steady[5], bound):
                 steady, trial = None, 2 * trial
     frames, enter, leave, busy, extra_mj, throughput = steady or _steady(model, frames, window)
-    if steady is None and frames > 1 and model.plan.pipelined and not _at_bound(throughput, _period(model)[0]):
+    if steady is None and frames > 1 and model.plan.pipelined and not _at_bound(throughput, bound):
         # two windows of a large window may not be past the fill yet (multiview_bev's throughput plan on
         # khadas-vim3-armcl: 207 in flight over 414 frames ran at 0.975 of the bound, over 1,000 at 1.000):
         # once more, twice as long, and that answer stands (below the bound it may be the plan's own limit)
