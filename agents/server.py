@@ -396,6 +396,9 @@ def build_server(
         # callers and peers ping to find dead links; allow it without a call in progress
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.min_ping_interval_without_data_ms", 1000),
+        # gRPC sets SO_REUSEPORT by default: a second agent started on a port one already serves would bind
+        # too and silently take half its connections; without it the second one fails with "address in use"
+        ("grpc.so_reuseport", 0),
     ]
     calls = CallLimits(limits)
     interceptors: list[grpc.ServerInterceptor] = [TokenInterceptor(token)] if token else []
@@ -409,14 +412,17 @@ def build_server(
 
     add_inference_service(state, server)
     address = f"{host}:{port}"
-    if tls is not None:
-        cert, key, ca = tls
-        creds = grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=ca is not None)
-        bound = server.add_secure_port(address, creds)
-    else:
-        bound = server.add_insecure_port(address)
+    try:  # grpcio reports a port it cannot bind by returning 0 or, in newer releases, raising RuntimeError
+        if tls is not None:
+            cert, key, ca = tls
+            creds = grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=ca is not None)
+            bound = server.add_secure_port(address, creds)
+        else:
+            bound = server.add_insecure_port(address)
+    except RuntimeError:
+        bound = 0
     if bound == 0:
-        raise OSError(f"cannot listen on {address}")
+        raise OSError(f"cannot listen on {address}: is another agent or program already using the port?")
     return server, bound, calls
 
 

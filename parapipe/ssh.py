@@ -7,7 +7,9 @@ local port to the agent on the board's 127.0.0.1 (the agent never listens public
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import logging
 import select
 import shlex
 import socket
@@ -20,6 +22,8 @@ import paramiko
 from parapipe.boards import Board
 from parapipe.known_hosts import fingerprint, read_known_hosts
 from parapipe.local_agent import DeployError
+
+log = logging.getLogger(__name__)
 
 PARTIAL = ".parapipe-partial-"  # an upload's temporary name: <target>.parapipe-partial-<8 hex digits>
 
@@ -196,17 +200,21 @@ class BoardConnection:
 
 
 class LocalForward:
-    """127.0.0.1:<free port> on the host -> 127.0.0.1:<remote_port> on the board, through the SSH transport."""
+    """127.0.0.1:<free port> on the host -> 127.0.0.1:<remote_port> on the board, through the SSH transport.
+
+    A connection the board refuses (nothing listens on the port, sshd forbids forwarding) is closed at
+    once; why is logged and kept in ``failures``, since TCP itself can only say "reset"."""
 
     def __init__(self, transport: paramiko.Transport, remote_port: int) -> None:
         self.transport, self.remote_port = transport, remote_port
+        self.failures: list[str] = []
         self.server = socket.socket()
         self.server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.server.bind(("127.0.0.1", 0))
         self.server.listen(16)
         self.port = self.server.getsockname()[1]
         self.stopping = False
-        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread = threading.Thread(target=self._accept, name="pp-forward", daemon=True)
         self.thread.start()
 
     def _accept(self) -> None:
@@ -217,10 +225,13 @@ class LocalForward:
                 return
             try:
                 chan = self.transport.open_channel("direct-tcpip", ("127.0.0.1", self.remote_port), sock.getpeername())
-            except (paramiko.SSHException, OSError):
+            except (paramiko.SSHException, OSError) as exc:
+                why = f"the board refused a forwarded connection to its 127.0.0.1:{self.remote_port}: {exc!r}"
+                self.failures.append(why)
+                log.warning("%s", why)
                 sock.close()
                 continue
-            threading.Thread(target=self._pump, args=(sock, chan), daemon=True).start()
+            threading.Thread(target=self._pump, args=(sock, chan), name="pp-forward-pump", daemon=True).start()
 
     @staticmethod
     def _pump(sock: socket.socket, chan: paramiko.Channel) -> None:
@@ -244,8 +255,13 @@ class LocalForward:
             sock.close()
 
     def close(self) -> None:
+        """Stop listening: shut down first, which wakes the accept thread (a plain close leaves it blocked in
+        accept(2), and the port listening, for the life of the process)."""
         self.stopping = True
+        with contextlib.suppress(OSError):
+            self.server.shutdown(socket.SHUT_RDWR)
         self.server.close()
+        self.thread.join(timeout=5)
 
     def __enter__(self) -> LocalForward:
         return self

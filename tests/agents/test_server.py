@@ -167,6 +167,19 @@ def test_wrong_token_is_unauthenticated() -> None:
         assert a.client.status().agent_version  # still serving the right token
 
 
+def test_a_second_agent_on_a_served_port_refuses_to_start_and_the_first_keeps_it(agent, tmp_path) -> None:
+    """gRPC binds with SO_REUSEPORT unless told not to: a second agent on the same port would start and take
+    a share of the first one's connections. It must exit 2 saying the port is in use instead."""
+    import subprocess
+    import sys
+
+    argv = [sys.executable, "-m", "agents.server", "--port", str(agent.port), "--workdir", str(tmp_path / "wd")]
+    second = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert second.returncode == 2, second.stderr
+    assert f"cannot listen on 127.0.0.1:{agent.port}" in second.stderr and "Traceback" not in second.stderr
+    assert agent.client.status().agent_version  # the first one still serves it
+
+
 def test_a_cut_off_upload_leaves_no_bundle(agent, bundle) -> None:
     folder, _, _ = bundle
     text = (folder / MANIFEST).read_text()

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -814,8 +815,12 @@ def test_deploy_with_metrics_serves_them_on_the_boards_loopback(board, bundle, m
     frame = {spec.name: np.random.default_rng(0).standard_normal(shape).astype(np.float32)}
 
     def scrape(conn: BoardConnection) -> dict[str, float]:
-        with conn.forward(port) as fwd, urllib.request.urlopen(f"http://127.0.0.1:{fwd.port}/metrics", timeout=30) as r:
-            text = r.read().decode()
+        with conn.forward(port) as fwd:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{fwd.port}/metrics", timeout=30) as r:
+                    text = r.read().decode()
+            except OSError as exc:  # say why the board refused the tunnel's connection, if it did
+                raise OSError(f"{exc!r}; the forward's failures: {fwd.failures}") from exc
         return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples if not s.labels}
 
     with BoardConnection(board) as conn:
@@ -832,3 +837,25 @@ def test_deploy_with_metrics_serves_them_on_the_boards_loopback(board, bundle, m
     with BoardConnection(board) as conn, pytest.raises(OSError):
         scrape(conn)
     undeploy(board)
+
+
+def test_a_forward_the_board_refuses_says_why_and_a_closed_forward_stops_listening(board, tmp_path) -> None:
+    """Nothing listens on the board's port: the connection is closed, and the forward keeps why (TCP can
+    only say "reset"); once closed, its local port refuses connections (no accept thread left behind)."""
+    import socket
+
+    nothing = free_port()
+    with BoardConnection(board) as conn:
+        with conn.forward(nothing) as fwd:
+            with socket.create_connection(("127.0.0.1", fwd.port), timeout=30) as sock:
+                sock.settimeout(30)
+                with contextlib.suppress(ConnectionResetError):
+                    assert sock.recv(1) == b""
+            deadline = time.monotonic() + 30
+            while not fwd.failures:
+                assert time.monotonic() < deadline, "the refused connection was not recorded"
+                time.sleep(0.05)
+            assert f"127.0.0.1:{nothing}" in fwd.failures[0]
+        assert not fwd.thread.is_alive()
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", fwd.port), timeout=5).close()
