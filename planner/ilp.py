@@ -285,8 +285,8 @@ def schedule(problem: Problem, assignment: Assignment) -> Figures:
     allow, each unit running its blocks in the assignment's order (topological unless given).
 
     A block that starts a partition carries its unit's per-partition overhead, in latency, load and energy. On
-    a CFS-throttled unit whose frame work is more than one period's quota (``Problem.stalls``), each block takes
-    its time times the unit's factor in latency (its load and energy are its work)."""
+    a CFS-throttled unit, a frame's work past one period's quota (``Problem.stalled``) takes the unit's factor
+    times its time in latency (its load and energy are its work)."""
     n = len(problem.blocks)
     unit_of = assignment.block_unit
     preds, pu_of_unit, memories_of_unit = _shape(problem)
@@ -309,8 +309,8 @@ def schedule(problem: Problem, assignment: Assignment) -> Figures:
             send, receive = problem.handoff_cpu.get((ei, pu_of[i], pu_of[j]), (0.0, 0.0))
             dur[i] += send
             dur[j] += receive
-    # a frame's work on a throttled unit beyond one period's quota: all of it at the unit's share (latency only)
-    span = problem.stalled(unit_of, dur)
+    # a frame's work on a throttled unit past one period's quota: at the unit's share (latency only)
+    span = problem.stalled(unit_of, dur, assignment.sequence())
     transfer, handoff_delay = problem.transfer, problem.handoff_delay
     free: dict[int, float] = {}
     finish = [0.0] * n
@@ -454,7 +454,7 @@ def solve(
     assign = _extract(problem, v)
     value = float(pulp.value({"latency": v["L"], "throughput": v["P"], "energy": v["E"]}[objective]))
     # the incumbent as it runs: the ILP counts partitions from below (``_partition_rows``), which on a throttled
-    # unit can also decide whether it stalls, and the solver's tolerances let a stall row slip by a hair
+    # unit can also decide how much of its work is past the burst, and the solver's tolerances let a row slip by a hair
     figures = schedule(problem, assign)
     if (
         start is not None
@@ -641,11 +641,14 @@ class _Model:
     used: dict[tuple[int, int, int], pulp.LpVariable] = field(default_factory=dict)
     # held[u,b]: how many of blocks 0..b unit u runs, where u has a next identical instance (``_symmetry_rows``)
     held: dict[tuple[int, int], pulp.LpVariable] = field(default_factory=dict)
-    # stall[u]: a frame's work on throttled unit u is more than its burst; extra[b,u]: what that adds to block
-    # b's duration there (``_stall_rows``), with the expressions they are set from in a warm start
-    stall: dict[int, pulp.LpVariable] = field(default_factory=dict)
-    extra: dict[tuple[int, int], pulp.LpVariable] = field(default_factory=dict)
-    stall_work: dict[int, pulp.LpAffineExpression] = field(default_factory=dict)
+    # on a throttled unit u (``_stall_rows``), per block b: fast[b,u] its work there at full speed, past[b,u] = 1
+    # once the unit's work before it (in the order the unit runs them) is past the burst, ahead[j,b,u] block j's
+    # work there if j runs before b (j independent of b); with the expressions of a block's work there (stall_own)
+    # they are set from in a warm start
+    fast: dict[tuple[int, int], pulp.LpVariable] = field(default_factory=dict)
+    past: dict[tuple[int, int], pulp.LpVariable] = field(default_factory=dict)
+    ahead: dict[tuple[int, int, int], pulp.LpVariable] = field(default_factory=dict)
+    stall_before: dict[tuple[int, int], pulp.LpAffineExpression] = field(default_factory=dict)
     stall_own: dict[tuple[int, int], pulp.LpAffineExpression] = field(default_factory=dict)
 
     @property
@@ -703,9 +706,10 @@ class _Model:
             "dur": self.dur,
             "used": self.used,
             "held": self.held,
-            "stall": self.stall,
-            "extra": self.extra,
-            "stall_work": self.stall_work,
+            "fast": self.fast,
+            "past": self.past,
+            "ahead": self.ahead,
+            "stall_before": self.stall_before,
             "stall_own": self.stall_own,
         }
 
@@ -863,10 +867,15 @@ def _most_work(m: _Model, b: int, u: int) -> float:
 
 
 def _stall_rows(m: _Model, dur: dict[int, pulp.LpAffineExpression]) -> None:
-    """stall[u] = 1: a frame's work on throttled unit u is more than its burst (``Problem.stalls``), and then
-    every block there takes ``factor`` times its time: extra[b,u] >= (factor - 1) x its work there, added to
-    its duration (big-M rows, exact where they bind: the latency rows push extra down)."""
+    """On throttled unit u, a frame's first ``burst`` ms of work runs at full speed, the rest at the unit's
+    factor k (``Problem.stalled``), in the order the unit runs its blocks: block b's work before it there is
+    its ancestors' (always before it) and ahead[j,b,u] for each block j independent of b (its work there if
+    o says j runs first: a lower bound, exact where it binds, as less of it only helps b). b runs
+    fast[b,u] = min(its work, max(0, burst - the work before it)) at full speed: the upper bounds, with
+    past[b,u] = 1 where the max is 0 (one binary per block that can run on the unit), are exact because a
+    block's full-speed work takes nothing from another's. Its duration gains (k - 1) x (its work - fast)."""
     problem, lp = m.problem, m.lp
+    independent = {frozenset(pair) for pair in problem.independent}
     for u, burst in sorted(problem.burst.items()):
         k = problem.factor(u)
         blocks = [b for b in range(m.n) if (b, u) in m.a]
@@ -875,14 +884,39 @@ def _stall_rows(m: _Model, dur: dict[int, pulp.LpAffineExpression]) -> None:
         most = {b: _most_work(m, b, u) for b in blocks}
         if sum(most.values()) <= burst * (1 + 1e-9):
             continue  # never more than the burst
-        stall = m.stall[u] = pulp.LpVariable(f"stall_{u}", cat="Binary")
-        work = m.stall_work[u] = _unit_work(m, u)
-        lp += work <= burst * (1 + 1e-9) + sum(most.values()) * stall, f"stall_{u}"
+        own = {b: m.own(b, u) for b in blocks}
+        m.stall_own.update({(b, u): own[b] for b in blocks})
         for b in blocks:
-            extra = m.extra[(b, u)] = pulp.LpVariable(f"stall_{b}_{u}", 0)
-            own = m.stall_own[(b, u)] = m.own(b, u)
-            lp += extra >= (k - 1) * own - (k - 1) * most[b] * (1 - stall), f"stall_{b}_{u}"
-            dur[b] += extra
+            terms: list = []
+            for j in blocks:
+                if j == b:
+                    continue
+                if frozenset((j, b)) not in independent:
+                    if j < b:  # an ancestor (blocks are in topological order): always before b
+                        terms.append(own[j])
+                    continue
+                first = _order_var(m, j, b)
+                ahead = m.ahead[(j, b, u)] = pulp.LpVariable(f"stall_ahead_{j}_{b}_{u}", 0)
+                lp += ahead >= own[j] - most[j] * (1 - first), f"stall_ahead_{j}_{b}_{u}"
+                terms.append(ahead)
+            before = m.stall_before[(b, u)] = pulp.lpSum(terms)
+            reach = sum(most[j] for j in blocks if j != b)  # the most the work before b can be
+            fast = m.fast[(b, u)] = pulp.LpVariable(f"stall_fast_{b}_{u}", 0, min(burst, most[b]))
+            past = m.past[(b, u)] = pulp.LpVariable(f"stall_past_{b}_{u}", cat="Binary")
+            lp += fast <= own[b], f"stall_fast_own_{b}_{u}"
+            lp += fast <= burst - before + reach * past, f"stall_fast_left_{b}_{u}"
+            lp += fast <= burst * (1 - past), f"stall_fast_past_{b}_{u}"
+            dur[b] += (k - 1) * (own[b] - fast)
+
+
+def _order_var(m: _Model, j: int, b: int) -> pulp.LpAffineExpression | pulp.LpVariable:
+    """1 when independent block j runs before block b on their unit: o[j,b], or 1 - o[b,j] (made here if the
+    ordering rows have not made it yet; they use the same variable)."""
+    i, jj = min(j, b), max(j, b)  # ``Problem.independent`` holds (i < j)
+    if (i, jj) not in m.orders:
+        m.orders[(i, jj)] = pulp.LpVariable(f"o_{i}_{jj}", cat="Binary")
+    o = m.orders[(i, jj)]
+    return o if i == j else 1 - o
 
 
 def _assignment_rows(m: _Model) -> None:
@@ -967,7 +1001,8 @@ def _same_pu_handoffs(m: _Model, ei: int, i: int, j: int) -> list[pulp.LpAffineE
 def _big_m(m: _Model, horizon: float | None) -> float:
     """Big-M of the ordering rows: no block of any plan ends later (or, given, of any plan worth keeping)."""
     problem = m.problem
-    stall = max((problem.factor(u) for u in problem.burst), default=1.0)  # a throttled unit's work alone (``stalls``)
+    # a throttled unit's work alone past its burst (``Problem.stalled``)
+    stall = max((problem.factor(u) for u in problem.burst), default=1.0)
     big_m = max(stall, 1.0) * (
         sum(max(problem.slowest(b, u) for u in m.allowed[b]) for b in range(m.n))
         + m.n * max(problem.unit_overhead.values(), default=0.0)
@@ -1002,7 +1037,9 @@ def _order_rows(m: _Model, dur: dict[int, pulp.LpAffineExpression], big_m: float
         shared = [u for u in m.allowed[i] if u in allowed[j]]
         if not shared:
             continue
-        o = m.orders[(i, j)] = pulp.LpVariable(f"o_{i}_{j}", cat="Binary")
+        if (i, j) not in m.orders:  # the stall rows may have made it
+            m.orders[(i, j)] = pulp.LpVariable(f"o_{i}_{j}", cat="Binary")
+        o = m.orders[(i, j)]
         same = m.sames[(i, j)] = pulp.LpVariable(f"same_{i}_{j}", 0, 1)
         for u in shared:  # same >= a[i,u] + a[j,u] - 1
             row([(same, 1), (a[(i, u)], -1), (a[(j, u)], -1)], -1, f"same_{i}_{j}_{u}")
@@ -1450,12 +1487,15 @@ def _set_warm_start(problem: Problem, v: dict, warm: Assignment) -> None:
         if u not in counts:
             counts[u] = list(itertools.accumulate(1 if x == u else 0 for x in warm.block_unit))
         var.setInitialValue(counts[u][b])
-    stalled = {u: problem.stalls(u, v["stall_work"][u].value()) for u in v["stall"]}  # after a, q, q2, z, w
-    for u, var in v["stall"].items():
-        var.setInitialValue(1 if stalled[u] else 0)
-    for (b, u), var in v["extra"].items():
-        own = v["stall_own"][(b, u)].value() if stalled[u] and warm.block_unit[b] == u else 0.0
-        var.setInitialValue((problem.factor(u) - 1) * own)
+    for (j, b, u), var in v["ahead"].items():  # after a, q, q2, z, w and the orders (``own`` reads them)
+        i, jj = min(j, b), max(j, b)
+        o = 1 if figures.starts[i] <= figures.starts[jj] else 0  # as the order is set above
+        first = o if i == j else 1 - o
+        var.setInitialValue(v["stall_own"][(j, u)].value() if first else 0.0)
+    for (b, u), var in v["fast"].items():
+        burst, before = problem.burst[u], v["stall_before"][(b, u)].value()
+        var.setInitialValue(min(v["stall_own"][(b, u)].value(), max(0.0, burst - before)))
+        v["past"][(b, u)].setInitialValue(1 if before > burst else 0)
     for b, var in v["d"].items():  # after every variable its expression reads
         var.setInitialValue(v["dur"][b].value())
     v["L"].setInitialValue(figures.latency_ms)

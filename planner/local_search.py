@@ -120,7 +120,7 @@ class _Latency:
                 send, receive = problem.handoff_cpu.get((ei, self.pu[unit_of[i]], self.pu[unit_of[j]]), (0.0, 0.0))
                 dur[i] += send
                 dur[j] += receive
-        return problem.stalled(unit_of, dur)  # a throttled unit beyond its burst: all of its work at its factor
+        return problem.stalled(unit_of, dur, order)  # a throttled unit's work past its burst: at its factor
 
     def __call__(self, unit_of: Sequence[int], order: Sequence[int]) -> float:
         dur = self.durations(unit_of, order)

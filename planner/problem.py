@@ -84,12 +84,13 @@ class Problem:
     # what a plan with int8 blocks carries (calibration ranges, metric, budget); None: plans cannot have int8 blocks
     precision: PlanPrecision | None = None
     # unit -> how many times its time alone a unit's work takes back to back (a CFS-throttled PU's quota runs out:
-    # ``CostModel.sustained_factor``): throughput counts a unit's load at this factor, latency only where the unit
-    # stalls (``burst``); absent: 1
+    # ``CostModel.sustained_factor``): throughput counts a unit's load at this factor, latency only past the unit's
+    # burst (``burst``); absent: 1
     sustained: dict[int, float] = field(default_factory=dict)
-    # throttled unit -> the work (ms at full speed) one CFS period's quota runs (``CostModel.burst_ms``): a frame
-    # whose work on the unit (its blocks, partition overheads, gRPC CPU time) is more than this runs all of it
-    # at the unit's share, its time times ``factor``, in latency too (``stalls``); absent: never
+    # throttled unit -> the work (ms at full speed) one CFS period's quota runs (``CostModel.burst_ms``): a frame's
+    # first this much work on the unit (its blocks, partition overheads, gRPC CPU time; in the order it runs them) runs
+    # at full speed, the rest at the unit's share, its time times ``factor``, in latency too (``stalled``);
+    # absent: never
     burst: dict[int, float] = field(default_factory=dict)
     # what is derived from the problem alone (baselines, warm starts), computed once per problem
     derived: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
@@ -115,22 +116,23 @@ class Problem:
         """The unit's load in the period is its work times this (``sustained``)."""
         return self.sustained.get(unit, 1.0)
 
-    def stalls(self, unit: int, work_ms: float) -> bool:
-        """Whether a frame with ``work_ms`` of work on the unit waits for its CFS quota alone (``burst``)."""
-        burst = self.burst.get(unit)
-        return burst is not None and self.factor(unit) > 1.0 and work_ms > burst * (1 + 1e-9)
-
-    def stalled(self, unit_of: Sequence[int], dur: Sequence[float]) -> list[float]:
-        """Blocks' durations in latency, given where they run and their durations at full speed: on a unit whose
-        frame work (their sum there) is more than its burst (``stalls``), all of it at the unit's factor."""
+    def stalled(self, unit_of: Sequence[int], dur: Sequence[float], order: Sequence[int]) -> list[float]:
+        """Blocks' durations in latency, given where they run, their durations at full speed and the order
+        the units run them in: on a throttled unit, a frame's first ``burst`` ms of work there runs at full
+        speed (the quota one CFS period refilled) and the rest at the unit's factor (as ``ilp._stall_rows``
+        and the simulator have it). A block gets full speed for what is left of the burst when it starts."""
         if not self.burst:
             return list(dur)
-        work: dict[int, float] = {}
-        for b, d in enumerate(dur):
-            work[unit_of[b]] = work.get(unit_of[b], 0.0) + d
-        return [
-            d * self.factor(unit_of[b]) if self.stalls(unit_of[b], work[unit_of[b]]) else d for b, d in enumerate(dur)
-        ]
+        left = {u: burst for u, burst in self.burst.items() if self.factor(u) > 1.0}
+        span = list(dur)
+        for b in order:
+            u = unit_of[b]
+            if u in left:
+                d = dur[b]
+                full = min(d, left[u])
+                left[u] -= full
+                span[b] = full + self.factor(u) * (d - full)
+        return span
 
     def ms(self, block: int, unit: int, int8: int = 0) -> float:
         """The block's time on the unit in fp32 (0), in the unit's reduced precision (1: ``int8_cost``) or in its

@@ -13,8 +13,8 @@ spend the link's CPU time (gRPC) on each tensor; units on one CPU cluster hand t
 share a memory (the profile's ``memories``) share its bandwidth as a budget per frame:
 frames enter and leave no faster than the memory moves one frame's bytes. A unit on a CFS-throttled PU
 runs a partition at full speed while its quota lasts and at its quota's share of the core after
-(``CostModel.sustained_factor``): alone, a frame takes its time (its factor times it where its work there
-is more than one period's quota, ``CostModel.burst_ms``); back to back, its unit's load is that
+(``CostModel.sustained_factor``): alone, a frame takes its time, and its factor times it for its work there
+past one period's quota (``CostModel.burst_ms``); back to back, its unit's load is that
 factor times its work, in the analytic model, the simulation and the ILP alike. Frames
 are admitted while fewer than ``max_inflight`` are in flight (the executor's bounded
 queues; 1 for plans that are not pipelined), replicated stages take frames
@@ -371,10 +371,14 @@ class _Run:
         # a CFS-throttled unit (sustained factor k > 1) as a fluid quota: it runs at full speed while it has quota,
         # which refills at 1/k ms per ms up to one frame's work there (a frame alone never waits for it) and
         # drains at 1 ms per ms of work; without quota it runs at 1/k speed. Back to back, its work takes k times
-        # its time (the analytic load); alone, its time. A unit whose frame work is more than its burst (one
-        # period's quota) has none: alone too, all of it at 1/k speed (``Problem.stalls``, as in ``schedule``).
+        # its time (the analytic load); alone, its time. On a unit whose frame work is more than its burst (the
+        # work one period's quota runs), the quota holds what runs the burst at full speed (burst x (1 - 1/k):
+        # it refills while it drains), and a frame runs at most its first burst ms of work there at full speed,
+        # the rest at 1/k, whatever refilled in its gaps (``Problem.stalled``, as in ``schedule`` and the ILP).
         # unit -> [quota, when it was last brought up to date, cap]
         self.quota: dict[tuple, list[float]] = {}
+        self.stalling: dict[tuple, float] = {}  # the units where a frame's work is more than the burst: -> burst
+        self.burst_left: dict[tuple[tuple, int], float] = {}  # (unit, frame) -> full-speed work it has left
         throttled = {s.unit_key for s in model.segments if model.factor[s.key] > 1.0}
         if throttled:
             work = [
@@ -383,8 +387,11 @@ class _Run:
             ]
             for u in throttled:
                 cap = max(w[u] for w in work)
-                if u in model.burst and cap > model.burst[u] * (1 + 1e-9):
-                    cap = 0.0  # more than one period's quota a frame: all of it at the unit's share, alone too
+                burst = model.burst.get(u)
+                if burst is not None and cap > burst * (1 + 1e-9):
+                    k = max(model.factor[x.key] for x in model.segments if x.unit_key == u)
+                    cap = burst * (1.0 - 1.0 / k)
+                    self.stalling[u] = burst
                 self.quota[u] = [cap, 0.0, cap]
 
     def push(self, t: float, kind: str, data: tuple) -> None:
@@ -452,7 +459,7 @@ class _Run:
             heapq.heappush(queue, (f + self.lag[nxt], f, index + 1, nxt))
         ms = self.model.ms[key]
         if unit in self.quota:
-            ms = self.throttled(unit, now, ms, self.model.factor[key])
+            ms = self.throttled(unit, now, ms, self.model.factor[key], f)
         self.unit_busy_until[unit] = now + ms
         self.rank.setdefault(unit, len(self.rank))
         self.ending.setdefault(now + ms, set()).add(unit)
@@ -461,17 +468,20 @@ class _Run:
         self.extra_mj += self.energy_of[key]
         self.push(now + ms, "done", (f, key))
 
-    def throttled(self, unit: tuple, now: float, work: float, k: float) -> float:
-        """How long ``work`` ms (at full speed) takes on a throttled unit starting now; its quota after."""
+    def throttled(self, unit: tuple, now: float, work: float, k: float, frame: int) -> float:
+        """How long frame ``frame``'s ``work`` ms (at full speed) takes on a throttled unit starting now; its
+        quota (and the frame's burst left there) after."""
         state = self.quota[unit]
         share = 1.0 / k
         quota = min(state[2], state[0] + share * (now - state[1]))  # refilled while it was idle
-        if quota >= work * (1.0 - share):  # enough quota for all of it at full speed
-            took, state[0] = work, quota - work * (1.0 - share)
-        else:  # full speed until the quota is gone, then at its share
-            fast = quota / (1.0 - share)
-            took, state[0] = fast + (work - fast) * k, 0.0
-        state[1] = now + took
+        fast = work if quota >= work * (1.0 - share) else quota / (1.0 - share)  # full speed while quota lasts
+        burst = self.stalling.get(unit)
+        if burst is not None:  # and for no more than the frame's first burst ms of work there
+            left = self.burst_left.get((unit, frame), burst)
+            fast = min(fast, left)
+            self.burst_left[(unit, frame)] = left - fast
+        took = fast + (work - fast) * k  # at its share after: what refills is what it runs
+        state[0], state[1] = max(0.0, quota - fast * (1.0 - share)), now + took
         return took
 
     def done(self, now: float, f: int, key: tuple) -> None:

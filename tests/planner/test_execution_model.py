@@ -271,6 +271,9 @@ def test_schedule_is_the_lowered_plan_for_any_placement_and_order(case) -> None:
     # the simulator may run fewer frames in flight than the executor's window where they already reach the
     # bound on throughput (checked above): the plan run with its whole window goes no faster, but where its
     # measured stretch comes out above the bound itself
+    # (where that run misses the bound, the simulator runs it once more, twice as long, and takes that: the
+    # longer run may come out a little lower, the plan's own limit, and is as much the plan's answer)
     model = priced(plan, graph, cost)
-    whole = _steady(model, 240, model.max_inflight())
-    assert simulated.throughput_fps >= min(whole[5], predicted.throughput_fps) * (1 - 0.002)
+    whole = _steady(model, 240, model.max_inflight())[5]
+    longer = _steady(model, 2 * 240, model.max_inflight())[5]
+    assert simulated.throughput_fps >= min(whole, longer, predicted.throughput_fps) * (1 - 0.002)

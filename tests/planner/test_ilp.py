@@ -322,3 +322,26 @@ def test_a_latency_ilp_too_wide_for_its_time_limit_is_not_written_and_the_warm_s
     assert latency.figures == schedule(problem, warm)
     throughput = solve(problem, "throughput", time_limit=5.0, warm=warm)  # no ordering rows: solved
     assert not throughput.status.startswith("not solved")
+
+
+def test_a_throttled_unit_runs_its_first_burst_at_full_speed_in_the_order_it_chooses() -> None:
+    """LITTLE (factor 2.5, a 1 ms burst) runs two independent blocks of a fork: a 1 ms one whose successor on
+    big takes 7 ms, and a 3 ms one that goes straight to the join. A frame's first 1 ms of work there runs at
+    full speed, the rest at 2.5x, in the order LITTLE runs them: the short one first (ends at 2, its
+    successor at 9) and the long one after it at 2.5x (ends at 9.5): 10.5 ms with the join. The long one
+    first: 17.5. The rule taken in index order would give the burst to the long block (11.5), the old rule
+    (all of a stalling unit's work at the factor) 12."""
+    big, little = Unit("big", "cpu", 1, 0), Unit("little", "cpu", 1, 0)
+    # 0 fork (big); 1: 3 ms on LITTLE only; 2: 1 ms on LITTLE only; 3: 7 ms on big only, after 2; 4 join (big)
+    cost = {(0, 0): 1.0, (1, 1): 3.0, (2, 1): 1.0, (3, 0): 7.0, (4, 0): 1.0}
+    edges = [(0, 1), (0, 2), (2, 3), (1, 4), (3, 4)]
+    problem = toy_problem([big, little], cost, edges, sustained={1: 2.5}, burst={1: 1.0})
+    solution = solve(problem, "latency", time_limit=20, gap=1e-9)
+    assert solution.status == "optimal"
+    assert solution.value == pytest.approx(10.5)
+    figures = schedule(problem, solution.assignment)
+    assert figures.latency_ms == pytest.approx(10.5)
+    long_first = schedule(problem, Assignment((0, 1, 1, 0, 0), (0, 1, 2, 3, 4)))
+    assert long_first.latency_ms == pytest.approx(17.5)
+    # back to back, LITTLE's 4 ms of work a frame take 10 ms: throughput sees the sustained time
+    assert figures.period_ms == pytest.approx(10.0)

@@ -107,7 +107,7 @@ def test_a_realtime_thread_is_throttled_under_cfs_and_gets_its_policy_back() -> 
 @given(st.floats(0.0, 500.0), st.sampled_from([10.0, 25.0, 40.0, 70.0, 100.0]))
 def test_the_work_recorded_for_a_run_alone_on_a_throttled_core_gives_back_its_time_alone(work, quota) -> None:
     """A run alone does one period's quota at full speed and the rest at the quota's share (what the planner's
-    model takes for a frame's work there: ``Problem.stalls``): the work recorded for its time is that work."""
+    model takes for a frame's work there: ``Problem.stalled``): the work recorded for its time is that work."""
     burst = cfs_settings(quota)[1] / 1000.0
     alone = work if work <= burst else burst + (work - burst) * 100.0 / quota
     assert full_speed_ms(alone, quota) == pytest.approx(work, rel=1e-9, abs=1e-9)

@@ -72,8 +72,8 @@ def small_problems(draw, overhead: float = 0.0) -> Problem:
 
 
 def _maybe_throttled(draw, problem: Problem) -> Problem:
-    """Half the time the CPU cluster CFS-throttled (each of its units: they stay interchangeable): a frame whose
-    work on one of them is more than its burst runs all of it there at the factor (``Problem.stalls``)."""
+    """Half the time the CPU cluster CFS-throttled (each of its units: they stay interchangeable): a frame's
+    work on one of them past its burst runs there at the factor (``Problem.stalled``)."""
     if not draw(st.booleans()):
         return problem
     cpu = [u for u, unit in enumerate(problem.units) if unit.pu == "cpu"]
