@@ -159,6 +159,17 @@ class CostModel:
         throttle = self.profile.pu(pu).throttle
         return 100.0 / throttle.quota_percent if throttle is not None else 1.0
 
+    def alone_factor(self, pu: str) -> float:
+        """How many times its time a frame's work past the burst (``burst_ms``) takes on ``pu`` alone: the CFS
+        share, 100 / quota, since nothing else runs on the core then; back to back ``sustained_factor`` (what
+        ``tune`` fitted: other threads on the core take their part) where that is less. 1 where not throttled."""
+        unit = UnitName(pu)
+        if unit.spans:
+            return max(self.alone_factor(p) for p in unit.parts)
+        throttle = self.profile.pu(pu).throttle
+        nominal = 100.0 / throttle.quota_percent if throttle is not None else 1.0
+        return min(nominal, self.sustained_factor(pu)) if throttle is not None else self.sustained_factor(pu)
+
     def burst_ms(self, pu: str) -> float | None:
         """On a CFS-throttled PU, the work (ms at full speed) one period's quota runs: a frame whose work on the
         unit is more than this waits for the quota alone too (``Problem.burst``); None where the PU is not

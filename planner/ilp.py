@@ -877,9 +877,9 @@ def _stall_rows(m: _Model, dur: dict[int, pulp.LpAffineExpression]) -> None:
     problem, lp = m.problem, m.lp
     independent = {frozenset(pair) for pair in problem.independent}
     for u, burst in sorted(problem.burst.items()):
-        k = problem.factor(u)
+        k = problem.alone_factor(u)
         blocks = [b for b in range(m.n) if (b, u) in m.a]
-        if k <= 1.0 or not blocks:
+        if problem.factor(u) <= 1.0 or not blocks:
             continue
         most = {b: _most_work(m, b, u) for b in blocks}
         if sum(most.values()) <= burst * (1 + 1e-9):

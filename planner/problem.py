@@ -92,6 +92,10 @@ class Problem:
     # at full speed, the rest at the unit's share, its time times ``factor``, in latency too (``stalled``);
     # absent: never
     burst: dict[int, float] = field(default_factory=dict)
+    # throttled unit -> how many times its time its work past the burst takes in a frame alone: the CFS share
+    # (period / quota, ``CostModel.alone_factor``), where ``sustained`` is what ``tune`` fitted back to back
+    # (other threads on the core take their part there); absent: its sustained factor
+    alone: dict[int, float] = field(default_factory=dict)
     # what is derived from the problem alone (baselines, warm starts), computed once per problem
     derived: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -116,10 +120,14 @@ class Problem:
         """The unit's load in the period is its work times this (``sustained``)."""
         return self.sustained.get(unit, 1.0)
 
+    def alone_factor(self, unit: int) -> float:
+        """A frame's work past the unit's burst takes this times its time (``alone``; never more than ``factor``)."""
+        return min(self.alone.get(unit, self.factor(unit)), self.factor(unit))
+
     def stalled(self, unit_of: Sequence[int], dur: Sequence[float], order: Sequence[int]) -> list[float]:
         """Blocks' durations in latency, given where they run, their durations at full speed and the order
         the units run them in: on a throttled unit, a frame's first ``burst`` ms of work there runs at full
-        speed (the quota one CFS period refilled) and the rest at the unit's factor (as ``ilp._stall_rows``
+        speed (the quota one CFS period refilled) and the rest at its ``alone_factor`` (as ``ilp._stall_rows``
         and the simulator have it). A block gets full speed for what is left of the burst when it starts."""
         if not self.burst:
             return list(dur)
@@ -131,7 +139,7 @@ class Problem:
                 d = dur[b]
                 full = min(d, left[u])
                 left[u] -= full
-                span[b] = full + self.factor(u) * (d - full)
+                span[b] = full + self.alone_factor(u) * (d - full)
         return span
 
     def ms(self, block: int, unit: int, int8: int = 0) -> float:
@@ -318,6 +326,7 @@ def build_problem(
         busy_extra_w={ui: _busy_extra_w(u, cost) for ui, u in enumerate(units)},
         sustained={ui: f for ui, u in enumerate(units) if (f := cost.sustained_factor(u.pu)) != 1.0},
         burst={ui: b for ui, u in enumerate(units) if (b := cost.burst_ms(u.pu)) is not None},
+        alone={ui: f for ui, u in enumerate(units) if (f := cost.alone_factor(u.pu)) != cost.sustained_factor(u.pu)},
         idle_w=sum(p.idle_power_w.value for p in cost.profile.pus) * cost.calibration.power_idle_scale,
         independent=tuple(_independent_pairs(succ)),
         regions=tuple(_fork_join_regions(succ)),
@@ -503,6 +512,7 @@ def toy_problem(
     sustained: dict[int, float] | None = None,
     second_cost: dict[tuple[int, int], float] | None = None,
     burst: dict[int, float] | None = None,
+    alone: dict[int, float] | None = None,
 ) -> Problem:
     """A problem from plain numbers (blocks 0..n-1 in topological order): for tests and examples."""
     n = 1 + max(b for b, _ in [*cost, *(int8_cost or {})])
@@ -540,6 +550,7 @@ def toy_problem(
         idle_w=idle_w,
         sustained=dict(sustained or {}),
         burst=dict(burst or {}),
+        alone=dict(alone or {}),
         independent=tuple(_independent_pairs(succ)),
         regions=tuple(_fork_join_regions(succ)),
         max_stages=max_stages,

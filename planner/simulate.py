@@ -108,6 +108,8 @@ class PlanModel:
         self.factor = {s.key: cost.sustained_factor(s.pu) for s in self.segments}
         # and its burst: the work one CFS period's quota runs (``CostModel.burst_ms``)
         self.burst = {s.unit_key: b for s in self.segments if (b := cost.burst_ms(s.pu)) is not None}
+        # and what its work past the burst takes alone (``CostModel.alone_factor``; at most the sustained factor)
+        self.alone = {s.unit_key: min(cost.alone_factor(s.pu), self.factor[s.key]) for s in self.segments}
 
     def frame_segments(self, frame: int) -> tuple[Segment, ...]:
         """The segments one frame runs (its replica of every stage); the same for every frame of one phase of
@@ -372,9 +374,10 @@ class _Run:
         # which refills at 1/k ms per ms up to one frame's work there (a frame alone never waits for it) and
         # drains at 1 ms per ms of work; without quota it runs at 1/k speed. Back to back, its work takes k times
         # its time (the analytic load); alone, its time. On a unit whose frame work is more than its burst (the
-        # work one period's quota runs), the quota holds what runs the burst at full speed (burst x (1 - 1/k):
-        # it refills while it drains), and a frame runs at most its first burst ms of work there at full speed,
-        # the rest at 1/k, whatever refilled in its gaps (``Problem.stalled``, as in ``schedule`` and the ILP).
+        # work one period's quota runs), a frame runs at most its first burst ms of work there at full speed,
+        # whatever refilled in its gaps, and the rest at the unit's factor alone ka (<= k) while the quota lasts,
+        # draining it by 1 - ka/k a ms of work, at 1/k after (``Problem.stalled``, as in ``schedule`` and the
+        # ILP). The quota holds what a frame alone needs for both: burst x (1 - 1/k) + past it x (1 - ka/k).
         # unit -> [quota, when it was last brought up to date, cap]
         self.quota: dict[tuple, list[float]] = {}
         self.stalling: dict[tuple, float] = {}  # the units where a frame's work is more than the burst: -> burst
@@ -390,7 +393,7 @@ class _Run:
                 burst = model.burst.get(u)
                 if burst is not None and cap > burst * (1 + 1e-9):
                     k = max(model.factor[x.key] for x in model.segments if x.unit_key == u)
-                    cap = burst * (1.0 - 1.0 / k)
+                    cap = burst * (1.0 - 1.0 / k) + (cap - burst) * (1.0 - model.alone[u] / k)
                     self.stalling[u] = burst
                 self.quota[u] = [cap, 0.0, cap]
 
@@ -476,12 +479,20 @@ class _Run:
         quota = min(state[2], state[0] + share * (now - state[1]))  # refilled while it was idle
         fast = work if quota >= work * (1.0 - share) else quota / (1.0 - share)  # full speed while quota lasts
         burst = self.stalling.get(unit)
-        if burst is not None:  # and for no more than the frame's first burst ms of work there
-            left = self.burst_left.get((unit, frame), burst)
-            fast = min(fast, left)
-            self.burst_left[(unit, frame)] = left - fast
-        took = fast + (work - fast) * k  # at its share after: what refills is what it runs
-        state[0], state[1] = max(0.0, quota - fast * (1.0 - share)), now + took
+        if burst is None:
+            took = fast + (work - fast) * k  # at its share after: what refills is what it runs
+            state[0], state[1] = max(0.0, quota - fast * (1.0 - share)), now + took
+            return took
+        left = self.burst_left.get((unit, frame), burst)  # no more than the frame's first burst ms of work there
+        fast = min(fast, left)
+        self.burst_left[(unit, frame)] = left - fast
+        quota -= fast * (1.0 - share)
+        rest, alone = work - fast, self.model.alone[unit]
+        # past the burst: at its factor alone while the quota lasts, at the sustained one after
+        mid = rest if alone >= k else min(rest, max(0.0, quota) / (1.0 - alone / k))
+        quota -= mid * (1.0 - alone / k)
+        took = fast + mid * alone + (rest - mid) * k
+        state[0], state[1] = max(0.0, quota), now + took
         return took
 
     def done(self, now: float, f: int, key: tuple) -> None:

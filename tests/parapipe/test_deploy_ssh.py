@@ -23,7 +23,7 @@ from parapipe.deploy import agent_client, deploy, undeploy
 from parapipe.local_agent import DeployError
 from parapipe.ssh import BoardConnection
 from tests.support.cli import SHORT_MEMORY
-from tests.support.sshd import free_port, keygen, start_sshd, stop_sshd
+from tests.support.sshd import free_port, free_port_pair, keygen, start_sshd, stop_sshd
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +62,7 @@ def board(sshd, tmp_path):
         known_hosts=str(sshd.known_hosts),
         python=sys.executable,
         workdir=str(workdir),
-        agent_port=free_port(),
+        agent_port=free_port_pair(),  # and the next for --metrics
     )
     # whatever the test did, leave no agent running on the "board"
     pid = workdir / "agent.pid"

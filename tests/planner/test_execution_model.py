@@ -137,7 +137,23 @@ def cases(draw):
     calibration = draw(st.none() | st.tuples(st.floats(0.7, 1.6), st.floats(0.0, 1.0)))  # (alpha, beta ms)
     objective = draw(st.sampled_from(["latency", "throughput", "energy"]))
     handoff = draw(st.sampled_from([0.0, 0.0, 0.4, 3.0]))  # the handoff delay tune learns between PUs (ms)
-    return dag_graph(flops, edges, nbytes), draw(boards()), objective, calibration, handoff
+    board = draw(boards())
+    # a throttled PU's sustained factor as tune fits it back to back, above the CFS share a frame alone sees
+    slower = draw(st.sampled_from([1.0, 1.0, 1.4]))
+    return dag_graph(flops, edges, nbytes), (board, slower), objective, calibration, handoff
+
+
+def _cost(profile_and_slower: tuple[DeviceProfile, float], graph: OpGraph) -> CostModel:
+    """The case's cost model: a throttled PU's sustained factor ``slower`` x its CFS share where that is not 1."""
+    profile, slower = profile_and_slower
+    cost = CostModel(profile, graph)
+    if slower != 1.0:
+        calibration = cost.calibration
+        for p in profile.pus:
+            if p.throttle is not None:
+                calibration = calibration.with_sustained(p.name, slower * 100.0 / p.throttle.quota_percent)
+        cost = cost.recalibrated(calibration)
+    return cost
 
 
 def _calibrate(cost: CostModel, alpha: float, beta: float) -> CostModel:
@@ -186,16 +202,16 @@ def _check_partitions(plan: Plan, graph: OpGraph, profile: DeviceProfile) -> Non
 @given(cases())
 def test_solver_analytic_and_simulation_are_one_model(case) -> None:
     (graph, blocks), profile, objective, calibration, handoff = case
-    cost = CostModel(profile, graph)
+    cost = _cost(profile, graph)
     if calibration is not None:
         cost = _calibrate(cost, *calibration)
     cost = cost.recalibrated(cost.calibration.with_handoff(handoff))
     problem = build_problem(blocks, graph, cost, 4)
     solution = solve(problem, objective, time_limit=20, gap=1e-6)
     assert solution.status == "optimal"
-    plan = to_plan(problem, solution.assignment, blocks, profile, Provenance("ilp"), "p")
-    validate(plan, graph, profile)
-    _check_partitions(plan, graph, profile)
+    plan = to_plan(problem, solution.assignment, blocks, cost.profile, Provenance("ilp"), "p")
+    validate(plan, graph, cost.profile)
+    _check_partitions(plan, graph, cost.profile)
     plan = evaluate(plan, graph, cost, frames=240)
     predicted, simulated = plan.predicted, plan.simulated
     figures = schedule(problem, solution.assignment)
@@ -232,7 +248,7 @@ def placed(draw):
     the units running their blocks in a random order that respects the data flow (mostly not the
     topological one)."""
     (graph, blocks), profile, _, calibration, handoff = draw(cases())
-    cost = CostModel(profile, graph)
+    cost = _cost(profile, graph)
     if calibration is not None:
         cost = _calibrate(cost, *calibration)
     cost = cost.recalibrated(cost.calibration.with_handoff(handoff))

@@ -345,3 +345,8 @@ def test_a_throttled_unit_runs_its_first_burst_at_full_speed_in_the_order_it_cho
     assert long_first.latency_ms == pytest.approx(17.5)
     # back to back, LITTLE's 4 ms of work a frame take 10 ms: throughput sees the sustained time
     assert figures.period_ms == pytest.approx(10.0)
+    # tune fitted 3.5 back to back (other threads on the core): the load is priced at it, a frame alone is not
+    fitted = dataclasses.replace(problem, sustained={1: 3.5}, alone={1: 2.5})
+    solution = solve(fitted, "latency", time_limit=20, gap=1e-9)
+    assert solution.value == pytest.approx(10.5)
+    assert schedule(fitted, solution.assignment).period_ms == pytest.approx(14.0)

@@ -78,7 +78,10 @@ def _maybe_throttled(draw, problem: Problem) -> Problem:
         return problem
     cpu = [u for u, unit in enumerate(problem.units) if unit.pu == "cpu"]
     burst = draw(st.sampled_from([1.0, 4.0, 9.0]))
-    return dataclasses.replace(problem, sustained=dict.fromkeys(cpu, 2.5), burst=dict.fromkeys(cpu, burst))
+    alone = draw(st.sampled_from([2.5, 1.8]))  # past the burst alone: the CFS share, or less than tune's fit
+    return dataclasses.replace(
+        problem, sustained=dict.fromkeys(cpu, 2.5), burst=dict.fromkeys(cpu, burst), alone=dict.fromkeys(cpu, alone)
+    )
 
 
 @st.composite
