@@ -37,7 +37,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
-import os
 import threading
 import time
 from collections.abc import Iterator
@@ -584,22 +583,19 @@ _banner_shown = False
 
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
-    """HiGHS prints its banner from C++ to fd 1, even with output off, once per process: at its first instance.
-    That instance is made here with fd 1 pointed away, once; the solves after it print nothing, so fd 1 stays
-    ours while they run (a solve may run beside another thread's output: ``LimitCut``)."""
+    """HiGHS prints its banner from C++ to fd 1, even with output off, once per process: at the first instance
+    that logs anything. That first instance is made here, once, with console logging off (HiGHS marks the banner
+    written all the same), so no solve prints it and fd 1 is never touched: a solve may run beside another
+    thread's output (``LimitCut``), and pointing fd 1 away even for a moment would swallow that thread's lines."""
     global _banner_shown
     with _BANNER:
         if not _banner_shown:
-            import highspy
+            from highspy.highs import _Highs
 
-            saved = os.dup(1)
-            try:
-                with open(os.devnull, "w") as null:
-                    os.dup2(null.fileno(), 1)
-                    highspy.Highs()
-            finally:
-                os.dup2(saved, 1)
-                os.close(saved)
+            first = _Highs()
+            first.setOptionValue("log_to_console", False)
+            first.setOptionValue("log_file", "")
+            first.setCallback(None, None)  # the first call that logs: the banner, to nowhere
             _banner_shown = True
     yield
 
