@@ -349,8 +349,8 @@ def fit_memory(
     return learnt or None
 
 
-# Tried for a CFS-throttled PU's sustained factor (its back-to-back time over its time alone): from none to well
-# beyond 100 / quota (a partition that starts out of quota waits a whole period first).
+# Tried for a CFS-throttled PU's sustained factor (its back-to-back time over its time alone): from its CFS share,
+# 100 / quota, to well beyond it (a partition that starts out of quota waits a whole period first).
 SUSTAINED_GRID = (1.0, 1.25, 1.5, 1.75, 2.0, 2.25, 2.5, 2.75, 3.0, 3.5, 4.0, 5.0, 6.0, 8.0)
 
 
@@ -367,7 +367,13 @@ def fit_sustained(
     quota runs out, and the cost model counts its unit's load at the factor (``CostModel.sustained_factor``).
     The factor on ``SUSTAINED_GRID`` (refined around the best) that predicts the measured throughputs best
     becomes the cost table's ``sustained-factor`` value for that PU. None when no PU is throttled or no
-    candidate changes a prediction (no plan measured runs there, or its load binds none)."""
+    candidate changes a prediction (no plan measured runs there, or its load binds none).
+
+    Never below the CFS share: back to back the quota lets the unit run quota / period of each period, so its
+    full-speed work takes at least 100 / quota times as long. A plan measured faster than that says its work
+    there is less than the table has, and a factor under the share would reprice every plan by how much it puts
+    on the unit instead (local-biglittle's squeezenet1_1 fitted 2.38 < 2.5 and its next plans, heavier on
+    LITTLE, were measured 35-57% slower than predicted)."""
     throttled = [p for p in profile.pus if p.throttle is not None]
     if not throttled or not runs:
         return None
@@ -380,28 +386,35 @@ def fit_sustained(
             return _throughput_rmspe(cost, runs, graph)
 
         base = calibrated.sustained_factor(pu.name)
-        scored = [(f, error(f)) for f in sorted({*SUSTAINED_GRID, base})]
-        if max(e for _, e in scored) - min(e for _, e in scored) <= TIE:
+        share = 100.0 / pu.throttle.quota_percent if pu.throttle else 1.0
+        scored = [(f, error(f)) for f in sorted({share, *(f for f in (*SUSTAINED_GRID, base) if f >= share)})]
+        if max(e for _, e in scored) - min(e for _, e in scored) <= TIE and base >= share:
             continue  # no measured plan's throughput depends on it
         best = least_change(scored, base)
         if best[0] != base:  # then finer, around the best
-            finer = [f for f in (best[0] * (1 + s * 0.025) for s in FINER) if f >= 1.0]
+            finer = [f for f in (best[0] * (1 + s * 0.025) for s in FINER) if f >= share]
             best = least_change([best, *((f, error(f)) for f in finer)], base)
         if best[0] == base:
             continue
-        cond = Conditions(
-            profile.name,
-            pu.name,
-            len(pu.cores),
-            len(pu.cores),
-            pu.execution_provider,
-            ort_version,
-            "all",
-            pu.throttle.quota_percent if pu.throttle else None,
-        )
+        cond = sustained_conditions(profile, pu.name, ort_version)
         table.learn(CalibrationRecord.learnt(graph.model_sha256, "sustained-factor", best[0], cond, len(runs), pu.name))
         learnt[pu.name] = best[0]
     return learnt or None
+
+
+def sustained_conditions(profile: DeviceProfile, pu_name: str, ort_version: str) -> Conditions:
+    """The conditions a PU's ``sustained-factor`` record is learnt and looked up under."""
+    pu = profile.pu(pu_name)
+    return Conditions(
+        profile.name,
+        pu.name,
+        len(pu.cores),
+        len(pu.cores),
+        pu.execution_provider,
+        ort_version,
+        "all",
+        pu.throttle.quota_percent if pu.throttle else None,
+    )
 
 
 # Tried for a network link: factors on its bandwidth, and the CPU time per tensor each end spends (gRPC and

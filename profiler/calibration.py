@@ -273,8 +273,8 @@ def calibrate(roofline: Roofline, table: CostTable | None, holdout: Iterable[str
     if graph.granularity != "op":
         raise ValueError("calibration needs the operator-level graph")
     held = frozenset(holdout)
-    entries = table.select(model_sha256=graph.model_sha256, board=board, precision=None) if table else []
-    learnt = table.learnt(model_sha256=graph.model_sha256, board=board) if table else []
+    entries = table.select(model_sha256=graph.model_sha256, board=board, precision=None) if table is not None else []
+    learnt = table.learnt(model_sha256=graph.model_sha256, board=board) if table is not None else []
     measured = _measured(graph.model_sha256, board, entries, learnt, held)
     configs = sorted({c for c, _ in measured.ops} | {c for c, _ in measured.fused})
     # Alpha and beta of a configuration are fitted on unit sums made with its unit fit (and no other's).

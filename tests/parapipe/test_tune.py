@@ -23,6 +23,7 @@ from parapipe.tune import (
     Noise,
     TuneOptions,
     feed_back,
+    fit_sustained,
     is_outlier,
     least_change,
     merge_runs,
@@ -33,6 +34,7 @@ from parapipe.tune import (
     rmspe,
     spread_pct,
     stop_reason,
+    sustained_conditions,
     table_errors,
     tune,
     worth_keeping,
@@ -608,6 +610,8 @@ def test_tune_learns_a_throttled_pus_sustained_factor_from_a_plan_run_on_it(tmp_
     from planner.baselines import flop_pipeline
     from planner.build import evaluate
     from planner.costmodel import CostModel
+    from planner.simulate import PlanModel
+    from profiler.costtable import CalibrationRecord
 
     try:
         real = load_profile("local-biglittle")
@@ -649,6 +653,36 @@ def test_tune_learns_a_throttled_pus_sustained_factor_from_a_plan_run_on_it(tmp_
     table.save(tmp_path / "costs.json")
     again = CostModel.from_table(unaware, graph, CostTable.load(tmp_path / "costs.json"))
     assert again.sustained_factor("little") == pytest.approx(factor)
+
+    # With the real quota (40%: a share of 2.5), a run measured faster than the share allows is explained by
+    # less work on the unit than the table has, never by a factor under the share: the fit that predicts this
+    # run best would be about 2.5 / 1.8, and it stays at the share.
+    share = 100.0 / real.pu("little").throttle.quota_percent
+    at_share = CostModel(real, graph)
+    bound = 1000.0 / max(
+        at_share.group_ms(s.members, s.pu, s.cores).ms * at_share.sustained_factor(s.pu)
+        for s in PlanModel(plan, graph, at_share).segments
+    )
+    fast = dataclasses.replace(result, measured=dataclasses.replace(result.measured, throughput_fps=1.8 * bound))
+    cheap = CostTable()
+    fitted_fast = fit_sustained(cheap, [(plan, fast)], graph, real, ort.__version__)
+    assert fitted_fast is None or fitted_fast["little"] >= share
+    assert CostModel.from_table(real, graph, cheap).sustained_factor("little") >= share
+    under = CostTable()
+    old = CostModel.from_table(real, graph, under)
+    under.learn(
+        CalibrationRecord.learnt(
+            graph.model_sha256,
+            "sustained-factor",
+            1.5,
+            sustained_conditions(real, "little", ort.__version__),
+            1,
+            "little",
+        )
+    )
+    assert CostModel.from_table(real, graph, under).sustained_factor("little") == 1.5 != old.sustained_factor("little")
+    # a factor learnt under the share before (an older table) is moved back up to it
+    assert fit_sustained(under, [(plan, fast)], graph, real, ort.__version__) == {"little": share}
 
 
 @settings(max_examples=200, deadline=None)
