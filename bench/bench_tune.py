@@ -7,7 +7,8 @@ noise. Energy is modelled here (no sensor), so it is not part of the error.
 Per round: the round's plans as predicted by the table they were planned with (out of
 sample for plans not measured before), the frames per measurement, and whether the
 recalibration after the round was kept (the new table's RMSPE on every plan measured so
-far, latency and throughput pooled, against the previous table's) and, with --detail, what a kept
+far, latency and throughput pooled, against the previous table's; "unseen": each plan predicted without its own
+partitions' measurements, which must not get worse) and, with --detail, what a kept
 recalibration learnt (handoff, shared-memory bandwidth, throttled PUs' sustained factors). Per model: the noise
 (relative std of one measurement: the first plan repeated, pooled with every plan a later round
 measured again; ``runs`` measurements in all), whether the final RMSPE
@@ -80,7 +81,7 @@ def main() -> None:
     costs = Path(os.environ["PARAPIPE_HOME"]) / "costs.json"
     print(
         f"{'board':16} {'model':14} {'round':>5} {'plans':>5} {'RMSPE lat %':>11} {'RMSPE thr %':>11} "
-        f"{'frames':>6}  calibration (RMSPE on all measured plans: previous -> new)  stop"
+        f"{'frames':>6}  calibration (RMSPE on all measured plans: previous -> new; each without its own)  stop"
     )
     summary = []
     for board in args.boards:
@@ -95,7 +96,8 @@ def main() -> None:
                 cal = (
                     "-"
                     if c is None
-                    else f"{'kept' if c.kept else 'reverted'} ({c.rmspe_before:.1f} -> {c.rmspe_after:.1f})"
+                    else f"{'kept' if c.kept else 'reverted'} ({c.rmspe_before:.1f} -> {c.rmspe_after:.1f}; "
+                    f"unseen {c.out_of_sample_before:.1f} -> {c.out_of_sample_after:.1f})"
                 )
                 print(
                     f"{board:16} {name:14} {h.index:5d} {h.plans:5d} {h.rmspe_latency:11.1f} {h.rmspe_throughput:11.1f} "

@@ -11,7 +11,8 @@ it, then single operators: measured, else the roofline scaled per op class by th
 this configuration's operator profile, times the fitted fusion factor. A partition is
 ``alpha * sum(units) + beta``, with alpha and beta fitted by relative least squares on the measured
 partitions of the configuration (fused execution is not the sum of its ops). ``holdout`` keeps chosen
-partitions out of every fit, so the model's error on what it has not seen can be reported.
+partitions (by label or by entry key) out of every fit, so the model's error on what it has not seen can be
+reported.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ class Calibration:
     # Measured energy (a board with a power sensor) rescales the profile's busy and idle power.
     power_active_scale: float = 1.0
     power_idle_scale: float = 1.0
-    holdout: frozenset[str] = frozenset()  # partition labels kept out of every fit
+    holdout: frozenset[str] = frozenset()  # partition labels or entry keys kept out of every fit
     # A shared memory's bandwidth (GB/s) by memory name, measured for this model (the whole model on the
     # memory's PUs at once, ``profiler.contention``) or fitted by ``parapipe tune``; replaces the profile's.
     memory_gbps: Mapping[str, float] = field(default_factory=lambda: _frozen({}))
@@ -157,6 +158,11 @@ class Calibration:
         return fit.alpha * units + fit.beta_ms if fit.partitions_fitted else units
 
 
+def held_out_entry(entry: CostEntry, holdout: frozenset[str]) -> bool:
+    """Whether ``holdout`` names this entry, by its label or by its key."""
+    return entry.name in holdout or entry.key in holdout
+
+
 def _measured(
     model_sha256: str,
     board: str,
@@ -185,7 +191,7 @@ def _measured(
         elif e.kind == "block":
             fused[(cfg, frozenset(e.members))] = e
         elif e.kind == "partition":
-            if e.name not in holdout:
+            if not held_out_entry(e, holdout):
                 fused[(cfg, frozenset(e.members))] = e
             partitions.setdefault(cfg, []).append(e)
     ordered = sorted(learnt, key=lambda r: r.measured_at)
@@ -251,7 +257,7 @@ def _partition_fit(units: Calibration, roofline: Roofline, cfg: Config) -> Fit:
     """``cfg``'s unit fit completed with alpha and beta, fitted on its measured partitions not held out."""
     xs, ys = [], []
     for e in units.partitions.get(cfg, ()):
-        if e.name in units.holdout or e.mean_ms < MIN_FIT_MS:
+        if held_out_entry(e, units.holdout) or e.mean_ms < MIN_FIT_MS:
             continue
         xs.append(units.units_ms(roofline, frozenset(e.members), cfg, exclude_self=True))
         ys.append(e.mean_ms)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
@@ -25,6 +25,9 @@ from parapipe.app import (
     print_json,
 )
 from parapipe.commands.precision_flags import PrecisionFlags
+
+if TYPE_CHECKING:
+    from parapipe.tune import Recalibration
 
 agent_app = typer.Typer(help="The board agent: serve it here, or ask one for its status.", no_args_is_help=True)
 app.add_typer(agent_app, name="agent")
@@ -132,6 +135,12 @@ class AgentObservabilityFlags:
         str | None,
         typer.Option("--log-format", help="text or json (JSON lines: time, level, event, bundle, plan, peer)."),
     ] = None
+
+
+def unseen(c: Recalibration) -> str:
+    """A recalibration's out-of-sample RMSPEs (each plan without its own measurement), where it has them."""
+    before, after = c.out_of_sample_before, c.out_of_sample_after
+    return "" if before is None or after is None else f"; unseen {before:.1f}% -> {after:.1f}%"
 
 
 def _flag_args(flags: object) -> list[str]:
@@ -414,7 +423,9 @@ def tune(
             f"{h.rmspe_latency:.1f}",
             f"{h.rmspe_throughput:.1f}",
             f"{h.rmspe_energy:.1f}" if h.rmspe_energy is not None else "n/a (energy modelled)",
-            "-" if c is None else f"{'kept' if c.kept else 'reverted'} ({c.rmspe_before:.1f}% -> {c.rmspe_after:.1f}%)",
+            "-"
+            if c is None
+            else f"{'kept' if c.kept else 'reverted'} ({c.rmspe_before:.1f}% -> {c.rmspe_after:.1f}%{unseen(c)})",
             f"{h.handoff_ms:.2f}" if h.handoff_ms is not None else "-",
             ", ".join(f"{m} {gbps:.2f}" for m, gbps in c.memory_gbps) if c is not None and c.memory_gbps else "-",
             ", ".join(f"{n} {gbps:.2f}, {m:.0f}, {mb:.0f}" for n, gbps, m, mb in c.network)

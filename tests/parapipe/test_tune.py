@@ -24,10 +24,12 @@ from parapipe.tune import (
     TuneOptions,
     feed_back,
     fit_sustained,
+    generalises,
     is_outlier,
     least_change,
     merge_runs,
     noise_verdict,
+    own_partitions,
     pooled_noise,
     pooled_spread_pct,
     recalibrate,
@@ -715,3 +717,63 @@ def test_a_recalibration_is_kept_only_for_a_gain_noise_alone_would_not_give(befo
         assert after < before and before - after >= KEEP_GAIN * before
     if after >= before * 0.96:  # e.g. 8.2% -> 8.0%: inception_v3's kept table that then mispredicted by 2.3x
         assert not kept
+
+
+def test_a_plans_own_measurement_is_left_out_of_its_out_of_sample_prediction(tuned, exported, tmp_path) -> None:
+    """Out of sample, a measured plan is predicted as before its partitions were fed back (they are its own, by
+    nodes, PU and cores, and kept out of every fit); in sample, it is predicted by them."""
+    import onnxruntime as ort
+
+    from planner.build import evaluate
+    from planner.costmodel import CostModel
+
+    graph, profile = _context(exported)
+    plan, real = tuned["last"][0]
+    table = CostTable.load(_fresh(tuned, tmp_path))
+    unseen = table_errors(table, [(plan, real)], graph, profile, out_of_sample=True)
+    slower = dataclasses.replace(
+        real,
+        partitions=tuple(
+            dataclasses.replace(p, busy_ms=p.busy_ms * 3, alone_busy_ms=p.alone_busy_ms * 3) for p in real.partitions
+        ),
+    )
+    assert feed_back(table, plan, slower, graph, profile, ort.__version__) > 0
+    assert own_partitions(table, plan, graph, profile), "the fed-back partitions are the plan's own"
+    agreed = evaluate(plan, graph, CostModel.from_table(profile, graph, table), frames=0).predicted
+    assert agreed is not None
+    consistent = dataclasses.replace(real, measured=Figures(agreed.latency_ms, agreed.throughput_fps, 1.0))
+    assert table_errors(table, [(plan, consistent)], graph, profile)[2] < 1e-6
+    assert table_errors(table, [(plan, real)], graph, profile, out_of_sample=True) == pytest.approx(unseen)
+    assert table_errors(table, [(plan, consistent)], graph, profile, out_of_sample=True)[2] > 50
+
+
+@pytest.mark.parametrize("plans", [1, 2])
+def test_a_recalibration_must_not_predict_the_plans_each_without_its_own_measurement_worse(
+    tuned, exported, tmp_path, monkeypatch, plans: int
+) -> None:
+    """A recalibration that predicts the measured plans better in sample (by its lookups of their own partitions)
+    but worse out of sample, each plan without its own measurement as the next round's new plans are priced, is
+    reverted from two measured plans on (``generalises``); with one plan nothing is left to learn it from and the
+    in-sample rule alone decides. The errors are set here (the real tables' would decide either way); the feed
+    back, the fits and the restore are the real ones."""
+    import onnxruntime as ort
+
+    import parapipe.tune as tune_module
+
+    graph, profile = _context(exported)
+    plan, real = tuned["last"][0]
+    runs = [(plan, real)] * plans
+    errors = {False: iter([20.0, 10.0]), True: iter([20.0, 30.0])}  # (before, after): in sample, out of sample
+
+    def table_errors(table, measured, graph, profile, out_of_sample=False):
+        return (0.0, 0.0, next(errors[out_of_sample]))
+
+    monkeypatch.setattr(tune_module, "table_errors", table_errors)
+    table = CostTable.load(_fresh(tuned, tmp_path))
+    before = {e.key: e for e in table}
+    verdict, _, _ = recalibrate(table, runs[:1], runs, graph, profile, ort.__version__)
+    assert (verdict.rmspe_before, verdict.rmspe_after) == (20.0, 10.0)
+    assert (verdict.out_of_sample_before, verdict.out_of_sample_after) == (20.0, 30.0)
+    assert worth_keeping(20.0, 10.0) and not generalises(20.0, 30.0)
+    assert verdict.kept == (plans == 1)
+    assert ({e.key: e for e in table} == before) == (plans == 2)
