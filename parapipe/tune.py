@@ -55,7 +55,7 @@ from parapipe.run import RunResult, run_plan
 from planner.costmodel import CostModel
 from planner.plan import Plan
 from planner.search import SearchOptions, best_plan, pareto_set
-from planner.segments import lower, segment_precision
+from planner.segments import Segment, lower, segment_precision
 from planner.unitname import UnitName
 from profiler.calibration import NetworkFit
 from profiler.costtable import EVERY_UNIT, CalibrationRecord, Conditions, CostEntry, CostTable, entry_key
@@ -155,12 +155,49 @@ def rmspe(pairs: list[tuple[float, float]]) -> float:
     return math.sqrt(sum(((p - m) / m) ** 2 for p, m in pairs) / len(pairs)) * 100
 
 
+def shared_burst_work(alone_ms: Sequence[float], quota_percent: float) -> list[float]:
+    """The work at full speed of partitions run one after another on a CFS-throttled unit in one frame, from their
+    times alone: together they ran the frame's first burst (one period's quota) at full speed and the rest at
+    the quota's share (``profiler.pinning.full_speed_ms`` of the time so far, less what the ones before did)."""
+    work, elapsed, done = [], 0.0, 0.0
+    for t in alone_ms:
+        elapsed += t
+        upto = full_speed_ms(elapsed, quota_percent)
+        work.append(upto - done)
+        done = upto
+    return work
+
+
+def throttled_work(segments: dict[str, Segment], result: RunResult, profile: DeviceProfile) -> dict[str, float]:
+    """The work at full speed each partition on a CFS-throttled PU did a frame, from the times alone of its unit's
+    partitions together (``shared_burst_work``, in the order the unit runs them), as the cost model prices a
+    frame there (``Problem.stalled``). Taken one by one, each partition after the first would be read as
+    starting with a full quota and its wait for the quota as work (bert_tiny on local-biglittle: a plan
+    predicted at 114 fps ran at 206). A unit with a partition not timed alone is left out."""
+    alone = {p.name: p.alone_per_frame_ms for p in result.partitions}
+    units: dict[tuple[int, int, int], list[Segment]] = {}
+    for seg in segments.values():
+        if not seg.pu.spans and profile.pu(seg.pu).throttle is not None:
+            units.setdefault(seg.unit_key, []).append(seg)
+    work: dict[str, float] = {}
+    for segs in units.values():
+        ordered = sorted(segs, key=lambda seg: seg.index)
+        times = [alone.get(seg.name) for seg in ordered]
+        throttle = profile.pu(ordered[0].pu).throttle
+        if throttle is None or any(t is None for t in times):
+            continue
+        shares = shared_burst_work([t for t in times if t is not None], throttle.quota_percent)
+        work.update(zip((seg.name for seg in ordered), shares, strict=True))
+    return work
+
+
 def feed_back(
     table: CostTable, plan: Plan, result: RunResult, graph: OpGraph, profile: DeviceProfile, ort_version: str
 ) -> int:
     """Measured busy time per frame of each partition -> measured partition entries; returns how many."""
     segments = {s.name: s for s in lower(plan, graph, profile)}
     flops = {n.name: n.flops for n in graph.nodes}
+    at_full_speed = throttled_work(segments, result, profile)
     added = 0
     for p in result.partitions:
         seg = segments.get(p.name)
@@ -178,12 +215,12 @@ def feed_back(
         if sustained and p.busy_per_frame_ms is not None:
             per_frame = p.busy_per_frame_ms
         elif pu.throttle is not None:
-            # the work it did at full speed, as the profiler records it, from its time alone (fluid: one
-            # period's quota at full speed, the rest at the quota's share); back to back it waited for the quota
-            # as well, so without a time alone nothing is fed back
-            if p.alone_per_frame_ms is None:
+            # the work it did at full speed, as the profiler records it, from its time alone (fluid: a frame's
+            # first burst of work on the unit at full speed, the rest at the quota's share: ``throttled_work``);
+            # back to back it waited for the quota as well, so without a time alone nothing is fed back
+            if p.name not in at_full_speed:
                 continue
-            per_frame = full_speed_ms(p.alone_per_frame_ms, pu.throttle.quota_percent)
+            per_frame = at_full_speed[p.name]
         else:
             per_frame = p.alone_per_frame_ms if p.alone_per_frame_ms is not None else p.busy_per_frame_ms
         if per_frame is None:

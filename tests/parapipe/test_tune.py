@@ -34,6 +34,7 @@ from parapipe.tune import (
     pooled_spread_pct,
     recalibrate,
     rmspe,
+    shared_burst_work,
     spread_pct,
     stop_reason,
     sustained_conditions,
@@ -777,3 +778,26 @@ def test_a_recalibration_must_not_predict_the_plans_each_without_its_own_measure
     assert worth_keeping(20.0, 10.0) and not generalises(20.0, 30.0)
     assert verdict.kept == (plans == 1)
     assert ({e.key: e for e in table} == before) == (plans == 2)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    times=st.lists(st.floats(0.01, 6.0), min_size=1, max_size=6),
+    quota=st.sampled_from([25.0, 40.0, 70.0]),
+)
+def test_a_throttled_units_partitions_share_a_frames_first_burst(times: list[float], quota: float) -> None:
+    """Read back from a frame's times alone, the partitions' work at full speed is what the cost model turns back
+    into those times: the frame's first burst (one period's quota) at full speed, the rest at the CFS share, in
+    the unit's order; every partition's work is positive and the first one's is read as the profiler reads a run."""
+    from profiler.pinning import cfs_settings, full_speed_ms
+
+    work = shared_burst_work(times, quota)
+    burst = cfs_settings(quota)[1] / 1000.0
+
+    def alone_ms(w: float) -> float:  # the cost model's time of a frame's first w ms of work on the unit
+        return w if w <= burst else burst + (w - burst) * 100.0 / quota
+
+    assert len(work) == len(times) and all(w > 0 for w in work)
+    assert work[0] == pytest.approx(full_speed_ms(times[0], quota))
+    for k in range(1, len(times) + 1):
+        assert alone_ms(sum(work[:k])) == pytest.approx(sum(times[:k]), rel=1e-9, abs=1e-9)
