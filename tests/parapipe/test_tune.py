@@ -455,19 +455,24 @@ def test_partitions_feed_back_their_one_at_a_time_time_where_a_shared_memory_hol
             ),
         )  # 2 ms a frame back to back, 1 ms one at a time
         # on a CFS-throttled PU the back-to-back excess is its sustained factor's (``fit_sustained``), with or
-        # without a shared memory: its partitions too keep their one-at-a-time time
+        # without a shared memory: its partitions too keep their one-at-a-time time, read back as the work a
+        # frame's partitions there did sharing its first burst (1 ms each alone: 1 ms, then 0.4 ms of work)
         throttled = tuple(dataclasses.replace(p, throttle=Throttle(40.0)) for p in profile.pus)
-        for board, one_at_a_time in (
-            (profile, True),
-            (dataclasses.replace(profile, memories=()), False),
-            (dataclasses.replace(profile, memories=(), pus=throttled), True),
+        shared: dict[str, float] = {}
+        for k in {s.unit_key for s in segments}:
+            unit = sorted((s for s in segments if s.unit_key == k), key=lambda s: s.index)
+            shared.update(zip((s.name for s in unit), shared_burst_work([1.0] * len(unit), 40.0), strict=True))
+        for board, expect in (
+            (profile, dict.fromkeys(shared, 1.0)),
+            (dataclasses.replace(profile, memories=()), dict.fromkeys(shared, 2.0)),
+            (dataclasses.replace(profile, memories=(), pus=throttled), shared),
         ):
             table = CostTable()
             assert feed_back(table, plan, measured, graph, board, ort.__version__) == len(segments)
             fed = {frozenset(e.members): e.mean_ms for e in table}  # replicas of one unit share an entry
             for s in segments:
-                expect = 1.0 if one_at_a_time else 2.0
-                assert fed[frozenset(s.members)] == pytest.approx(expect), (plan.name, s.name, board.pus)
+                assert fed[frozenset(s.members)] == pytest.approx(expect[s.name]), (plan.name, s.name, board.pus)
+    assert shared == pytest.approx({n: 1.0 if n.endswith("_p0") else 0.4 for n in shared})
     units = [s.unit_key for s in lower(plans[1], graph, profile)]
     assert any(units.count(k) > 1 for k in units), "the interleaved plan has a unit of several partitions"
 
