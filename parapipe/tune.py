@@ -21,10 +21,12 @@ measured (on inception_v3, a table kept for 8.2 -> 8.0% planned a latency plan p
 78.7 ms that measured 183.8).
 
 The first plan of round 1 is measured more than once: the spread of those runs is the
-measurement noise, reported with every round, and pooled with every plan measured again: in a
-later round (each later round measures that first plan once more if it did not plan it), or at once when its measurement is more than 3x the target (or the noise) off its
-prediction (then the two runs are averaged), so it takes in what drifts between rounds and the
-bursts of other work on a shared machine. While it is above a third of the target,
+measurement noise, reported with every round, and pooled with every plan measured again: the
+throughput end of round 1's front (its last plan, measured twice at once: pipelined plans drift most,
+and a noise taken on the latency end alone under-states theirs), in a later round (each later round
+measures those two plans once more where it did not plan them), or at once when its measurement is
+more than 3x the target (or the noise) off its prediction (then the two runs are averaged), so it takes
+in what drifts between rounds and the bursts of other work on a shared machine. While it is above a third of the target,
 the frames per measurement double (up to a cap). Where the target is still below what the
 noise resolves (1.5x the noise), tune says so and stops once the error is within that
 instead of chasing the target. Rounds stop when predicted and measured latency and
@@ -71,10 +73,10 @@ MAX_FRAMES_FACTOR = 8  # --frames grows up to 8x when the noise is large
 class Noise:
     """The spread of repeated measurements of a plan: the relative std (%) of one measurement.
 
-    First the first plan measured ``noise_runs`` times; then, pooled with it, every plan a later
-    round measures again (a round after a reverted recalibration plans the same plans, and a round
-    that does not plan the first plan measures it once more), so the noise includes what drifts
-    between rounds on a shared machine."""
+    First the first plan measured ``noise_runs`` times; then, pooled with it, the throughput end of round 1's
+    front measured twice, and every plan a later round measures again (a round after a reverted recalibration
+    plans the same plans, and a round that does not plan those two measures them once more), so the noise
+    includes the pipelined plans' spread and what drifts between rounds on a shared machine."""
 
     plan: str
     runs: int
@@ -888,7 +890,9 @@ def tune(
     measured: list[tuple[Plan, RunResult]] = []  # every plan measured so far, for the kept-calibration rule
     noise: Noise | None = None
     repeats: dict[str, list[tuple[float, float]]] = {}  # plan -> (latency, throughput) of each measurement
-    noise_plan: Plan | None = None  # the plan the noise was first measured on
+    # the plans whose repeats the noise pools every round: round 1's first plan (measured twice first, for the
+    # frames) and the throughput end of its front (measured twice in round 1 too: pipelined plans drift most)
+    noise_plans: list[Plan] = []
     auto: tuple[Auto, CostModel] | None = None  # --precision auto: what it measured, under which cost model
     for r in range(rounds):
         cost = CostModel.from_table(profile, graph, table)
@@ -911,24 +915,31 @@ def tune(
                 noise, result, runs = measure_noise(
                     plan, board, frames, cap, target_error, options.noise_runs, input_data, say
                 )
-                frames, noise_plan = noise.frames, plan
+                frames, noise_plans = noise.frames, [plan]
                 repeats[plan_key(plan)] = [(m.latency_ms, m.throughput_fps) for m in runs]
             else:
                 say(f"round {r + 1}: running plan {i + 1}/{len(plans)} on {board} ({frames} frames)")
                 result = run_plan(plan, board, None, frames, input_data=input_data)
                 seen = repeats.setdefault(plan_key(plan), [])
                 seen.append((result.measured.latency_ms, result.measured.throughput_fps))
-                if is_outlier(result, max(target_error, noise.pct)) and len(seen) == 1:
-                    say(f"round {r + 1}: plan {i + 1} is far from its prediction; measuring it again")
+                throughput_end = r == 0 and i == len(plans) - 1 and plan_key(plan) != plan_key(noise_plans[0])
+                if len(seen) == 1 and (throughput_end or is_outlier(result, max(target_error, noise.pct))):
+                    why = "for the noise" if throughput_end else "it is far from its prediction"
+                    say(f"round {r + 1}: measuring plan {i + 1} again ({why})")
                     again = run_plan(plan, board, None, frames, input_data=input_data)
                     seen.append((again.measured.latency_ms, again.measured.throughput_fps))
                     result = merge_runs([result, again])
+                if throughput_end:
+                    noise_plans.append(plan)
             last.append((plan, result))
-        if noise_plan is not None and plan_key(noise_plan) not in {plan_key(p) for p, _ in last}:
-            # what drifts between rounds is noise too: the noise plan once more, if this round did not measure it
-            say(f"round {r + 1}: measuring {noise_plan.name} again for the noise ({frames} frames)")
-            again = run_plan(noise_plan, board, None, frames, input_data=input_data)
-            repeats[plan_key(noise_plan)].append((again.measured.latency_ms, again.measured.throughput_fps))
+        planned = {plan_key(p) for p, _ in last}
+        for again_plan in noise_plans if r > 0 else ():
+            if plan_key(again_plan) in planned:
+                continue
+            # what drifts between rounds is noise too: each noise plan once more, if this round did not measure it
+            say(f"round {r + 1}: measuring {again_plan.name} again for the noise ({frames} frames)")
+            again = run_plan(again_plan, board, None, frames, input_data=input_data)
+            repeats[plan_key(again_plan)].append((again.measured.latency_ms, again.measured.throughput_fps))
         measured += last
         assert noise is not None
         noise = pooled_noise(noise, repeats)

@@ -255,10 +255,13 @@ def test_target_below_the_noise_is_reported_not_chased(tuned, tmp_path) -> None:
         assert final["calibration"] is None, "within the noise: nothing more is fitted"
 
 
-def test_every_later_round_measures_the_noise_plan_again(tuned, exported, tmp_path, monkeypatch) -> None:
-    """What drifts between rounds is noise too: a round that plans something else measures round 1's first plan
-    once more, and that run joins the noise (real runs on ``local``; the planner is made to offer a different
-    plan in round 2, since which plan it offers is not what this checks)."""
+def test_the_noise_pools_both_ends_of_round_1s_front_and_every_later_round_measures_them_again(
+    tuned, exported, tmp_path, monkeypatch
+) -> None:
+    """What drifts between rounds is noise too, and pipelined plans drift most: round 1 measures its first plan
+    twice and the throughput end of its front twice; a round that plans neither measures each once more, and
+    those runs join the noise (real runs on ``local``; the planner is made to offer a two-plan front in round 1
+    and another plan in round 2, since which plans it offers is not what this checks)."""
     import parapipe.tune as tune_module
     from models.coarsen import coarsen
     from planner.baselines import flop_pipeline, single_pu
@@ -273,22 +276,32 @@ def test_every_later_round_measures_the_noise_plan_again(tuned, exported, tmp_pa
         p = evaluate(plan, graph, cost, frames=0).predicted
         return dataclasses.replace(plan, predicted=dataclasses.replace(p, latency_ms=p.latency_ms * 10))
 
-    offered = iter(
+    fronts = iter(
         [
-            far_off(single_pu(blocks, profile, "cpu", 1, "one-core")),
-            far_off(flop_pipeline(blocks, profile, [("cpu", 1), ("cpu", 1)], "two-cores")),
+            [
+                far_off(single_pu(blocks, profile, "cpu", 1, "one-core")),
+                far_off(flop_pipeline(blocks, profile, [("cpu", 1), ("cpu", 1)], "two-cores")),
+            ],
+            [far_off(single_pu(blocks, profile, "cpu", 2, "two-threads"))],
         ]
     )
-    monkeypatch.setattr(tune_module, "best_plan", lambda *args, **kwargs: next(offered))
+    monkeypatch.setattr(tune_module, "pareto_set", lambda *args, **kwargs: next(fronts))
+    messages: list[str] = []
     monkeypatch.setenv("PARAPIPE_HOME", str(tmp_path))
-    options = TuneOptions("throughput", rounds=2, target_error=0.0, time_limit=1, frames=8, max_frames=8)
-    history, last = tune(exported(MODEL).path, "local", _fresh(tuned, tmp_path), options)
-    assert [p.name for p, _ in last] == ["two-cores"]
+    options = TuneOptions("pareto", rounds=2, target_error=0.0, time_limit=1, frames=8, max_frames=8, noise_runs=2)
+    history, last = tune(exported(MODEL).path, "local", _fresh(tuned, tmp_path), options, progress=messages.append)
+    assert [p.name for p, _ in last] == ["two-threads"]
     first, second = history[0].noise, history[1].noise
     assert first is not None and second is not None and first.plan == second.plan == "one-core"
-    # pooled: the noise plan's runs plus this one, and round 2's plan measured twice (10x off its prediction,
-    # it is measured again at once); without the extra run the noise plan would add nothing
-    assert second.plans == 2 and second.runs == (first.runs + 1) + 2, second
+    # round 1: the first plan twice (the noise runs) and the throughput end twice, at once
+    assert first.plans == 2 and first.runs == 4, first
+    assert "round 1: measuring plan 2 again (for the noise)" in messages
+    # round 2: both noise plans once more, and its own plan twice (10x off its prediction, measured again)
+    assert {
+        "round 2: measuring one-core again for the noise (8 frames)",
+        "round 2: measuring two-cores again for the noise (8 frames)",
+    } <= set(messages), messages
+    assert second.plans == 3 and second.runs == 4 + 2 + 2, second
     assert second.frames == first.frames == 8
 
 
