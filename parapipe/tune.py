@@ -57,7 +57,7 @@ from parapipe.run import RunResult, run_plan
 from planner.costmodel import CostModel
 from planner.plan import Plan
 from planner.search import SearchOptions, best_plan, pareto_set
-from planner.segments import Segment, lower, segment_precision
+from planner.segments import Segment, UnitKey, lower, segment_precision
 from planner.unitname import UnitName
 from profiler.calibration import NetworkFit
 from profiler.costtable import EVERY_UNIT, CalibrationRecord, Conditions, CostEntry, CostTable, entry_key
@@ -177,7 +177,7 @@ def throttled_work(segments: dict[str, Segment], result: RunResult, profile: Dev
     starting with a full quota and its wait for the quota as work (bert_tiny on local-biglittle: a plan
     predicted at 114 fps ran at 206). A unit with a partition not timed alone is left out."""
     alone = {p.name: p.alone_per_frame_ms for p in result.partitions}
-    units: dict[tuple[int, int, int], list[Segment]] = {}
+    units: dict[UnitKey, list[Segment]] = {}
     for seg in segments.values():
         if not seg.pu.spans and profile.pu(seg.pu).throttle is not None:
             units.setdefault(seg.unit_key, []).append(seg)
