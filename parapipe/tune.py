@@ -198,12 +198,14 @@ def feed_back(
 ) -> int:
     """Measured busy time per frame of each partition -> measured partition entries; returns how many."""
     segments = {s.name: s for s in lower(plan, graph, profile)}
-    flops = {n.name: n.flops for n in graph.nodes}
     at_full_speed = throttled_work(segments, result, profile)
     added = 0
     for p in result.partitions:
         seg = segments.get(p.name)
-        if seg is None or seg.pu.spans:
+        if seg is None:
+            continue
+        if seg.pu.spans:
+            added += _feed_back_spanning(table, plan, seg, p, graph, profile, ort_version)
             continue
         # A partition's time is its time with frames run one at a time: what a frame's latency adds
         # up. What running beside the others costs it back to back (memory, caches, on a VM the
@@ -227,38 +229,81 @@ def feed_back(
             per_frame = p.alone_per_frame_ms if p.alone_per_frame_ms is not None else p.busy_per_frame_ms
         if per_frame is None:
             continue
-        cond = Conditions(
-            profile.name,
-            seg.pu,
-            seg.cores,
-            seg.cores,
-            pu.execution_provider,
-            ort_version,
-            "all",
-            pu.throttle.quota_percent if pu.throttle else None,
-            segment_precision(plan, seg, profile),  # an int8 / fp16 partition's time is never an fp32 one
-        )
+        throttle = pu.throttle.quota_percent if pu.throttle else None
         table.add(
-            CostEntry(
-                key=entry_key(graph.model_sha256, "partition", seg.members, cond),
-                kind="partition",
-                model_sha256=graph.model_sha256,
-                name=f"run:{seg.name}",
-                members=seg.members,
-                conditions=cond,
-                median_ms=per_frame,
-                mean_ms=per_frame,
-                p10_ms=per_frame,
-                p90_ms=per_frame,
-                repeats=p.frames,
-                energy_mj=None,
-                energy_source="none",
-                flops=sum(flops[m] for m in seg.members),
-                measured_at=time.time(),
+            _measured_entry(
+                plan, seg, per_frame, p.frames, graph, profile, pu.execution_provider, throttle, ort_version
             )
         )
         added += 1
     return added
+
+
+def _measured_entry(
+    plan: Plan,
+    seg: Segment,
+    per_frame: float,
+    frames: int,
+    graph: OpGraph,
+    profile: DeviceProfile,
+    provider: str,
+    throttle: float | None,
+    ort_version: str,
+) -> CostEntry:
+    """A measured ``partition`` entry of ``seg``'s time per frame, keyed like the profiler's."""
+    cond = Conditions(
+        profile.name,
+        seg.pu,
+        seg.cores,
+        seg.cores,
+        provider,
+        ort_version,
+        "all",
+        throttle,
+        segment_precision(plan, seg, profile),  # an int8 / fp16 partition's time is never an fp32 one
+    )
+    members = set(seg.members)
+    return CostEntry(
+        key=entry_key(graph.model_sha256, "partition", seg.members, cond),
+        kind="partition",
+        model_sha256=graph.model_sha256,
+        name=f"run:{seg.name}",
+        members=seg.members,
+        conditions=cond,
+        median_ms=per_frame,
+        mean_ms=per_frame,
+        p10_ms=per_frame,
+        p90_ms=per_frame,
+        repeats=frames,
+        energy_mj=None,
+        energy_source="none",
+        flops=sum(n.flops for n in graph.nodes if n.name in members),
+        measured_at=time.time(),
+    )
+
+
+def _feed_back_spanning(
+    table: CostTable,
+    plan: Plan,
+    seg: Segment,
+    p: PartitionMeasurement,
+    graph: OpGraph,
+    profile: DeviceProfile,
+    ort_version: str,
+) -> int:
+    """A session spanning clusters (``a+b``): its time as measured, under that unit, which the cost model looks up
+    before its estimate (``CostModel._spanning_ms``) and takes as is alone and back to back (its throttled parts'
+    share is in it). Its time with frames run one at a time where a part shares a memory (what running beside
+    the others costs back to back is that memory's term), else back to back, as for one PU. Returns 1 if fed."""
+    parts = [profile.pu(part) for part in seg.pu.parts]
+    shared = any(profile.shared_memory(part.name) is not None for part in parts)
+    per_frame = p.busy_per_frame_ms if not shared else p.alone_per_frame_ms
+    per_frame = per_frame if per_frame is not None else p.busy_per_frame_ms
+    if per_frame is None:
+        return 0
+    provider = parts[0].execution_provider
+    table.add(_measured_entry(plan, seg, per_frame, p.frames, graph, profile, provider, None, ort_version))
+    return 1
 
 
 def _board_wide(profile: DeviceProfile, ort_version: str) -> Conditions:

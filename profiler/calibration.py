@@ -282,7 +282,11 @@ def calibrate(roofline: Roofline, table: CostTable | None, holdout: Iterable[str
     entries = table.select(model_sha256=graph.model_sha256, board=board, precision=None) if table is not None else []
     learnt = table.learnt(model_sha256=graph.model_sha256, board=board) if table is not None else []
     measured = _measured(graph.model_sha256, board, entries, learnt, held)
-    configs = sorted({c for c, _ in measured.ops} | {c for c, _ in measured.fused})
+    # a session spanning clusters (``a+b``, what ``tune`` measured of one) is looked up as measured, never fitted:
+    # no operator of it is profiled, and no model of it relates its partitions to their blocks
+    pus = {pu.name for pu in roofline.profile.pus}
+    measured = dataclasses.replace(measured, partitions={c: es for c, es in measured.partitions.items() if c[0] in pus})
+    configs = sorted(c for c in {c for c, _ in measured.ops} | {c for c, _ in measured.fused} if c[0] in pus)
     # Alpha and beta of a configuration are fitted on unit sums made with its unit fit (and no other's).
     units = dataclasses.replace(measured, fits={cfg: _unit_fit(measured, roofline, cfg) for cfg in configs})
     return dataclasses.replace(units, fits={cfg: _partition_fit(units, roofline, cfg) for cfg in configs})

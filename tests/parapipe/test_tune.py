@@ -706,6 +706,71 @@ def test_tune_learns_a_throttled_pus_sustained_factor_from_a_plan_run_on_it(tmp_
     assert fit_sustained(under, [(plan, fast)], graph, real, ort.__version__) == {"little": share}
 
 
+@pytest.mark.agent
+def test_a_session_spanning_a_throttled_core_is_priced_by_its_parts_rates_and_fed_back_as_measured(
+    tmp_path, monkeypatch
+) -> None:
+    """One session over big and the throttled LITTLE core (what ``ort-all-cores`` is on local-biglittle): the cost
+    model prices it at its parts' rates summed, LITTLE's at its share, the same alone and back to back; a real
+    run of it is fed back under that unit and then looked up, never fitted. Before, it was priced at LITTLE's
+    pace (2.5x its time back to back) and never fed back, so every round mispredicted the same plan (squeezenet1_1's
+    latency plan: 213 fps predicted, 265-374 measured in eight runs)."""
+    import onnxruntime as ort
+
+    from device_profiles.loader import load_profile
+    from device_profiles.schema import ProfileError
+    from models.coarsen import coarsen
+    from models.graph import build_graph
+    from models.onnx_io import load_onnx
+    from parapipe.run import run_plan
+    from planner.baselines import single_pu
+    from planner.build import evaluate
+    from planner.costmodel import CostModel
+    from planner.segments import lower
+
+    try:
+        real = load_profile("local-biglittle")
+    except ProfileError as exc:
+        pytest.skip(str(exc))
+    monkeypatch.setenv("PARAPIPE_HOME", str(tmp_path / "home"))
+    model = _conv_chain_model(tmp_path / "chain.onnx")
+    loaded = load_onnx(model)
+    graph = build_graph(loaded.proto, loaded.sha256, "chain")
+    blocks = coarsen(graph, "fine")
+    plan = single_pu(blocks, real, "big+little", 2, "spanning")
+    plan = dataclasses.replace(plan, model_path=str(model), inputs=loaded.inputs)
+    (seg,) = lower(plan, graph, real)
+
+    cost = CostModel(real, graph)
+    big, little = (cost.group_ms(seg.members, pu, 1).ms for pu in ("big", "little"))
+    share = 100.0 / real.pu("little").throttle.quota_percent
+    assert cost.group_ms(seg.members, "big+little", 2).ms == pytest.approx(1 / (1 / big + 1 / (little * share)))
+    assert cost.sustained_factor("big+little") == cost.alone_factor("big+little") == 1.0
+    assert cost.burst_ms("big+little") is None and cost.burst_ms("little") is not None
+
+    result = run_plan(plan, "local-biglittle", None, 40)
+    (measured,) = result.partitions
+    table = CostTable()
+    assert feed_back(table, plan, result, graph, real, ort.__version__) == 1
+    (entry,) = list(table)
+    assert (
+        entry.conditions.pu == "big+little"
+        and entry.conditions.cores == 2
+        and entry.conditions.throttle_percent is None
+    )
+    # local-biglittle's cores share a memory: the time fed back is the one with frames run one at a time
+    assert real.shared_memory("big") is not None
+    assert entry.mean_ms == pytest.approx(measured.alone_per_frame_ms)
+    fed = CostModel.from_table(real, graph, table)
+    looked_up = fed.group_ms(seg.members, "big+little", 2)
+    assert looked_up.source == "measured" and looked_up.ms == pytest.approx(measured.alone_per_frame_ms)
+    assert ("big+little", 2) not in fed.fits, "a spanning session is looked up, never fitted"
+    predicted = evaluate(plan, graph, fed, frames=0).predicted
+    assert predicted.latency_ms >= looked_up.ms and predicted.throughput_fps == pytest.approx(
+        1000.0 / looked_up.ms, rel=0.2
+    )
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     errors=st.lists(st.sampled_from([0.05, 0.1, 0.2, 0.4]), min_size=2, max_size=14),
