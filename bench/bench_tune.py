@@ -9,7 +9,7 @@ sample for plans not measured before), the frames per measurement, and whether t
 recalibration after the round was kept (the new table's RMSPE on every plan measured so
 far, latency and throughput pooled, against the previous table's; "unseen": each plan predicted without its own
 partitions' measurements, which must not get worse) and, with --detail, what a kept
-recalibration learnt (handoff, shared-memory bandwidth, throttled PUs' sustained factors). Per model: the noise
+recalibration learnt (handoff, shared-memory bandwidth, throttled PUs' sustained factors, run overheads). Per model: the noise
 (relative std of one measurement: the first plan repeated, pooled with every plan a later round
 measured again; ``runs`` measurements in all), whether the final RMSPE
 is <= 5% or within 1.5x the noise, and whether no round was worse than the previous
@@ -44,6 +44,7 @@ def learnt(h: Round) -> str:
     parts = [f"handoff {h.handoff_ms:.2f} ms" if h.handoff_ms is not None else ""]
     parts += [f"memory {name} {gbps:.2f} GB/s" for name, gbps in c.memory_gbps] if c else []
     parts += [f"sustained {pu} x{factor:.2f}" for pu, factor in c.sustained] if c else []
+    parts += [f"run overhead {pu} {ms:.2f} ms" for pu, ms in c.run_overhead] if c else []
     parts += [f"link {name} {gbps:.2f} GB/s {msg:.0f} us/msg" for name, gbps, msg, _ in c.network] if c else []
     return "learnt: " + (", ".join(p for p in parts if p) or "nothing")
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -59,7 +60,7 @@ from planner.plan import Plan
 from planner.search import SearchOptions, best_plan, pareto_set
 from planner.segments import Segment, UnitKey, lower, segment_precision
 from planner.unitname import UnitName
-from profiler.calibration import NetworkFit
+from profiler.calibration import MIN_FIT_MS, RUN_PREFIX, NetworkFit, is_run_entry
 from profiler.costtable import EVERY_UNIT, CalibrationRecord, Conditions, CostEntry, CostTable, entry_key
 from profiler.pinning import full_speed_ms
 
@@ -67,6 +68,7 @@ NOISE_FRACTION = 1 / 3  # a measurement's noise is "well below" the target at a 
 NOISE_MARGIN = 1.5  # errors within 1.5x the measured noise cannot be told from noise
 KEEP_GAIN = 0.05  # a recalibration is kept only if it lowers the measured plans' RMSPE by at least this share
 MAX_FRAMES_FACTOR = 8  # --frames grows up to 8x when the noise is large
+MIN_PARTITIONS = 3  # a PU's run overhead is fitted on this many short partitions measured there at least
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,8 @@ class Recalibration:
     network: tuple[tuple[str, float, float, float], ...] = ()
     # CFS-throttled PUs' sustained factors learnt (kept) from the throughputs: (PU, factor)
     sustained: tuple[tuple[str, float], ...] = ()
+    # each PU's run overhead learnt (kept) from its measured partitions: (PU, ms per partition run)
+    run_overhead: tuple[tuple[str, float], ...] = ()
     # the same RMSPEs with each plan predicted without its own partitions' measurements (``table_errors``)
     out_of_sample_before: float | None = None
     out_of_sample_after: float | None = None
@@ -214,21 +218,10 @@ def feed_back(
         # (``fit_sustained``). Where the profile names no shared memory (and the PU is not throttled),
         # the back-to-back time is what throughput needs: a unit runs its partitions in turn
         # (``agents.modulo``), so each one's back-to-back time is its own, not shared with the unit's others.
-        pu = profile.pu(seg.pu)
-        sustained = pu.throttle is None and profile.shared_memory(seg.pu) is None
-        if sustained and p.busy_per_frame_ms is not None:
-            per_frame = p.busy_per_frame_ms
-        elif pu.throttle is not None:
-            # the work it did at full speed, as the profiler records it, from its time alone (fluid: a frame's
-            # first burst of work on the unit at full speed, the rest at the quota's share: ``throttled_work``);
-            # back to back it waited for the quota as well, so without a time alone nothing is fed back
-            if p.name not in at_full_speed:
-                continue
-            per_frame = at_full_speed[p.name]
-        else:
-            per_frame = p.alone_per_frame_ms if p.alone_per_frame_ms is not None else p.busy_per_frame_ms
+        per_frame = fed_time(seg, p, profile, at_full_speed)
         if per_frame is None:
             continue
+        pu = profile.pu(seg.pu)
         throttle = pu.throttle.quota_percent if pu.throttle else None
         table.add(
             _measured_entry(
@@ -237,6 +230,74 @@ def feed_back(
         )
         added += 1
     return added
+
+
+def fed_time(
+    seg: Segment, p: PartitionMeasurement, profile: DeviceProfile, at_full_speed: dict[str, float]
+) -> float | None:
+    """The time per frame of one PU's measured partition that ``feed_back`` records (None: nothing to record).
+
+    Its time with frames run one at a time: what a frame's latency adds up. What running beside the others
+    costs it back to back (memory, caches, on a VM the host's cores) is the shared memory's term, which tune
+    fits from the measured throughputs; on a CFS-throttled PU, what waiting for its quota costs back to back is
+    its sustained factor (``fit_sustained``). Where the profile names no shared memory (and the PU is not
+    throttled), the back-to-back time is what throughput needs: a unit runs its partitions in turn
+    (``agents.modulo``), so each one's back-to-back time is its own, not shared with the unit's others."""
+    pu = profile.pu(seg.pu)
+    if pu.throttle is None and profile.shared_memory(seg.pu) is None and p.busy_per_frame_ms is not None:
+        return p.busy_per_frame_ms
+    if pu.throttle is not None:
+        # the work it did at full speed, as the profiler records it, from its time alone (fluid: a frame's
+        # first burst of work on the unit at full speed, the rest at the quota's share: ``throttled_work``);
+        # back to back it waited for the quota as well, so without a time alone nothing is fed back
+        return at_full_speed.get(p.name)
+    return p.alone_per_frame_ms if p.alone_per_frame_ms is not None else p.busy_per_frame_ms
+
+
+def fit_run_overhead(
+    table: CostTable,
+    runs: list[tuple[Plan, RunResult]],
+    graph: OpGraph,
+    profile: DeviceProfile,
+    ort_version: str,
+) -> dict[str, float] | None:
+    """Learn per PU what one partition run costs in a pipeline beyond what the profiler timed of it run after run.
+
+    The profiler times a block or a partition over and over, its code and weights warm; in a pipeline each
+    partition runs once a frame after the others, its inputs from another thread (local-biglittle, bert_small:
+    the big core's 23 partitions of one plan took 0.04-0.36 ms more each than their profiled times, median 0.13,
+    on small and large alike). So from ``runs``' partitions shorter than ``MIN_FIT_MS`` as the table predicts
+    them, where that time is mostly this cost (``MIN_PARTITIONS`` at least on a PU), and not predicted by their
+    own measurement in a pipeline, the median of measured minus predicted moves the PU's ``run-overhead``
+    value (never below 0). Called before this round's partitions are fed back. None where nothing was learnt."""
+    calibrated = CostModel.from_table(profile, graph, table)
+    residuals: dict[str, list[float]] = {}
+    for plan, res in runs:
+        segments = {s.name: s for s in lower(plan, graph, profile)}
+        at_full_speed = throttled_work(segments, res, profile)
+        for p in res.partitions:
+            seg = segments.get(p.name)
+            if seg is None or seg.pu.spans or segment_precision(plan, seg, profile) != "fp32":
+                continue
+            entry = calibrated.calibration.fused.get(((str(seg.pu), seg.cores), frozenset(seg.members)))
+            if entry is not None and is_run_entry(entry):
+                continue  # predicted by its own measurement in a pipeline: the overhead is in both
+            measured = fed_time(seg, p, profile, at_full_speed)
+            predicted = calibrated.group_ms(seg.members, seg.pu, seg.cores).ms
+            if measured is None or predicted - calibrated.run_overhead_ms(seg.pu) >= MIN_FIT_MS:
+                continue
+            residuals.setdefault(str(seg.pu), []).append(measured - predicted)
+    learnt: dict[str, float] = {}
+    for pu_name, found in sorted(residuals.items()):
+        if len(found) < MIN_PARTITIONS:
+            continue
+        value = round(max(0.0, calibrated.run_overhead_ms(pu_name) + statistics.median(found)), 4)
+        if value == calibrated.run_overhead_ms(pu_name):
+            continue
+        cond = sustained_conditions(profile, pu_name, ort_version)
+        table.learn(CalibrationRecord.learnt(graph.model_sha256, "run-overhead", value, cond, len(found), pu_name))
+        learnt[pu_name] = value
+    return learnt or None
 
 
 def _measured_entry(
@@ -267,7 +328,7 @@ def _measured_entry(
         key=entry_key(graph.model_sha256, "partition", seg.members, cond),
         kind="partition",
         model_sha256=graph.model_sha256,
-        name=f"run:{seg.name}",
+        name=f"{RUN_PREFIX}{seg.name}",
         members=seg.members,
         conditions=cond,
         median_ms=per_frame,
@@ -841,6 +902,7 @@ def recalibrate(
     previous = _Snapshot.of(table, graph.model_sha256, profile.name)
     before = table_errors(table, measured, graph, profile)[2]
     unseen_before = table_errors(table, measured, graph, profile, out_of_sample=True)[2]
+    run_overhead = fit_run_overhead(table, runs, graph, profile, ort_version)  # before they are fed back
     for plan, res in runs:
         feed_back(table, plan, res, graph, profile, ort_version)
     handoff = fit_handoff(table, runs, graph, profile, ort_version)
@@ -854,11 +916,14 @@ def recalibrate(
     kept = worth_keeping(before, after) and (len(measured) < 2 or generalises(unseen_before, unseen_after))
     if not kept:
         previous.restore(table, graph.model_sha256, profile.name)
-        handoff = power = memory = network = sustained = None
+        handoff = power = memory = network = sustained = run_overhead = None
     learnt = tuple(sorted((memory or {}).items()))
     links = tuple(sorted((name, f.gbps, f.cpu_us_per_message, f.cpu_us_per_mb) for name, f in (network or {}).items()))
     factors = tuple(sorted((sustained or {}).items()))
-    verdict = Recalibration(kept, before, after, len(measured), learnt, links, factors, unseen_before, unseen_after)
+    overheads = tuple(sorted((run_overhead or {}).items()))
+    verdict = Recalibration(
+        kept, before, after, len(measured), learnt, links, factors, overheads, unseen_before, unseen_after
+    )
     return verdict, handoff, power
 
 

@@ -23,7 +23,7 @@ import numpy as np
 from device_profiles.schema import DeviceProfile, Link, NetworkLink, Quantity
 from models.graph import OpGraph
 from planner.unitname import UnitName
-from profiler.calibration import Calibration, Config, Fit, calibrate
+from profiler.calibration import Calibration, Config, Fit, calibrate, is_run_entry
 from profiler.costtable import CostTable
 from profiler.pinning import cfs_settings
 from profiler.roofline import Roofline
@@ -112,14 +112,17 @@ class CostModel:
         cfg = (pu, cores)
         entry = self.calibration.fused.get((cfg, key))
         if entry is not None:
-            return Prediction(entry.mean_ms, "measured")
+            if is_run_entry(entry):  # measured in a pipeline: its run overhead is in it
+                return Prediction(entry.mean_ms, "measured")
+            return Prediction(entry.mean_ms + self.run_overhead_ms(pu), "measured")
         fit = self.fits.get(cfg)
+        run = self.run_overhead_ms(pu)
         if fit is None:
-            return Prediction(math.fsum(self.roofline_ms(m, pu, cores) for m in key), "roofline")
+            return Prediction(math.fsum(self.roofline_ms(m, pu, cores) for m in key) + run, "roofline")
         units = self._units_ms(key, cfg)
         if len(key) > 1 and fit.partitions_fitted:
-            return Prediction(max(0.0, fit.alpha * units + fit.beta_ms), "calibrated")
-        return Prediction(units, "calibrated")
+            return Prediction(max(0.0, fit.alpha * units + fit.beta_ms) + run, "calibrated")
+        return Prediction(units + run, "calibrated")
 
     def reduced_group_ms(self, members: Iterable[str], pu: str, cores: int, precision: str) -> float | None:
         """A partition of these nodes measured in ``precision`` (int8, fp16 or a mix, as
@@ -139,9 +142,19 @@ class CostModel:
         return fit.alpha * units if fit.partitions_fitted else units
 
     def partition_overhead_ms(self, pu: str, cores: int) -> float:
-        """The fixed cost of one partition (session run) on (pu, cores): the fitted beta, never negative."""
+        """The fixed cost of one partition (session run) on (pu, cores): the fitted beta, never negative, plus
+        the run overhead in a pipeline (``run_overhead_ms``)."""
         fit = self.fits.get((pu, cores))
-        return max(0.0, fit.beta_ms) if fit and fit.partitions_fitted else 0.0
+        beta = max(0.0, fit.beta_ms) if fit and fit.partitions_fitted else 0.0
+        return beta + self.run_overhead_ms(pu)
+
+    def run_overhead_ms(self, pu: str) -> float:
+        """What one partition run on ``pu`` costs in an agent's pipeline beyond what the profiler timed of it run
+        after run (what ``parapipe tune`` fitted; 0 until it did, and for a session spanning clusters, which is
+        looked up as measured)."""
+        if UnitName(pu).spans:
+            return 0.0
+        return self.calibration.run_overhead.get(pu, 0.0)
 
     def sustained_factor(self, pu: str) -> float:
         """How many times its time alone a partition on ``pu`` takes when the unit runs back to back.

@@ -35,6 +35,7 @@ Config = tuple[str, int]  # (PU name, cores)
 # values): their times are dominated by dispatch and, on a CFS-throttled core, by whether the
 # run fits in what is left of the quota, and in a relative fit they would outweigh the rest.
 MIN_FIT_MS = 1.0
+RUN_PREFIX = "run:"  # the name of a partition entry ``parapipe tune`` measured in a pipeline starts so
 
 
 @dataclass(frozen=True)
@@ -93,9 +94,23 @@ class Calibration:
     # segment_precision``), by configuration, members and that precision: what ``parapipe tune`` measured of a
     # precision plan's partitions. Kept apart from the fp32 measurements and out of every fit.
     reduced: Mapping[tuple[Config, frozenset[str], str], CostEntry] = field(default_factory=lambda: _frozen({}))
+    # What one partition run costs in an agent's pipeline beyond what the profiler timed of it run after run (the
+    # session's code and data cold after the other partitions ran, its inputs from another core), by PU name:
+    # fitted by ``parapipe tune`` to the partitions it measured; in every partition's time but those it measured.
+    run_overhead: Mapping[str, float] = field(default_factory=lambda: _frozen({}))
 
     def __post_init__(self) -> None:
-        for name in ("ops", "fused", "partitions", "fits", "memory_gbps", "network", "sustained", "reduced"):
+        for name in (
+            "ops",
+            "fused",
+            "partitions",
+            "fits",
+            "memory_gbps",
+            "network",
+            "sustained",
+            "reduced",
+            "run_overhead",
+        ):
             value = getattr(self, name)
             if not isinstance(value, MappingProxyType):
                 object.__setattr__(self, name, _frozen(value))
@@ -114,6 +129,9 @@ class Calibration:
 
     def with_sustained(self, pu: str, factor: float) -> Calibration:
         return dataclasses.replace(self, sustained={**self.sustained, pu: factor})
+
+    def with_run_overhead(self, pu: str, ms: float) -> Calibration:
+        return dataclasses.replace(self, run_overhead={**self.run_overhead, pu: ms})
 
     def with_network(self, link: str, fit: NetworkFit) -> Calibration:
         return dataclasses.replace(self, network={**self.network, link: fit})
@@ -158,6 +176,12 @@ class Calibration:
         return fit.alpha * units + fit.beta_ms if fit.partitions_fitted else units
 
 
+def is_run_entry(entry: CostEntry) -> bool:
+    """Whether ``entry`` is a partition ``parapipe tune`` measured in a pipeline (named ``run:<partition>``), not
+    one the profiler timed run after run."""
+    return entry.kind == "partition" and entry.name.startswith(RUN_PREFIX)
+
+
 def held_out_entry(entry: CostEntry, holdout: frozenset[str]) -> bool:
     """Whether ``holdout`` names this entry, by its label or by its key."""
     return entry.name in holdout or entry.key in holdout
@@ -198,6 +222,7 @@ def _measured(
     latest = {r.kind: r.value for r in ordered if r.applies_to == EVERY_UNIT}
     memory = {r.applies_to: r.value for r in ordered if r.kind == "memory-bandwidth"}
     sustained = {r.applies_to: r.value for r in ordered if r.kind == "sustained-factor"}
+    run_overhead = {r.applies_to: r.value for r in ordered if r.kind == "run-overhead"}
     links: dict[str, dict[str, float]] = {}
     for r in ordered:
         if r.kind.startswith("network-"):
@@ -222,6 +247,7 @@ def _measured(
         network=network,
         sustained=sustained,
         reduced=reduced,
+        run_overhead=run_overhead,
     )
 
 
@@ -260,7 +286,9 @@ def _partition_fit(units: Calibration, roofline: Roofline, cfg: Config) -> Fit:
         if held_out_entry(e, units.holdout) or e.mean_ms < MIN_FIT_MS:
             continue
         xs.append(units.units_ms(roofline, frozenset(e.members), cfg, exclude_self=True))
-        ys.append(e.mean_ms)
+        # a partition measured in a pipeline (``run:``) has the run overhead in it, which the cost model adds
+        # apart from the fit
+        ys.append(e.mean_ms - (units.run_overhead.get(cfg[0], 0.0) if is_run_entry(e) else 0.0))
     alpha, beta = 1.0, 0.0
     if len(xs) >= 2:
         # Relative least squares: minimise sum(((alpha*x + beta) - y) / y)^2

@@ -41,7 +41,9 @@ KINDS: tuple[EntryKind, ...] = ("op", "block", "partition")
 # memory (GB/s, applies to the memory named): what running the model on its PUs at once lets through,
 # and of a network link (applies to the link named ``a-b``) its bandwidth (GB/s) and the CPU time each end
 # spends on a tensor (gRPC and protobuf copies): per message (µs) and per MB (µs/MB); and of a CFS-throttled PU
-# (applies to the PU named) how many times longer its partitions take back to back than alone (dimensionless).
+# (applies to the PU named) how many times longer its partitions take back to back than alone (dimensionless);
+# and per PU (applies to the PU named) what one partition run costs in an agent's pipeline beyond what the
+# profiler timed of it run after run (ms).
 CalibrationKind = Literal[
     "handoff",
     "power-active-scale",
@@ -51,6 +53,7 @@ CalibrationKind = Literal[
     "network-cpu-message",
     "network-cpu-mb",
     "sustained-factor",
+    "run-overhead",
 ]
 CALIBRATION_UNITS: dict[str, str] = {
     "handoff": "ms",
@@ -61,6 +64,7 @@ CALIBRATION_UNITS: dict[str, str] = {
     "network-cpu-message": "us",
     "network-cpu-mb": "us/MB",
     "sustained-factor": "x",
+    "run-overhead": "ms",
 }
 EVERY_UNIT = "*"  # a calibration value learnt for every PU and link of the board
 

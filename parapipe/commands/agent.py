@@ -413,6 +413,7 @@ def tune(
         "shared memory learnt GB/s",
         "network link learnt GB/s, CPU us/msg, us/MB",
         "throttled PU sustained x",
+        "run overhead learnt ms",
     )
     for h in history:
         c = h.calibration
@@ -432,6 +433,7 @@ def tune(
             if c is not None and c.network
             else "-",
             ", ".join(f"{pu} {x:.2f}" for pu, x in c.sustained) if c is not None and c.sustained else "-",
+            ", ".join(f"{pu} {ms:.2f}" for pu, ms in c.run_overhead) if c is not None and c.run_overhead else "-",
         )
     out.print(t)
     out.print(history[-1].note, highlight=False, markup=False)

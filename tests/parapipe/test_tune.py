@@ -9,6 +9,7 @@ import json
 import math
 import os
 import shutil
+import statistics
 import subprocess
 from pathlib import Path
 
@@ -884,3 +885,61 @@ def test_a_throttled_units_partitions_share_a_frames_first_burst(times: list[flo
     assert work[0] == pytest.approx(full_speed_ms(times[0], quota))
     for k in range(1, len(times) + 1):
         assert alone_ms(sum(work[:k])) == pytest.approx(sum(times[:k]), rel=1e-9, abs=1e-9)
+
+
+@pytest.mark.agent
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_tune_learns_the_run_overhead_of_a_partition_in_a_pipeline(tuned, exported, tmp_path, monkeypatch) -> None:
+    """A plan of many short partitions (squeezenet1_1's blocks alternately on the two cores of ``local``, one
+    stage) runs on a real agent. Before its partitions are fed back, the median of what each short one took
+    more than the profiled table predicts becomes the PU's run overhead; with it, that median is gone, and once
+    fed back the plan's own partitions are priced as measured, the overhead not added again."""
+    import onnxruntime as ort
+
+    from models.coarsen import coarsen
+    from models.onnx_io import load_onnx
+    from parapipe.run import run_plan
+    from parapipe.tune import fed_time, fit_run_overhead, throttled_work
+    from planner.baselines import flop_pipeline
+    from planner.costmodel import CostModel
+    from planner.plan import Assignment, Stage, validate
+    from planner.segments import lower
+
+    monkeypatch.setenv("PARAPIPE_HOME", str(tmp_path / "home"))
+    graph, profile = _context(exported)
+    blocks = coarsen(graph, "coarse")
+    names = [b.name for b in blocks.nodes]
+    stage = Stage(((Assignment("cpu", 1, tuple(names[0::2]), (0,)), Assignment("cpu", 1, tuple(names[1::2]), (1,))),))
+    plan = dataclasses.replace(flop_pipeline(blocks, profile, [("cpu", 1)]), stages=(stage,), name="alternating")
+    validate(plan, graph, profile)
+    loaded = load_onnx(exported(MODEL).path)
+    plan = dataclasses.replace(plan, model_path=str(exported(MODEL).path), inputs=loaded.inputs)
+    result = run_plan(plan, "local", None, 30)
+    table = CostTable.load(_fresh(tuned, tmp_path))
+    before = CostModel.from_table(profile, graph, table)
+    segments = {s.name: s for s in lower(plan, graph, profile)}
+    work = throttled_work(segments, result, profile)
+
+    def residuals(cost: CostModel) -> list[float]:
+        out = []
+        for p in result.partitions:
+            seg = segments[p.name]
+            predicted = cost.group_ms(seg.members, seg.pu, seg.cores).ms
+            if predicted - cost.run_overhead_ms(seg.pu) < 1.0:
+                out.append(fed_time(seg, p, profile, work) - predicted)
+        return out
+
+    found = residuals(before)
+    assert len(found) >= 3, "the plan has short partitions"
+    expected = max(0.0, statistics.median(found))
+    learnt = fit_run_overhead(table, [(plan, result)], graph, profile, ort.__version__)
+    assert (learnt or {}).get("cpu", 0.0) == pytest.approx(expected, abs=1e-4)
+    after = CostModel.from_table(profile, graph, table)
+    assert after.run_overhead_ms("cpu") == pytest.approx(expected, abs=1e-4)
+    if expected > 0:
+        assert statistics.median(residuals(after)) == pytest.approx(0.0, abs=1e-3)
+    feed_back(table, plan, result, graph, profile, ort.__version__)
+    fed = CostModel.from_table(profile, graph, table)
+    for p in result.partitions:
+        seg = segments[p.name]
+        assert fed.group_ms(seg.members, seg.pu, seg.cores).ms == pytest.approx(fed_time(seg, p, profile, work))

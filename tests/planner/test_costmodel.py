@@ -19,7 +19,7 @@ from models.graph import build_graph
 from models.onnx_io import load_onnx
 from planner.costmodel import CostModel, Fit
 from profiler.calibration import calibrate
-from profiler.costtable import Conditions, CostEntry, CostTable, entry_key
+from profiler.costtable import CalibrationRecord, Conditions, CostEntry, CostTable, entry_key
 from profiler.roofline import Roofline
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -209,3 +209,40 @@ def test_the_calibration_does_not_depend_on_the_tables_order(squeeze, order) -> 
     assert cost.group_ms(b.members, "cpu", 1).ms == 7.0
     in_time_order = CostTable({e.key: e for e in sorted(entries, key=lambda e: e.measured_at)})
     assert cost.calibration == CostModel.from_table(profile, graph, in_time_order).calibration
+
+
+def test_a_run_overhead_is_in_every_partition_but_those_measured_in_a_pipeline(squeeze) -> None:
+    """``tune`` learns what a partition run costs in a pipeline beyond what the profiler timed (``run-overhead``):
+    every profiled or fitted partition time has it once, the ILP's per-partition overhead too; a partition
+    measured in a pipeline (``run:``) has it in its own time, so it is taken as is, and the partition fit takes
+    it out of such entries (alpha and beta stay the profiler's relation)."""
+    graph, blocks = squeeze
+    table, _ = _synthetic_table(graph, blocks, alpha=0.9, beta=0.3)
+    block_ms = {b.name: 0.8 * sum(graph.index[m].flops / 1e8 + 0.01 for m in b.members) for b in blocks.nodes}
+    names = [b.name for b in blocks.nodes]
+    overhead = 0.2
+    runs = []
+    for i in range(1, len(names) - 3, 2):  # other partitions than the profiler's, measured in a pipeline
+        chunk = names[i : i + 3]
+        members = [m for b in chunk for m in blocks.index[b].members]
+        ms = 0.9 * sum(block_ms[b] for b in chunk) + 0.3 + overhead
+        table.add(_entry(graph, "partition", f"run:s0g0u0_cpu_p{i}", members, ms))
+        runs.append((frozenset(members), ms))
+    profile = load_profile("local")
+    plain = CostModel.from_table(profile, graph, table)
+    cond = Conditions("local", "cpu", 1, 1, "CPUExecutionProvider", "x", "all")
+    table.learn(CalibrationRecord.learnt(graph.model_sha256, "run-overhead", overhead, cond, 3, "cpu"))
+    cost = CostModel.from_table(profile, graph, table)
+    fit = cost.fits[("cpu", 1)]
+    assert fit.alpha == pytest.approx(0.9, rel=1e-6) and fit.beta_ms == pytest.approx(0.3, rel=1e-6)
+    assert plain.fits[("cpu", 1)].beta_ms > 0.3 + overhead / 2, "without it the fit takes the overhead as beta"
+    assert cost.run_overhead_ms("cpu") == overhead and plain.run_overhead_ms("cpu") == 0.0
+    assert cost.partition_overhead_ms("cpu", 1) == pytest.approx(0.3 + overhead)
+    block = blocks.nodes[3]
+    assert cost.group_ms(block.members, "cpu", 1).ms == pytest.approx(block_ms[block.name] + overhead)
+    members, ms = runs[0]
+    assert cost.group_ms(members, "cpu", 1).ms == pytest.approx(ms), "measured in a pipeline: as measured"
+    unmeasured = frozenset(m for b in names[:3] for m in blocks.index[b].members)
+    assert cost.group_ms(unmeasured, "cpu", 1).ms == pytest.approx(
+        0.9 * sum(block_ms[b] for b in names[:3]) + 0.3 + overhead
+    )
