@@ -30,6 +30,11 @@ class PartitionResult:
     frames: int
     alone_busy_ms: float = 0.0  # over the frames run one at a time: no other frame competes
     alone_frames: int = 0
+    # the CPU time of the thread running the session, back to back and one at a time, over the runs it was read for
+    cpu_ms: float = 0.0
+    cpu_frames: int = 0
+    alone_cpu_ms: float = 0.0
+    alone_cpu_frames: int = 0
 
 
 @dataclass(frozen=True)
@@ -180,6 +185,10 @@ def run_benchmark(
             s.frames,
             alone_stats[name].busy_s * 1e3,
             alone_stats[name].frames,
+            s.cpu_s * 1e3,
+            s.cpu_frames,
+            alone_stats[name].cpu_s * 1e3,
+            alone_stats[name].cpu_frames,
         )
         for name, s in stats.items()
     )

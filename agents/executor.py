@@ -83,6 +83,10 @@ class WorkerStats:
     busy_s: float = 0.0
     wait_s: float = 0.0
     frames: int = 0
+    # CPU time of the thread that ran the session, over the ``cpu_frames`` runs it was read for (runs on the
+    # partition's own worker): a one-thread session's work, whatever its core waited for (a CFS quota)
+    cpu_s: float = 0.0
+    cpu_frames: int = 0
 
 
 class Overlap:
@@ -524,6 +528,7 @@ class _Worker:
         start = time.perf_counter()
         if overlap is not None:
             overlap.start(frame, start, len(pipeline._frames) + pipeline._inline)  # a racy read is fine for a statistic
+        cpu = time.thread_time()
         try:
             results = session.run(output_names, feeds)
         except BaseException as exc:
@@ -531,6 +536,8 @@ class _Worker:
                 overlap.end(frame, time.perf_counter())
             return exc
         end = time.perf_counter()
+        self.stats.cpu_s += time.thread_time() - cpu
+        self.stats.cpu_frames += 1
         if overlap is not None:
             overlap.end(frame, end)
         self.stats.busy_s += end - start

@@ -297,6 +297,10 @@ class AgentServicer(rpc.AgentServicer):
                     frames=p.frames,
                     alone_busy_ms=p.alone_busy_ms,
                     alone_frames=p.alone_frames,
+                    cpu_ms=p.cpu_ms,
+                    cpu_frames=p.cpu_frames,
+                    alone_cpu_ms=p.alone_cpu_ms,
+                    alone_cpu_frames=p.alone_cpu_frames,
                 )
                 for p in r.partitions
             ],

@@ -50,6 +50,12 @@ class PartitionMeasurement:
     alone_busy_ms: float = 0.0
     alone_frames: int = 0
     host: str = ""
+    # CPU time of the thread running the session (a one-thread session's work), back to back and one at a time,
+    # over the runs it was read for (0: not read, an agent before it or a partition run inline)
+    cpu_ms: float = 0.0
+    cpu_frames: int = 0
+    alone_cpu_ms: float = 0.0
+    alone_cpu_frames: int = 0
 
     @classmethod
     def from_stats(cls, stats: Any, host: str = "") -> PartitionMeasurement:
@@ -63,6 +69,10 @@ class PartitionMeasurement:
             alone_busy_ms=stats.alone_busy_ms,
             alone_frames=stats.alone_frames,
             host=host,
+            cpu_ms=stats.cpu_ms,
+            cpu_frames=stats.cpu_frames,
+            alone_cpu_ms=stats.alone_cpu_ms,
+            alone_cpu_frames=stats.alone_cpu_frames,
         )
 
     @property
@@ -72,6 +82,11 @@ class PartitionMeasurement:
     @property
     def alone_per_frame_ms(self) -> float | None:
         return self.alone_busy_ms / self.alone_frames if self.alone_frames else None
+
+    @property
+    def alone_cpu_per_frame_ms(self) -> float | None:
+        """CPU time per frame of the session's thread over the frames run one at a time (None: not read)."""
+        return self.alone_cpu_ms / self.alone_cpu_frames if self.alone_cpu_frames else None
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)

@@ -175,11 +175,18 @@ def shared_burst_work(alone_ms: Sequence[float], quota_percent: float) -> list[f
 
 
 def throttled_work(segments: dict[str, Segment], result: RunResult, profile: DeviceProfile) -> dict[str, float]:
-    """The work at full speed each partition on a CFS-throttled PU did a frame, from the times alone of its unit's
-    partitions together (``shared_burst_work``, in the order the unit runs them), as the cost model prices a
-    frame there (``Problem.stalled``). Taken one by one, each partition after the first would be read as
-    starting with a full quota and its wait for the quota as work (bert_tiny on local-biglittle: a plan
-    predicted at 114 fps ran at 206). A unit with a partition not timed alone is left out."""
+    """The work at full speed each partition on a CFS-throttled PU did a frame.
+
+    On one core, what the agent read of it: the CPU time of the session's thread per frame run one at a time
+    (the profiler records the same of its runs; what the thread waited for the quota is off the CPU). Else (an
+    agent that does not read it, or several threads) from the times alone of its unit's partitions together
+    (``shared_burst_work``, in the order the unit runs them), as the cost model prices a frame there
+    (``Problem.stalled``). Taken one by one, each partition after the first would be read as starting with a
+    full quota and its wait for the quota as work (bert_tiny on local-biglittle: a plan predicted at 114 fps ran
+    at 206); together, the quota a period refills while the frame runs on other units is not seen, and small
+    partitions between big-core ones are read as doing half their work (bert_small on local-biglittle: 0.06-0.10
+    ms where they run at full speed in 0.16-0.25). A unit with a partition not timed alone is left out."""
+    cpu = {p.name: p.alone_cpu_per_frame_ms for p in result.partitions}
     alone = {p.name: p.alone_per_frame_ms for p in result.partitions}
     units: dict[UnitKey, list[Segment]] = {}
     for seg in segments.values():
@@ -191,6 +198,10 @@ def throttled_work(segments: dict[str, Segment], result: RunResult, profile: Dev
         times = [alone.get(seg.name) for seg in ordered]
         throttle = profile.pu(ordered[0].pu).throttle
         if throttle is None or any(t is None for t in times):
+            continue
+        read = [cpu.get(seg.name) for seg in ordered]
+        if all(seg.cores == 1 for seg in ordered) and all(c is not None for c in read):
+            work.update((seg.name, min(c, t)) for seg, c, t in zip(ordered, read, times, strict=True) if c and t)
             continue
         shares = shared_burst_work([t for t in times if t is not None], throttle.quota_percent)
         work.update(zip((seg.name for seg in ordered), shares, strict=True))
@@ -790,6 +801,10 @@ def merge_runs(runs: list[RunResult]) -> RunResult:
                     queue_wait_ms=q.queue_wait_ms + p.queue_wait_ms,
                     frames=q.frames + p.frames,
                     alone_busy_ms=q.alone_busy_ms + p.alone_busy_ms,
+                    cpu_ms=q.cpu_ms + p.cpu_ms,
+                    cpu_frames=q.cpu_frames + p.cpu_frames,
+                    alone_cpu_ms=q.alone_cpu_ms + p.alone_cpu_ms,
+                    alone_cpu_frames=q.alone_cpu_frames + p.alone_cpu_frames,
                     alone_frames=q.alone_frames + p.alone_frames,
                 )
             )

@@ -40,6 +40,7 @@ from parapipe.tune import (
     stop_reason,
     sustained_conditions,
     table_errors,
+    throttled_work,
     tune,
     worth_keeping,
 )
@@ -632,6 +633,7 @@ def test_tune_learns_a_throttled_pus_sustained_factor_from_a_plan_run_on_it(tmp_
     from planner.baselines import flop_pipeline
     from planner.build import evaluate
     from planner.costmodel import CostModel
+    from planner.segments import lower
     from planner.simulate import PlanModel
     from profiler.costtable import CalibrationRecord
 
@@ -646,6 +648,13 @@ def test_tune_learns_a_throttled_pus_sustained_factor_from_a_plan_run_on_it(tmp_
     plan = flop_pipeline(coarsen(graph, "fine"), real, [("big", 1), ("little", 1)], name="big-then-little")
     plan = dataclasses.replace(plan, model_path=str(model), inputs=loaded.inputs)
     result = run_plan(plan, "local-biglittle", None, 60)
+    # the agent reads the CPU time of the LITTLE session's thread: its work, what it waited for the quota left out
+    little = next(p for p in result.partitions if p.pu == "little")
+    assert little.alone_cpu_frames == little.alone_frames > 0 and little.cpu_frames == little.frames
+    assert 0 < little.alone_cpu_per_frame_ms <= little.alone_per_frame_ms * 1.02
+    assert little.cpu_ms < little.busy_ms, "back to back the quota runs out: it waits"
+    segments = {s.name: s for s in lower(plan, graph, real)}
+    assert throttled_work(segments, result, real)[little.name] == pytest.approx(little.alone_cpu_per_frame_ms)
 
     unaware = dataclasses.replace(
         real, pus=tuple(dataclasses.replace(p, throttle=Throttle(100.0)) if p.throttle else p for p in real.pus)
