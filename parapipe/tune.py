@@ -222,13 +222,6 @@ def feed_back(
         if seg.pu.spans:
             added += _feed_back_spanning(table, plan, seg, p, graph, profile, ort_version)
             continue
-        # A partition's time is its time with frames run one at a time: what a frame's latency adds
-        # up. What running beside the others costs it back to back (memory, caches, on a VM the
-        # host's cores) is the shared memory's term, which tune fits from the measured throughputs;
-        # on a CFS-throttled PU, what waiting for its quota costs back to back is its sustained factor
-        # (``fit_sustained``). Where the profile names no shared memory (and the PU is not throttled),
-        # the back-to-back time is what throughput needs: a unit runs its partitions in turn
-        # (``agents.modulo``), so each one's back-to-back time is its own, not shared with the unit's others.
         per_frame = fed_time(seg, p, profile, at_full_speed)
         if per_frame is None:
             continue
@@ -258,9 +251,8 @@ def fed_time(
     if pu.throttle is None and profile.shared_memory(seg.pu) is None and p.busy_per_frame_ms is not None:
         return p.busy_per_frame_ms
     if pu.throttle is not None:
-        # the work it did at full speed, as the profiler records it, from its time alone (fluid: a frame's
-        # first burst of work on the unit at full speed, the rest at the quota's share: ``throttled_work``);
-        # back to back it waited for the quota as well, so without a time alone nothing is fed back
+        # the work it did at full speed, as the profiler records it (``throttled_work``: its CPU time, or from
+        # its time alone); back to back it waited for the quota as well, so without either nothing is fed back
         return at_full_speed.get(p.name)
     return p.alone_per_frame_ms if p.alone_per_frame_ms is not None else p.busy_per_frame_ms
 

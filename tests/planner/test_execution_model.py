@@ -134,7 +134,8 @@ def boards(draw) -> DeviceProfile:
 def cases(draw):
     flops, edges = draw(dags())
     nbytes = draw(st.lists(st.integers(1_000, 2_000_000), min_size=len(flops), max_size=len(flops)))
-    calibration = draw(st.none() | st.tuples(st.floats(0.7, 1.6), st.floats(0.0, 1.0)))  # (alpha, beta ms)
+    # (alpha, beta ms, the run overhead in a pipeline ms)
+    calibration = draw(st.none() | st.tuples(st.floats(0.7, 1.6), st.floats(0.0, 1.0), st.sampled_from([0.0, 0.3])))
     objective = draw(st.sampled_from(["latency", "throughput", "energy"]))
     handoff = draw(st.sampled_from([0.0, 0.0, 0.4, 3.0]))  # the handoff delay tune learns between PUs (ms)
     board = draw(boards())
@@ -156,10 +157,12 @@ def _cost(profile_and_slower: tuple[DeviceProfile, float], graph: OpGraph) -> Co
     return cost
 
 
-def _calibrate(cost: CostModel, alpha: float, beta: float) -> CostModel:
-    """What ``parapipe tune`` learns on a board: partition = alpha * sum(blocks) + beta, for every config."""
+def _calibrate(cost: CostModel, alpha: float, beta: float, run: float = 0.0) -> CostModel:
+    """What ``parapipe tune`` learns on a board: partition = alpha * sum(blocks) + beta, for every config, and
+    every partition's run overhead in a pipeline."""
     calibration = cost.calibration
     for p in cost.profile.pus:
+        calibration = calibration.with_run_overhead(p.name, run)
         for k in range(1, len(p.cores) + 1) if p.kind == "cpu" else (1,):
             calibration = calibration.with_fit((p.name, k), Fit({}, 0.0, 1.0, alpha, beta, 3))
     return cost.recalibrated(calibration)
@@ -229,7 +232,7 @@ def test_solver_analytic_and_simulation_are_one_model(case) -> None:
         # unit or link, set the simulated throughput; the analytic figure has no window. Balanced plans reach
         # it too: units take frames by frame + lag (``agents.modulo``), not oldest first
         assert simulated.throughput_fps == pytest.approx(predicted.throughput_fps, rel=0.02)
-    if calibration is not None and calibration[1] > 0:
+    if calibration is not None and (calibration[1] > 0 or calibration[2] > 0):
         # the solver counts partitions (for their overhead) from a lower bound: it may only be optimistic
         value = {"latency": predicted.latency_ms, "throughput": 1000 / predicted.throughput_fps}
         assert solution.value <= value.get(objective, predicted.energy_mj) * (1 + 1e-6)
