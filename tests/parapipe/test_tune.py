@@ -952,3 +952,25 @@ def test_tune_learns_the_run_overhead_of_a_partition_in_a_pipeline(tuned, export
     for p in result.partitions:
         seg = segments[p.name]
         assert fed.group_ms(seg.members, seg.pu, seg.cores).ms == pytest.approx(fed_time(seg, p, profile, work))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.floats(0.0, 60.0),
+    st.floats(0.5, 20.0),
+    st.integers(1, 200),
+    st.integers(1, 400),
+)
+def test_frames_grow_between_rounds_while_the_pooled_noise_is_above_a_third_of_the_target(
+    pct: float, target: float, frames: int, cap: int
+) -> None:
+    from parapipe.tune import NOISE_FRACTION, grown_frames
+
+    frames = min(frames, cap)  # the loop never runs more than the cap
+    noise = Noise("p", 4, frames, pct, pct / 2)
+    more = grown_frames(noise, target, frames, cap)
+    assert frames <= more <= cap, "never fewer, never past the cap"
+    if noise.pct > target * NOISE_FRACTION and frames < cap:
+        assert more == min(cap, 2 * frames)
+    else:
+        assert more == frames
