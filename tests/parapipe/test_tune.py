@@ -908,7 +908,7 @@ def test_tune_learns_the_run_overhead_of_a_partition_in_a_pipeline(tuned, export
     from models.coarsen import coarsen
     from models.onnx_io import load_onnx
     from parapipe.run import run_plan
-    from parapipe.tune import fed_time, fit_run_overhead, throttled_work
+    from parapipe.tune import fed_time, fit_run_overhead
     from planner.baselines import flop_pipeline
     from planner.costmodel import CostModel
     from planner.plan import Assignment, Stage, validate
