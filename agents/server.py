@@ -608,7 +608,11 @@ def main(argv: list[str] | None = None) -> int:
     threading.Thread(target=service.resume, args=(state, 5.0, stop), name="pp-resume", daemon=True).start()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    stop.wait()
+    # Timed: a handler runs in the main thread only once it executes Python again, and a signal the kernel gave
+    # another thread (gRPC's, onnxruntime's) does not wake an untimed wait (CI once saw an agent serve 30 s past
+    # its SIGTERM); this way it drains within half a second of it, whichever thread took the signal.
+    while not stop.wait(0.5):
+        pass
     drain(server, state, args.grace, calls)
     return 0
 
