@@ -110,13 +110,13 @@ class CostModel:
         if unit.spans:
             return self._spanning_ms(key, unit, cores)
         cfg = (pu, cores)
+        run = self.calibration.run_overhead.get(pu, 0.0)  # ``run_overhead_ms``: the unit spans no clusters here
         entry = self.calibration.fused.get((cfg, key))
         if entry is not None:
             if is_run_entry(entry):  # measured in a pipeline: its run overhead is in it
                 return Prediction(entry.mean_ms, "measured")
-            return Prediction(entry.mean_ms + self.run_overhead_ms(pu), "measured")
+            return Prediction(entry.mean_ms + run, "measured")
         fit = self.fits.get(cfg)
-        run = self.run_overhead_ms(pu)
         if fit is None:
             return Prediction(math.fsum(self.roofline_ms(m, pu, cores) for m in key) + run, "roofline")
         units = self._units_ms(key, cfg)
