@@ -812,6 +812,22 @@ def merge_runs(runs: list[RunResult]) -> RunResult:
     )
 
 
+def pooled_runs(
+    measured: Sequence[tuple[Plan, RunResult]], runs_of: dict[str, list[RunResult]]
+) -> list[tuple[Plan, RunResult]]:
+    """Each plan of ``measured`` once (``plan_key``; the first of its names), with every run of it so far merged
+    (``merge_runs``): what recalibrating fits and feeds back. A plan the loop measures in several rounds (the
+    noise plans; a plan the planner offers again) is then its mean, not its latest run, which on a noisy board
+    moves more than the model's errors do (local-biglittle, an AMD EPYC VM: resnet18's latency plan at 62.1 fps
+    in one round and 52.9 in the next). A plan without runs in ``runs_of`` keeps its measurement."""
+    pooled: dict[str, tuple[Plan, RunResult]] = {}
+    for plan, result in measured:
+        key = plan_key(plan)
+        if key not in pooled:
+            pooled[key] = (plan, merge_runs(runs_of[key]) if runs_of.get(key) else result)
+    return list(pooled.values())
+
+
 def own_partitions(table: CostTable, plan: Plan, graph: OpGraph, profile: DeviceProfile) -> frozenset[str]:
     """The keys of ``table``'s measured partition entries that are ``plan``'s own partitions (its segments' nodes
     on the same PU and cores): what predicts the plan by looking its measurement up."""
@@ -1010,6 +1026,7 @@ def tune(
     measured: list[tuple[Plan, RunResult]] = []  # every plan measured so far, for the kept-calibration rule
     noise: Noise | None = None
     repeats: dict[str, list[tuple[float, float]]] = {}  # plan -> (latency, throughput) of each measurement
+    runs_of: dict[str, list[RunResult]] = {}  # plan -> each of its runs at the frames of its round (pooled_runs)
     # the plans whose repeats the noise pools every round: round 1's first plan (measured twice first, for the
     # frames) and the throughput end of its front (measured twice in round 1 too: pipelined plans drift most)
     noise_plans: list[Plan] = []
@@ -1032,14 +1049,14 @@ def tune(
         for i, plan in enumerate(plans):
             plan = dataclasses.replace(plan, model_path=str(model.resolve()), inputs=loaded.inputs)
             if noise is None:
-                noise, result, runs = measure_noise(
-                    plan, board, frames, cap, target_error, options.noise_runs, input_data, say
-                )
-                frames, noise_plans = noise.frames, [plan]
-                repeats[plan_key(plan)] = [(m.latency_ms, m.throughput_fps) for m in runs]
+                noise, runs = measure_noise(plan, board, frames, cap, target_error, options.noise_runs, input_data, say)
+                frames, noise_plans, result = noise.frames, [plan], merge_runs(runs)
+                repeats[plan_key(plan)] = [(m.measured.latency_ms, m.measured.throughput_fps) for m in runs]
+                runs_of[plan_key(plan)] = list(runs)
             else:
                 say(f"round {r + 1}: running plan {i + 1}/{len(plans)} on {board} ({frames} frames)")
                 result = run_plan(plan, board, None, frames, input_data=input_data)
+                runs_of.setdefault(plan_key(plan), []).append(result)
                 seen = repeats.setdefault(plan_key(plan), [])
                 seen.append((result.measured.latency_ms, result.measured.throughput_fps))
                 throughput_end = r == 0 and i == len(plans) - 1 and plan_key(plan) != plan_key(noise_plans[0])
@@ -1047,6 +1064,7 @@ def tune(
                     why = "for the noise" if throughput_end else "it is far from its prediction"
                     say(f"round {r + 1}: measuring plan {i + 1} again ({why})")
                     again = run_plan(plan, board, None, frames, input_data=input_data)
+                    runs_of[plan_key(plan)].append(again)
                     seen.append((again.measured.latency_ms, again.measured.throughput_fps))
                     result = merge_runs([result, again])
                 if throughput_end:
@@ -1059,6 +1077,7 @@ def tune(
             # what drifts between rounds is noise too: each noise plan once more, if this round did not measure it
             say(f"round {r + 1}: measuring {again_plan.name} again for the noise ({frames} frames)")
             again = run_plan(again_plan, board, None, frames, input_data=input_data)
+            runs_of[plan_key(again_plan)].append(again)
             repeats[plan_key(again_plan)].append((again.measured.latency_ms, again.measured.throughput_fps))
         measured += last
         assert noise is not None
@@ -1100,7 +1119,9 @@ def tune(
             history.append(dataclasses.replace(this, stop=stop))
             break
         say(f"round {r + 1}: recalibrating")
-        calibration, handoff, power = recalibrate(table, last, measured, graph, profile, ort.__version__)
+        calibration, handoff, power = recalibrate(
+            table, pooled_runs(last, runs_of), pooled_runs(measured, runs_of), graph, profile, ort.__version__
+        )
         table.save(costs)
         history.append(
             dataclasses.replace(this, calibration=calibration, handoff_ms=handoff, power_scale=power, stop=stop)
@@ -1133,10 +1154,9 @@ def measure_noise(
     runs: int,
     input_data: Path | None,
     say: Callable[[str], None],
-) -> tuple[Noise, RunResult, list[Figures]]:
+) -> tuple[Noise, list[RunResult]]:
     """Measure ``plan`` ``runs`` times; while the spread is above a third of the target, double the frames
-    (up to ``cap``) and measure again. Returns the noise, the plan's measurement (the runs merged) and each
-    run's figures at the final frames."""
+    (up to ``cap``) and measure again. Returns the noise and the runs at the final frames."""
     grown = False
     while True:
         results = []
@@ -1151,10 +1171,9 @@ def measure_noise(
             spread_pct([r.measured.throughput_fps for r in results]),
             grown,
         )
-        figures = [r.measured for r in results]
         if noise.pct <= target * NOISE_FRACTION:
-            return noise, merge_runs(results), figures
+            return noise, results
         if frames >= cap:
-            return dataclasses.replace(noise, capped=True), merge_runs(results), figures
+            return dataclasses.replace(noise, capped=True), results
         frames = min(cap, frames * 2)
         grown = True

@@ -307,6 +307,57 @@ def test_the_noise_pools_both_ends_of_round_1s_front_and_every_later_round_measu
     assert second.frames == first.frames == 8
 
 
+def test_a_plan_measured_in_several_rounds_is_fed_back_as_the_mean_of_all_its_runs(
+    tuned, exported, tmp_path, monkeypatch
+) -> None:
+    """On a noisy board the same plan drifts between rounds more than the model is off, so a recalibration fits
+    each plan once, every run of it so far merged: round 2 offers round 1's plan again (another name), and its
+    recalibration gets it once, with the counters of all three runs (two noise runs in round 1, one in round 2)
+    and the mean of their figures (real runs on ``local``)."""
+    import parapipe.tune as tune_module
+    from models.coarsen import coarsen
+    from planner.baselines import single_pu
+    from planner.build import evaluate
+    from planner.costmodel import CostModel
+
+    graph, profile = _context(exported)
+    blocks = coarsen(graph, "coarse")
+    cost = CostModel.from_table(profile, graph, CostTable.load(tuned["costs"]))
+
+    def far_off(plan):  # predicted 10x off: no round stops within the noise
+        p = evaluate(plan, graph, cost, frames=0).predicted
+        return dataclasses.replace(plan, predicted=dataclasses.replace(p, latency_ms=p.latency_ms * 10))
+
+    fronts = iter([[far_off(single_pu(blocks, profile, "cpu", 1, name))] for name in ("first", "again")])
+    monkeypatch.setattr(tune_module, "pareto_set", lambda *args, **kwargs: next(fronts))
+    ran: list = []
+    real_run, real_recalibrate = tune_module.run_plan, tune_module.recalibrate
+    monkeypatch.setattr(tune_module, "run_plan", lambda *a, **k: ran.append(real_run(*a, **k)) or ran[-1])
+    fitted: list = []
+
+    def spy(table, runs, measured, *rest):
+        fitted.append((runs, measured))
+        return real_recalibrate(table, runs, measured, *rest)
+
+    monkeypatch.setattr(tune_module, "recalibrate", spy)
+    monkeypatch.setenv("PARAPIPE_HOME", str(tmp_path))
+    options = TuneOptions("pareto", rounds=2, target_error=0.0, time_limit=1, frames=8, max_frames=8, noise_runs=2)
+    history, last = tune(exported(MODEL).path, "local", _fresh(tuned, tmp_path), options)
+    assert [p.name for p, _ in last] == ["again"] and len(ran) == 3 and len(fitted) == 2
+    (one,), (two,) = fitted[0][0], fitted[1][0]
+    ((held, merged),) = fitted[1][1]  # the plans measured so far hold it once, merged too
+    assert held.name == "first" and merged.measured == two[1].measured
+    assert [p.frames for p in one[1].partitions] == [16] * len(one[1].partitions)  # round 1: its two noise runs
+    plan, pooled = two
+    assert plan.name == "again"  # this round's plan, its runs pooled
+    assert [p.frames for p in pooled.partitions] == [24] * len(pooled.partitions), "all three runs, not round 2's"
+    busy = sum(p.busy_ms for r in ran for p in r.partitions if p.name == pooled.partitions[0].name)
+    assert pooled.partitions[0].busy_ms == pytest.approx(busy)
+    assert pooled.measured.latency_ms == pytest.approx(statistics.mean(r.measured.latency_ms for r in ran))
+    # what the round reports is still its own run
+    assert history[1].rows[0]["measured"]["latency_ms"] == pytest.approx(ran[2].measured.latency_ms)
+
+
 def test_measured_energy_rescales_the_power_model(exported, tmp_path, monkeypatch) -> None:
     """A board with a power sensor (a fake hwmon tree read by the real agent): energy enters the loop.
 
