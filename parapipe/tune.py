@@ -392,9 +392,12 @@ def fit_handoff(
 
     With the partitions' measured times in the table, what is left between predicted and
     measured latency is mostly the cost of waking another unit's thread, on another PU or on
-    other cores of the same one (on a throttled core: of waiting for its quota). The value on ``HANDOFF_GRID_MS`` with the least RMSPE
-    over this round's plans becomes the cost table's ``handoff`` calibration value. None when no plan
-    hands tensors between units.
+    other cores of the same one (on a throttled core: of waiting for its quota). The value on ``HANDOFF_GRID_MS``
+    with the least RMSPE over ``runs`` becomes the cost table's ``handoff`` calibration value. ``recalibrate``
+    passes every plan measured so far: the value is board-wide, and fitted to one round's plans alone it can
+    price the handoffs of plans measured before far off what they measured (local-biglittle, bert_small: a
+    round-2 plan 1 ms slow set it to 1.0 ms and round 1's latency plan, measured at 17.4 ms, to 41.1). None
+    when no plan hands tensors between units.
     """
     from planner.build import evaluate
 
@@ -931,7 +934,7 @@ def recalibrate(
     run_overhead = fit_run_overhead(table, runs, graph, profile, ort_version)  # before they are fed back
     for plan, res in runs:
         feed_back(table, plan, res, graph, profile, ort_version)
-    handoff = fit_handoff(table, runs, graph, profile, ort_version)
+    handoff = fit_handoff(table, measured, graph, profile, ort_version)
     sustained = fit_sustained(table, measured, graph, profile, ort_version)
     memory = fit_memory(table, measured, graph, profile, ort_version)
     network = fit_network(table, measured, graph, profile, ort_version)
