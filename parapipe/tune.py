@@ -83,9 +83,8 @@ class Noise:
 
     plan: str
     runs: int
-    frames: (
-        int  # frames per measurement: the first plan's runs measured at, grown later while the pooled noise is large
-    )
+    # frames per measurement: the first plan's runs measured at, grown later while the pooled noise is large
+    frames: int
     latency_pct: float
     throughput_pct: float
     grown: bool = False  # --frames was raised because the noise was large
@@ -1028,8 +1027,8 @@ def tune(
     last: list[tuple[Plan, RunResult]] = []
     measured: list[tuple[Plan, RunResult]] = []  # every plan measured so far, for the kept-calibration rule
     noise: Noise | None = None
-    repeats: dict[str, list[tuple[float, float]]] = {}  # plan -> (latency, throughput) of each measurement
-    runs_of: dict[str, list[RunResult]] = {}  # plan -> each of its runs at the frames of its round (pooled_runs)
+    # plan -> each of its runs at the frames of its round: the noise pools their figures, recalibrating merges them
+    runs_of: dict[str, list[RunResult]] = {}
     # the plans whose repeats the noise pools every round: round 1's first plan (measured twice first, for the
     # frames) and the throughput end of its front (measured twice in round 1 too: pipelined plans drift most)
     noise_plans: list[Plan] = []
@@ -1054,21 +1053,18 @@ def tune(
             if noise is None:
                 noise, runs = measure_noise(plan, board, frames, cap, target_error, options.noise_runs, input_data, say)
                 frames, noise_plans, result = noise.frames, [plan], merge_runs(runs)
-                repeats[plan_key(plan)] = [(m.measured.latency_ms, m.measured.throughput_fps) for m in runs]
                 runs_of[plan_key(plan)] = list(runs)
             else:
                 say(f"round {r + 1}: running plan {i + 1}/{len(plans)} on {board} ({frames} frames)")
                 result = run_plan(plan, board, None, frames, input_data=input_data)
-                runs_of.setdefault(plan_key(plan), []).append(result)
-                seen = repeats.setdefault(plan_key(plan), [])
-                seen.append((result.measured.latency_ms, result.measured.throughput_fps))
+                seen = runs_of.setdefault(plan_key(plan), [])
+                seen.append(result)
                 throughput_end = r == 0 and i == len(plans) - 1 and plan_key(plan) != plan_key(noise_plans[0])
                 if len(seen) == 1 and (throughput_end or is_outlier(result, max(target_error, noise.pct))):
                     why = "for the noise" if throughput_end else "it is far from its prediction"
                     say(f"round {r + 1}: measuring plan {i + 1} again ({why})")
                     again = run_plan(plan, board, None, frames, input_data=input_data)
-                    runs_of[plan_key(plan)].append(again)
-                    seen.append((again.measured.latency_ms, again.measured.throughput_fps))
+                    seen.append(again)
                     result = merge_runs([result, again])
                 if throughput_end:
                     noise_plans.append(plan)
@@ -1081,10 +1077,11 @@ def tune(
             say(f"round {r + 1}: measuring {again_plan.name} again for the noise ({frames} frames)")
             again = run_plan(again_plan, board, None, frames, input_data=input_data)
             runs_of[plan_key(again_plan)].append(again)
-            repeats[plan_key(again_plan)].append((again.measured.latency_ms, again.measured.throughput_fps))
         measured += last
         assert noise is not None
-        noise = pooled_noise(noise, repeats)
+        noise = pooled_noise(
+            noise, {k: [(m.measured.latency_ms, m.measured.throughput_fps) for m in v] for k, v in runs_of.items()}
+        )
         effective, limited, note = noise_verdict(noise, target_error)
         known = [(res.predicted, res.measured) for _, res in last if res.predicted is not None]
         lat = [(p.latency_ms, m.latency_ms) for p, m in known]
