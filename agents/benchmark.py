@@ -1,6 +1,6 @@
 """Benchmark a running pipeline with frames generated on the board.
 
-Three runs, each with its own purpose: frames back to back (throughput, per-partition
+Three runs, each with its own purpose: frames back to back (steady-state throughput, per-partition
 busy time and queue waits, energy), as many one frame at a time (latency alone: more frames make
 it less noisy too), and frames arriving at ``AT_RATE_LOAD`` (90%) of the measured throughput (latency p50/p99 at rate) -- the
 same quantities the planner's analytic model and simulator predict.
@@ -8,6 +8,7 @@ same quantities the planner's analytic model and simulator predict.
 
 from __future__ import annotations
 
+import math
 import statistics
 import threading
 import time
@@ -19,6 +20,9 @@ import numpy as np
 from agents.executor import DeadlineExceeded, Pipeline, generate_inputs
 from profiler.energy import EnergyMeter, PowerModel
 from profiler.measure import AT_RATE_LOAD
+
+PROBE_FRAMES = 3  # one at a time before the back-to-back run: its window (``steady_inflight``)
+WINDOW_MARGIN = 2  # frames in flight back to back: this many times what keeps every unit busy
 
 
 @dataclass(frozen=True)
@@ -59,8 +63,11 @@ class BenchmarkResult:
     in_flight: float = 0.0
 
 
-def back_to_back(pipeline: Pipeline, inputs: dict[str, np.ndarray], frames: int) -> dict[int, float]:
-    """Run ``frames`` frames back to back, ``max_inflight`` at once; each frame's finish time, by index.
+def back_to_back(
+    pipeline: Pipeline, inputs: dict[str, np.ndarray], frames: int, inflight: int | None = None
+) -> dict[int, float]:
+    """Run ``frames`` frames back to back, ``inflight`` at once (at most and by default the pipeline's
+    ``max_inflight``); each frame's finish time, by index.
 
     This thread fills the slots; then each frame that finishes sends the next one from the thread that
     finished it (its last worker), as a plain session run in a loop feeds itself, so ``max_inflight`` frames
@@ -115,7 +122,8 @@ def back_to_back(pipeline: Pipeline, inputs: dict[str, np.ndarray], frames: int)
         if nxt is not None:
             send(nxt, here=False)
 
-    for _ in range(min(frames, pipeline.max_inflight)):
+    window = min(inflight or pipeline.max_inflight, pipeline.max_inflight)
+    for _ in range(min(frames, window)):
         nxt = claim()
         if nxt is not None:
             send(nxt, here=True)
@@ -137,6 +145,41 @@ def back_to_back(pipeline: Pipeline, inputs: dict[str, np.ndarray], frames: int)
     return finished
 
 
+def steady_inflight(pipeline: Pipeline, latency_s: float, busy_s: dict[str, float], frames: int) -> int:
+    """Frames in flight for a steady back-to-back run: ``WINDOW_MARGIN`` times the simulator's saturating
+    window (``planner.simulate._saturating_window``: one frame in each unit and one waiting in front of it,
+    for every frame the busiest unit finishes during one frame's latency, and one more) plus the largest lag
+    of a unit's partition (``agents.modulo``: a unit runs its later partitions that many frames behind), at
+    most the pipeline's ``max_inflight``. ``latency_s`` is one frame's latency alone, ``busy_s`` each local
+    partition's busy time over those ``frames``. A plan of many partitions admits hundreds of frames
+    (``planner.segments.max_inflight``); a run of fewer frames than that never refills, and is a burst
+    that fills and drains, not the steady state the plan predicts."""
+    load: dict[object, float] = {}
+    for name, busy in busy_s.items():
+        thread = pipeline.workers[name].thread  # a unit's partitions share its runner
+        load[thread] = load.get(thread, 0.0) + busy / max(frames, 1)
+    period = max(load.values(), default=0.0)
+    if period <= 0.0 or not math.isfinite(latency_s):
+        return pipeline.max_inflight
+    parts = pipeline.manifest.partitions
+    units = len({(p.host, p.stage, p.group, p.unit) for p in parts})  # every host's: the frame crosses them all
+    lag = max((w.lag for w in pipeline.workers.values()), default=0)
+    window = 2 * units * max(1, math.ceil(latency_s / period)) + 1 + lag
+    return max(1, min(pipeline.max_inflight, math.ceil(WINDOW_MARGIN * window)))
+
+
+def steady_rate(finished: list[float], measured: int, started: float) -> float:
+    """Frames per second from the finish times of a back-to-back run whose first ``measured`` finishes each
+    sent the next frame in (the run's window refilled): over those finishes, after the fill (the first tenth,
+    at least one window's worth where there is room). The frames that finish after them drain the pipeline
+    and are not counted: with nothing new behind them they leave faster than any steady rate."""
+    done = sorted(finished)[:measured]
+    if measured < 3:
+        return measured / (done[-1] - started)
+    warm = min(max(1, measured // 10, len(finished) - measured), measured // 2)
+    return (measured - 1 - warm) / (done[-1] - done[warm])
+
+
 def run_benchmark(
     pipeline: Pipeline,
     frames: int = 50,
@@ -149,22 +192,29 @@ def run_benchmark(
     inputs = generate_inputs(pipeline.manifest.inputs, seed)
     for _ in range(warmup):
         pipeline.infer(inputs)
+    pipeline.reset_stats()
+    probe = []
+    for _ in range(PROBE_FRAMES):
+        a = time.perf_counter()
+        pipeline.infer(inputs)
+        probe.append(time.perf_counter() - a)
+    busy = {name: s.busy_s for name, s in pipeline.stats().items()}
+    inflight = steady_inflight(pipeline, statistics.median(probe), busy, PROBE_FRAMES)
 
-    # 1. back to back: throughput, busy time, energy
+    # 1. back to back: throughput, busy time, energy. ``frames`` finishes with the window refilled (each sends
+    # the next frame in), then the window's last frames drain: ``frames`` + the window are run.
+    fed = frames + inflight if frames > 1 else frames
     pipeline.reset_stats()
     overlap = pipeline.track_overlap()
     meter = EnergyMeter(power or PowerModel(0.0, 0.0), cores)
     try:
         with meter:
             t0 = time.perf_counter()
-            finished = back_to_back(pipeline, inputs, frames)
+            finished = back_to_back(pipeline, inputs, fed, inflight)
             t1 = time.perf_counter()
-            done = [finished[i] for i in range(frames)]
     finally:
         pipeline.untrack_overlap(overlap)
-    skip = min(frames - 1, max(1, frames // 10))
-    span = done[-1] - done[skip - 1] if frames > 1 else t1 - t0
-    throughput = (frames - skip) / span if frames > 1 else 1 / (t1 - t0)
+    throughput = steady_rate(list(finished.values()), frames, t0) if frames > 1 else 1 / (t1 - t0)
     stats = dict(pipeline.stats())
     reading = meter.reading
 
@@ -218,7 +268,7 @@ def run_benchmark(
         latency_p99_ms=latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
         latency_alone_ms=statistics.median(alone),
         throughput_fps=throughput,
-        energy_mj=(reading.joules * 1e3 / frames) if reading else 0.0,
+        energy_mj=(reading.joules * 1e3 / fed) if reading else 0.0,
         energy_source=reading.source if reading else "modelled",
         energy_sensor=reading.sensor if reading else "",
         partitions=partitions,

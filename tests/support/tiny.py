@@ -241,9 +241,12 @@ def _conv_chain(layers: int, seed: int, x: str, y: str) -> bytes:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
 
 
-def write_conv_bundle(folder: Path, layout: str, layers: int = 24) -> Path:
-    """Two partitions on two cores, one thread each: ``two-stages`` (a chain of convolutions cut in two, a
-    stage per core) or ``replicas`` (the whole chain on each core, frames taken in turn)."""
+def write_conv_bundle(folder: Path, layout: str, layers: int = 24, max_inflight: int = 5) -> Path:
+    """Partitions on two cores, one thread each: ``two-stages`` (a chain of convolutions cut in two, a
+    stage per core), ``replicas`` (the whole chain on each core, frames taken in turn) or ``zigzag`` (a
+    frame goes from the first core to the second and back, twice: the first core's unit runs three long
+    pieces of the chain in turn, the second core's two short ones, as a unit of a planned pipeline holds
+    partitions of several hops and runs the later ones frames behind)."""
     cores = sorted(os.sched_getaffinity(0))[:2]
     folder.mkdir(parents=True, exist_ok=True)
     shape = TensorSpec("x", "float32", CONV_SHAPE)
@@ -254,6 +257,23 @@ def write_conv_bundle(folder: Path, layout: str, layers: int = 24) -> Path:
             cpu_partition("s1", "s1.onnx", models["s1.onnx"], cores[1], inputs=("mid",), outputs=("y",), stage=1),
         )
         replicas: tuple[int, ...] = (1, 1)
+    elif layout == "zigzag":
+        tensors = ["x", "m1", "m2", "m3", "m4", "y"]
+        parts_list = []
+        models = {}
+        for i in range(5):
+            on_first = i % 2 == 0  # the first core's unit runs hops 0, 2 and 4, the second's 1 and 3
+            name = "abcde"[i]
+            models[f"{name}.onnx"] = _conv_chain(
+                layers if on_first else max(1, layers // 4), i, tensors[i], tensors[i + 1]
+            )
+            spec = cpu_partition(
+                name, f"{name}.onnx", models[f"{name}.onnx"], cores[0 if on_first else 1],
+                inputs=(tensors[i],), outputs=(tensors[i + 1],), stage=0 if on_first else 1,
+            )  # fmt: skip
+            parts_list.append(dataclasses.replace(spec, segment=i // 2))
+        parts = tuple(parts_list)
+        replicas = (1, 1)
     elif layout == "replicas":
         models = {"whole.onnx": _conv_chain(2 * layers, 0, "x", "y")}
         parts = tuple(
@@ -265,7 +285,7 @@ def write_conv_bundle(folder: Path, layout: str, layers: int = 24) -> Path:
         )
         replicas = (2,)
     else:
-        raise ValueError(f"layout must be two-stages or replicas, got {layout!r}")
+        raise ValueError(f"layout must be two-stages, replicas or zigzag, got {layout!r}")
     for name, data in models.items():
         (folder / name).write_bytes(data)
     manifest = Manifest(
@@ -273,7 +293,7 @@ def write_conv_bundle(folder: Path, layout: str, layers: int = 24) -> Path:
         plan_name=f"conv-{layout}",
         device="test",
         pipelined=True,
-        max_inflight=5,
+        max_inflight=max_inflight,
         replicas=replicas,
         inputs=(shape,),
         outputs=(TensorSpec("y", "float32", CONV_SHAPE),),
