@@ -117,28 +117,41 @@ def plot_solver_times(results: Path) -> Path | None:
 
 
 def plot_tune(results: Path) -> Path | None:
-    """Throughput RMSPE per round and model, from the tune bench's table."""
-    rows = []
+    """Throughput RMSPE per round and model, from the tune bench's table: the newest run of each board (the file
+    keeps the newest first; a model's rounds end where its round number starts again), a panel per board."""
+    runs: dict[tuple[str, str], list[tuple[int, float]]] = {}
+    done: set[tuple[str, str]] = set()
     for line in results.read_text().splitlines():
         m = re.match(r"^(\S+)\s+(\S+)\s+(\d+)\s+(\d+)\s+([\d.]+|nan)\s+([\d.]+|nan)", line)
-        if m:
-            rows.append((m.group(1), m.group(2), int(m.group(3)), float(m.group(5)), float(m.group(6))))
-    if not rows:
+        if not m:
+            continue
+        key, rnd = (m.group(1), m.group(2)), int(m.group(3))
+        if key in done:
+            continue
+        if runs.get(key) and rnd <= runs[key][-1][0]:
+            done.add(key)  # an older run of this board and model
+            continue
+        runs.setdefault(key, []).append((rnd, float(m.group(6))))
+    if not runs:
         return None
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for board, model in dict.fromkeys((b, m) for b, m, *_ in rows):
-        pts = [(r, thr) for b, m, r, _, thr in rows if (b, m) == (board, model)]
-        ax.plot([r for r, _ in pts], [t for _, t in pts], marker="o", label=f"{model} ({board})")
-    ax.axhline(5.0, color="grey", lw=0.8, ls="--")
-    ax.set_xlabel("tune round")
-    ax.set_ylabel("throughput RMSPE, % (predicted vs measured)")
-    ax.set_title("prediction error per round of the tune loop")
-    ax.legend(fontsize=6, ncol=2)
+    boards = list(dict.fromkeys(b for b, _ in runs))
+    fig, axes = plt.subplots(1, len(boards), figsize=(5 * len(boards), 4), squeeze=False, sharey=True)
+    for ax, board in zip(axes[0], boards, strict=True):
+        for (b, model), pts in runs.items():
+            if b == board:
+                ax.plot([r for r, _ in pts], [t for _, t in pts], marker="o", label=model)
+        ax.axhline(5.0, color="grey", lw=0.8, ls="--")
+        ax.set_xlabel("tune round")
+        ax.set_xticks(sorted({r for (b, _), pts in runs.items() if b == board for r, _ in pts}))
+        ax.set_title(f"{board} (newest run)")
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("throughput RMSPE, % (predicted vs measured)")
+    fig.suptitle("prediction error per round of the tune loop")
     fig.tight_layout()
     IMG.mkdir(parents=True, exist_ok=True)
     path = IMG / "tune-rmspe.png"
