@@ -43,7 +43,7 @@ class PartitionResult:
 
 @dataclass(frozen=True)
 class BenchmarkResult:
-    frames: int
+    frames: int  # the throughput is measured over these; the partitions also ran the last window's, which drained
     latency_p50_ms: float
     latency_p99_ms: float
     latency_alone_ms: float
@@ -70,7 +70,7 @@ def back_to_back(
     ``max_inflight``); each frame's finish time, by index.
 
     This thread fills the slots; then each frame that finishes sends the next one from the thread that
-    finished it (its last worker), as a plain session run in a loop feeds itself, so ``max_inflight`` frames
+    finished it (its last worker), as a plain session run in a loop feeds itself, so ``inflight`` frames
     stay in flight with no feeding thread that needs a core each time a slot frees (at real-time priority it
     gets none until a worker runs dry: the workers then wait for it). A frame that finds no slot there (a
     call to the agent took it meanwhile) is left to this thread, which waits for a slot. The first failure
