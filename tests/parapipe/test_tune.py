@@ -31,11 +31,14 @@ from parapipe.tune import (
     merge_runs,
     noise_verdict,
     own_partitions,
+    plan_key,
     pooled_noise,
     pooled_spread_pct,
     recalibrate,
     rmspe,
+    settled,
     shared_burst_work,
+    shortfall,
     spread_pct,
     stop_reason,
     sustained_conditions,
@@ -357,6 +360,41 @@ def test_the_noise_pools_both_ends_of_round_1s_front_and_every_later_round_measu
     } <= set(messages), messages
     assert second.plans == 3 and second.runs == 4 + 2 + 2, second
     assert second.frames == first.frames == 8
+
+
+def test_a_new_plan_within_the_noise_of_a_measured_one_gives_way_to_it(tuned, exported) -> None:
+    """For any noise: a planned plan that a plan measured before is predicted within the noise of, on latency,
+    throughput and energy, gives way to that plan (re-evaluated under this round's model); one predicted better
+    than that is run; a plan measured before is run as planned; and no plan is run twice."""
+    from hypothesis import HealthCheck
+
+    from models.coarsen import coarsen
+    from planner.baselines import single_pu
+    from planner.build import evaluate
+    from planner.costmodel import CostModel
+
+    graph, profile = _context(exported)
+    blocks = coarsen(graph, "coarse")
+    cost = CostModel.from_table(profile, graph, CostTable.load(tuned["costs"]))
+    one = evaluate(single_pu(blocks, profile, "cpu", 1, "one core"), graph, cost, frames=0)
+    two = evaluate(single_pu(blocks, profile, "cpu", 2, "two cores"), graph, cost, frames=0)
+    assert one.predicted is not None and two.predicted is not None
+    gap = shortfall(one.predicted, two.predicted)  # one core for two: slower, within a noise that large
+    assert gap > 0.05
+
+    @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(st.floats(0.0, 3.0 * 100.0 * gap))
+    def check(noise_pct: float) -> None:
+        out = settled([two, two], [one], graph, cost, noise_pct)  # planned twice: run once
+        if gap <= noise_pct / 100.0:
+            ((run, stands_for),) = out
+            assert plan_key(run) == plan_key(one) and stands_for is two
+            assert run.predicted == evaluate(one, graph, cost, frames=0).predicted and run.simulated is not None
+        else:
+            assert out == [(two, None)]
+        assert settled([one], [one, two], graph, cost, noise_pct) == [(one, None)]  # measured: as planned
+
+    check()
 
 
 def test_a_plan_measured_in_several_rounds_is_fed_back_as_the_mean_of_all_its_runs(
