@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -74,6 +75,16 @@ def test_latency_alone_is_taken_over_as_many_frames_as_the_benchmark_runs(pipeli
     assert [p.alone_frames for p in result.partitions] == [45, 45]
 
 
+def _benchmark(folder: Path, frames: int):  # type: ignore[no-untyped-def]
+    """Start the bundle's pipeline, benchmark it (3 frames of warm-up) and stop it."""
+    p = Pipeline(parse_manifest((folder / MANIFEST).read_text()), folder)
+    p.start()
+    try:
+        return run_benchmark(p, frames=frames, warmup=3)
+    finally:
+        p.stop()
+
+
 @pytest.mark.parametrize("layout", ["two-stages", "replicas"])
 def test_frames_back_to_back_run_on_both_units_at_once(layout: str, two_cores, tmp_path) -> None:
     """Two partitions on two cores (a stage each, or a replica each), frames back to back: each partition ran
@@ -82,12 +93,7 @@ def test_frames_back_to_back_run_on_both_units_at_once(layout: str, two_cores, t
     both. Neither is a clock: how much of the time the two cores ran at once is the machine's to give (other
     processes take the cores), so only that they did is asserted, not for how long."""
     folder = write_conv_bundle(tmp_path / layout, layout)
-    p = Pipeline(parse_manifest((folder / MANIFEST).read_text()), folder)
-    p.start()
-    try:
-        result = run_benchmark(p, frames=60, warmup=3)
-    finally:
-        p.stop()
+    result = _benchmark(folder, frames=60)
     ran = [part.frames for part in result.partitions]  # 60 measured, then the window drained
     if layout == "two-stages":
         assert ran[0] == ran[1] >= 60
@@ -108,12 +114,7 @@ def test_throughput_is_the_steady_state_a_unit_of_several_hops_can_reach(two_cor
     at a time), here within 5% for the clock's and the run's noise. This is not a clock: both figures are
     the same run's."""
     folder = write_conv_bundle(tmp_path / "zigzag", "zigzag", layers=48, max_inflight=64)
-    p = Pipeline(parse_manifest((folder / MANIFEST).read_text()), folder)
-    p.start()
-    try:
-        result = run_benchmark(p, frames=12, warmup=3)
-    finally:
-        p.stop()
+    result = _benchmark(folder, frames=12)
     first = sum(q.busy_ms / q.frames for q in result.partitions if q.name in "ace")  # the first core's unit
     second = sum(q.busy_ms / q.frames for q in result.partitions if q.name in "bd")
     share = result.throughput_fps * max(first, second) / 1000.0
