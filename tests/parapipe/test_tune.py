@@ -329,9 +329,10 @@ def test_the_noise_pools_both_ends_of_round_1s_front_and_every_later_round_measu
     blocks = coarsen(graph, "coarse")
     cost = CostModel.from_table(profile, graph, CostTable.load(tuned["costs"]))
 
-    def far_off(plan):  # predicted 10x off what any run measures: no round stops within the noise
+    def far_off(plan, rate=1.0):  # predicted 10x off what any run measures: no round stops within the noise
         p = evaluate(plan, graph, cost, frames=0).predicted
-        return dataclasses.replace(plan, predicted=dataclasses.replace(p, latency_ms=p.latency_ms * 10))
+        p = dataclasses.replace(p, latency_ms=p.latency_ms * 10, throughput_fps=p.throughput_fps * rate)
+        return dataclasses.replace(plan, predicted=p)
 
     fronts = iter(
         [
@@ -339,7 +340,8 @@ def test_the_noise_pools_both_ends_of_round_1s_front_and_every_later_round_measu
                 far_off(single_pu(blocks, profile, "cpu", 1, "one-core")),
                 far_off(flop_pipeline(blocks, profile, [("cpu", 1), ("cpu", 1)], "two-cores")),
             ],
-            [far_off(single_pu(blocks, profile, "cpu", 2, "two-threads"))],
+            # predicted at 10x the rate any measured plan is, so none stands in for it (``settled``)
+            [far_off(single_pu(blocks, profile, "cpu", 2, "two-threads"), rate=10.0)],
         ]
     )
     monkeypatch.setattr(tune_module, "pareto_set", lambda *args, **kwargs: next(fronts))
