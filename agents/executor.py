@@ -42,6 +42,7 @@ from typing import Protocol
 import numpy as np
 
 from agents.bundle import Manifest, PartitionSpec, TensorSpec
+from agents.isolated import IsolatedSession, IsolatedUnit
 from agents.modulo import lags, pick
 from profiler.pinning import pin_current_thread, release_current_thread, throttle_current_thread
 
@@ -442,7 +443,9 @@ class _Worker:
                 release_current_thread()
         pin_current_thread(spec.core_ids)
         if throttled:
-            throttle_current_thread(spec.pu, spec.throttle_percent or 100.0)
+            # in a process of its own: a throttle stops a thread wherever it is, the GIL held or not
+            # (``agents.isolated``); this thread stays here, pinned to the unit's cores, and waits for it
+            return self.pipeline.isolated_unit(spec).session(self.path, spec.provider)
         return ort.InferenceSession(str(self.path), options, providers=[spec.provider])
 
     def _run(self) -> None:
@@ -451,6 +454,7 @@ class _Worker:
             output_names = self.output_names
         except BaseException as exc:
             self.error = exc
+            self.pipeline.release_isolated(self.spec)
             self.ready.set()
             return
         self.ready.set()
@@ -462,6 +466,7 @@ class _Worker:
             # memory waits for the cyclic garbage collector and every restart adds to the peak.
             with self.run_lock:
                 self.session = None
+            self.pipeline.release_isolated(self.spec)
 
     def _loop(self, session, output_names: list[str]) -> None:
         run_lock = self.run_lock
@@ -536,7 +541,8 @@ class _Worker:
                 overlap.end(frame, time.perf_counter())
             return exc
         end = time.perf_counter()
-        self.stats.cpu_s += time.thread_time() - cpu
+        # a throttled unit's run is the child process's CPU time (``agents.isolated``), not this thread's
+        self.stats.cpu_s += session.last_cpu_s if isinstance(session, IsolatedSession) else time.thread_time() - cpu
         self.stats.cpu_frames += 1
         if overlap is not None:
             overlap.end(frame, end)
@@ -582,6 +588,7 @@ class _UnitRunner:
                 w.error = exc
                 for later in self.workers[i + 1 :]:
                     later.error = PipelineError(f"not loaded: {w.spec.name} on the same cores failed first")
+                self.pipeline.release_isolated(w.spec)
                 for x in self.workers:
                     x.ready.set()
                 return
@@ -593,6 +600,7 @@ class _UnitRunner:
             for w in self.workers:  # the sessions go with the run (see ``_Worker._run``)
                 with w.run_lock:
                     w.session = None
+            self.pipeline.release_isolated(self.workers[0].spec)
 
     def _loop(self) -> None:
         pipeline, workers = self.pipeline, self.workers
@@ -668,6 +676,8 @@ class Pipeline:
         self._next_id = 0
         self.admitted = 0  # frames below this id have entered the pipeline (on this host)
         self._admit_lock = threading.Lock()  # frames may enter from several peer streams at once
+        self._isolated: dict[tuple[int, int, int], IsolatedUnit] = {}  # throttled units' processes, by unit
+        self._isolated_lock = threading.Lock()
         local = manifest.local_partitions()
         cores_use: dict[int, int] = {}
         for p in local:
@@ -788,6 +798,22 @@ class Pipeline:
         return w
 
     # ------------------------------------------------------------------ life cycle
+
+    def isolated_unit(self, spec: PartitionSpec) -> IsolatedUnit:
+        """The child process that runs the sessions of ``spec``'s (throttled) unit, started on first use."""
+        key = (spec.stage, spec.group, spec.unit)
+        with self._isolated_lock:
+            unit = self._isolated.get(key)
+            if unit is None:
+                unit = self._isolated[key] = IsolatedUnit(spec.core_ids, spec.pu, spec.throttle_percent or 100.0)
+            return unit
+
+    def release_isolated(self, spec: PartitionSpec) -> None:
+        """Stop the child process of ``spec``'s unit, if it has one (its thread ended or failed to load)."""
+        with self._isolated_lock:
+            unit = self._isolated.pop((spec.stage, spec.group, spec.unit), None)
+        if unit is not None:
+            unit.close()
 
     def start(self, timeout: float = 120.0) -> None:
         for thread in dict.fromkeys(w.thread for w in self.workers.values()):  # a unit's runner once
