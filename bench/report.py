@@ -26,7 +26,19 @@ sys.path.insert(0, str(ROOT))
 BENCH = ROOT / "bench"
 DOCS = ROOT / "docs"
 IMG = DOCS / "img"
-ORDER = ("graph", "costmodel", "contention", "planner", "paper", "agent", "turns", "tune", "precision", "soak")
+ORDER = (
+    "graph",
+    "costmodel",
+    "contention",
+    "planner",
+    "paper",
+    "agent",
+    "turns",
+    "throttle_stall",
+    "tune",
+    "precision",
+    "soak",
+)
 
 
 def _script(name: str) -> Path:
