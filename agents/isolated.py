@@ -137,7 +137,11 @@ class IsolatedUnit:
         theirs.close()
         self.conn = Connection(ours.detach())
         self._sessions = 0
-        self._call(("ping",), START_TIMEOUT_S)
+        try:
+            self._call(("ping",), START_TIMEOUT_S)
+        except BaseException:
+            self.close()  # a child that cannot pin or throttle itself: stopped, its buffers removed
+            raise
 
     def _call(self, message: tuple[Any, ...], timeout: float | None = None) -> Any:
         with self._lock:
