@@ -445,7 +445,7 @@ class _Worker:
         if throttled:
             # in a process of its own: a throttle stops a thread wherever it is, the GIL held or not
             # (``agents.isolated``); this thread stays here, pinned to the unit's cores, and waits for it
-            return self.pipeline.isolated_unit(spec).session(self.path, spec.provider)
+            return self.pipeline.isolated_unit(spec).session(self.path, spec.provider, spec.threads)
         return ort.InferenceSession(str(self.path), options, providers=[spec.provider])
 
     def _run(self) -> None:

@@ -143,42 +143,37 @@ class IsolatedUnit:
             self.close()  # a child that cannot pin or throttle itself: stopped, its buffers removed
             raise
 
-    def _call(self, message: tuple[Any, ...], timeout: float | None = None) -> Any:
-        with self._lock:
-            try:
-                self.conn.send(message)
-                if timeout is not None and not self.conn.poll(timeout):
-                    raise IsolatedError(f"the throttled unit's process did not answer within {timeout:.0f} s")
-                kind, payload = self.conn.recv()
-            except (EOFError, OSError) as exc:
-                code = self.proc.poll()
-                raise IsolatedError(
-                    f"the throttled unit's process ended (exit code {code}): {exc or 'connection closed'}"
-                ) from None
+    def _exchange(self, message: tuple[Any, ...], timeout: float | None = None) -> Any:
+        """Send a request and read its answer (the caller holds ``_lock``)."""
+        try:
+            self.conn.send(message)
+            if timeout is not None and not self.conn.poll(timeout):
+                raise IsolatedError(f"the throttled unit's process did not answer within {timeout:.0f} s")
+            kind, payload = self.conn.recv()
+        except (EOFError, OSError) as exc:
+            raise IsolatedError(
+                f"the throttled unit's process ended (exit code {self.proc.poll()}): {exc or 'connection closed'}"
+            ) from None
         if kind == "error":
             raise IsolatedError(payload)
         return payload
 
-    def session(self, path: Path, provider: str) -> IsolatedSession:
-        """Load the partition at ``path`` in the child; a handle whose ``run`` runs it there."""
+    def _call(self, message: tuple[Any, ...], timeout: float | None = None) -> Any:
+        with self._lock:
+            return self._exchange(message, timeout)
+
+    def session(self, path: Path, provider: str, threads: int = 1) -> IsolatedSession:
+        """Load the partition at ``path`` in the child (``threads`` intra-op threads, which inherit the child's
+        cores and throttle); a handle whose ``run`` runs it there."""
         key = self._sessions
         self._sessions += 1
-        self._call(("load", key, str(path), provider), START_TIMEOUT_S)
+        self._call(("load", key, str(path), provider, threads), START_TIMEOUT_S)
         return IsolatedSession(self, key)
 
     def run(self, key: int, names: list[str], feeds: Mapping[str, np.ndarray]) -> tuple[list[np.ndarray], float]:
         with self._lock:  # the buffers are this unit's: one run at a time writes and reads them
             inputs = [(n, *_put(self._buffers, f"i-{_safe(n)}", np.asarray(v))) for n, v in feeds.items()]
-            try:
-                self.conn.send(("run", key, names, inputs))
-                kind, payload = self.conn.recv()
-            except (EOFError, OSError) as exc:
-                raise IsolatedError(
-                    f"the throttled unit's process ended (exit code {self.proc.poll()}): {exc or 'connection closed'}"
-                ) from None
-            if kind == "error":
-                raise IsolatedError(payload)
-            outputs, cpu_s = payload
+            outputs, cpu_s = self._exchange(("run", key, names, inputs))
             return [_view(self._buffers, f, d, s).copy() for f, d, s in outputs], cpu_s
 
     def close(self) -> None:
@@ -210,11 +205,11 @@ class IsolatedSession:
         return outputs
 
 
-def _session(path: str, provider: str):  # type: ignore[no-untyped-def]
+def _session(path: str, provider: str, threads: int):  # type: ignore[no-untyped-def]
     import onnxruntime as ort
 
     options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
+    options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -255,8 +250,8 @@ def serve(fd: int, setup_json: str) -> None:
             if kind == "ping":
                 conn.send(("ok", None))
             elif kind == "load":
-                _, key, path, provider = message
-                sessions[key] = _session(path, provider)
+                _, key, path, provider, threads = message
+                sessions[key] = _session(path, provider, threads)
                 conn.send(("ok", None))
             elif kind == "run":
                 _, key, names, inputs = message
