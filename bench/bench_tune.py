@@ -15,6 +15,9 @@ measured again; ``runs`` measurements in all), whether the final RMSPE
 is <= 5% or within 1.5x the noise, and whether no round was worse than the previous
 (strictly, and allowing the measured noise).
 
+Each measurement lasts at least --min-seconds (1 s) at its plan's rate; the machine's own burst noise (a
+fixed matmul's rate over 0.1 s and 1 s windows) is printed before and after, beside the measured noise.
+
 Run: .venv/bin/python bench/bench_tune.py [--models squeezenet1_1 resnet18 googlenet] [--boards local]
 """
 
@@ -25,6 +28,7 @@ import itertools
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -35,6 +39,29 @@ from parapipe.tune import NOISE_MARGIN, Round, TuneOptions, tune
 def no_worse(history: list[Round], tolerance: float) -> bool:
     """No round's RMSPE (the larger of latency's and throughput's) above the previous round's + tolerance."""
     return all(b.rmspe <= a.rmspe + tolerance for a, b in itertools.pairwise(history))
+
+
+def machine_noise(seconds: float = 10.0) -> str:
+    """The machine's own burst noise, side by side with the measured noise: a fixed 256x256 matmul on core 0
+    for ``seconds``, its rate's relative std over 0.1 s and 1 s windows (a measurement shorter than the
+    second window carries the first's spread; ``TuneOptions.min_seconds``)."""
+    import numpy as np
+
+    a = np.random.default_rng(0).random((256, 256), dtype=np.float32)
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(before)})  # this thread only (Linux affinity is per thread)
+    try:
+        stamps, t0 = [], time.perf_counter()
+        while (now := time.perf_counter()) - t0 < seconds:
+            a @ a
+            stamps.append(now - t0)
+    finally:
+        os.sched_setaffinity(0, before)
+    parts = []
+    for window in (0.1, 1.0):
+        rates = np.histogram(stamps, np.arange(0.0, seconds + 1e-9, window))[0] / window
+        parts.append(f"{100 * rates.std() / rates.mean():.1f}% over {window:g} s windows")
+    return "the machine alone (a fixed matmul on one core): its rate spreads " + ", ".join(parts)
 
 
 def learnt(h: Round) -> str:
@@ -72,6 +99,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--frames", type=int, default=30)
     parser.add_argument("--max-frames", type=int, default=None, help="cap for the grown frames (default 8x)")
+    parser.add_argument("--min-seconds", type=float, default=1.0, help="each measurement lasts at least this long")
     parser.add_argument("--target", type=float, default=5.0)
     parser.add_argument("--zoo-dir", type=Path, default=Path("build/bench/zoo"))
     parser.add_argument("--detail", action="store_true", help="every plan's predicted and measured figures too")
@@ -84,13 +112,16 @@ def main() -> None:
         f"{'board':16} {'model':14} {'round':>5} {'plans':>5} {'RMSPE lat %':>11} {'RMSPE thr %':>11} "
         f"{'frames':>6}  calibration (RMSPE on all measured plans: previous -> new; each without its own)  stop"
     )
+    print(f"# before: {machine_noise()}", flush=True)
     summary = []
     for board in args.boards:
         for name in args.models:
             path = args.zoo_dir / f"{name}.onnx"
             if not path.exists():
                 export_model(name, path)
-            options = TuneOptions("pareto", args.rounds, args.target, 2.0, args.frames, args.max_frames)
+            options = TuneOptions(
+                "pareto", args.rounds, args.target, 2.0, args.frames, args.max_frames, min_seconds=args.min_seconds
+            )
             history, _ = tune(path, board, costs, options)
             for h in history:
                 c = h.calibration
@@ -112,7 +143,7 @@ def main() -> None:
                     print(
                         f"{'':16} {'':14} {'':5} {row['plan'][:28]:28} latency {p.get('latency_ms', 0):7.2f} / "
                         f"{m['latency_ms']:7.2f} ms, {p.get('throughput_fps', 0):7.1f} / {m['throughput_fps']:7.1f} fps "
-                        "(predicted / measured)",
+                        f"(predicted / measured), {row['frames']} frames",
                         flush=True,
                     )
             summary.append((board, name, history))
@@ -126,6 +157,7 @@ def main() -> None:
     for board, name, history in summary:
         print(verdict(board, name, history, args.target), flush=True)
     print("* frames at the cap with the noise still above a third of the target")
+    print(f"# after: {machine_noise()}", flush=True)
 
 
 if __name__ == "__main__":

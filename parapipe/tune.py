@@ -1038,7 +1038,8 @@ def noise_verdict(noise: Noise, target: float) -> tuple[float, bool, str]:
 
 @dataclass(frozen=True)
 class TuneOptions:
-    """How the loop runs: the CLI's --objective, --rounds, --target-error, --time-limit, --frames, --max-frames."""
+    """How the loop runs: the CLI's --objective, --rounds, --target-error, --time-limit, --frames, --max-frames,
+    --min-seconds."""
 
     objective: str = "pareto"  # pareto, latency, throughput or energy
     rounds: int = 3
@@ -1047,6 +1048,20 @@ class TuneOptions:
     frames: int = 30  # frames per measured plan (doubled while the noise is large)
     max_frames: int | None = None  # the cap --frames may grow to (default 8x frames)
     noise_runs: int = 2  # how many times the first plan of round 1 is measured to take the noise
+    # each measurement runs at least this long at the plan's rate (``frames_for``): shorter ones carry the
+    # machine's own burst noise (this VM: a fixed matmul's rate spreads 16% over 0.1 s windows, 3% over 1 s)
+    min_seconds: float = 1.0
+
+
+def frames_for(plan: Plan, frames: int, min_seconds: float, measured_fps: Sequence[float] = ()) -> int:
+    """The frames ``plan`` is measured over: ``frames``, or as many as last ``min_seconds`` at its rate (the faster of
+    its predicted throughput and any measured before), whichever is more. A fast model's 30 frames last 0.1 s,
+    where the machine's bursts alone spread a measurement by 10-16%; over 1 s they spread it by about 3%, so the
+    floor is in seconds, not frames (the frames cap bounds how far the noise grows ``frames``, not this)."""
+    rate = max([plan.predicted.throughput_fps if plan.predicted else 0.0, *measured_fps])
+    if min_seconds <= 0 or not math.isfinite(rate) or rate <= 0:
+        return frames
+    return max(frames, math.ceil(min_seconds * rate))
 
 
 def tune(
@@ -1088,6 +1103,14 @@ def tune(
     # frames) and the throughput end of its front (measured twice in round 1 too: pipelined plans drift most)
     noise_plans: list[Plan] = []
     auto: tuple[Auto, CostModel] | None = None  # --precision auto: what it measured, under which cost model
+
+    frames_run: dict[str, int] = {}  # plan -> the frames of its latest measurement
+
+    def frames_of(plan: Plan) -> int:  # this round's frames, or more for a fast plan (``frames_for``)
+        rates = [m.measured.throughput_fps for m in runs_of.get(plan_key(plan), [])]
+        frames_run[plan_key(plan)] = frames_for(plan, frames, options.min_seconds, rates)
+        return frames_run[plan_key(plan)]
+
     for r in range(rounds):
         cost = CostModel.from_table(profile, graph, table)
         say(f"round {r + 1}: planning")
@@ -1116,19 +1139,24 @@ def tune(
         for i, plan in enumerate(plans):
             plan = dataclasses.replace(plan, model_path=str(model.resolve()), inputs=loaded.inputs)
             if noise is None:
-                noise, runs = measure_noise(plan, board, frames, cap, target_error, options.noise_runs, input_data, say)
+                noise, runs = measure_noise(
+                    plan, board, frames, cap, target_error, options.noise_runs, input_data, say, options.min_seconds
+                )
                 frames, noise_plans, result = noise.frames, [plan], merge_runs(runs)
+                before = [run.measured.throughput_fps for run in runs[:-1]]
+                frames_run[plan_key(plan)] = frames_for(plan, frames, options.min_seconds, before)
                 runs_of[plan_key(plan)] = list(runs)
             else:
-                say(f"round {r + 1}: running plan {i + 1}/{len(plans)} on {board} ({frames} frames)")
-                result = run_plan(plan, board, None, frames, input_data=input_data)
+                n = frames_of(plan)
+                say(f"round {r + 1}: running plan {i + 1}/{len(plans)} on {board} ({n} frames)")
+                result = run_plan(plan, board, None, n, input_data=input_data)
                 seen = runs_of.setdefault(plan_key(plan), [])
                 seen.append(result)
                 throughput_end = r == 0 and i == len(plans) - 1 and plan_key(plan) != plan_key(noise_plans[0])
                 if len(seen) == 1 and (throughput_end or is_outlier(result, max(target_error, noise.pct))):
                     why = "for the noise" if throughput_end else "it is far from its prediction"
                     say(f"round {r + 1}: measuring plan {i + 1} again ({why})")
-                    again = run_plan(plan, board, None, frames, input_data=input_data)
+                    again = run_plan(plan, board, None, n, input_data=input_data)
                     seen.append(again)
                     result = merge_runs([result, again])
                 if throughput_end:
@@ -1139,8 +1167,9 @@ def tune(
             if plan_key(again_plan) in planned:
                 continue
             # what drifts between rounds is noise too: each noise plan once more, if this round did not measure it
-            say(f"round {r + 1}: measuring {again_plan.name} again for the noise ({frames} frames)")
-            again = run_plan(again_plan, board, None, frames, input_data=input_data)
+            n = frames_of(again_plan)
+            say(f"round {r + 1}: measuring {again_plan.name} again for the noise ({n} frames)")
+            again = run_plan(again_plan, board, None, n, input_data=input_data)
             runs_of[plan_key(again_plan)].append(again)
         measured += last
         assert noise is not None
@@ -1169,6 +1198,7 @@ def tune(
                     "predicted": res.predicted.to_json() if res.predicted else {},
                     "measured": res.measured.to_json(),
                     "errors_pct": res.errors_pct,
+                    "frames": frames_run.get(plan_key(p), frames),
                 }
                 for p, res in last
             ),
@@ -1219,15 +1249,18 @@ def measure_noise(
     runs: int,
     input_data: Path | None,
     say: Callable[[str], None],
+    min_seconds: float = 0.0,
 ) -> tuple[Noise, list[RunResult]]:
     """Measure ``plan`` ``runs`` times; while the spread is above a third of the target, double the frames
-    (up to ``cap``) and measure again. Returns the noise and the runs at the final frames."""
+    (up to ``cap``) and measure again. Returns the noise and the runs at the final frames. Each run lasts at
+    least ``min_seconds`` at the plan's rate (``frames_for``)."""
     grown = False
     while True:
-        results = []
+        results: list[RunResult] = []
         for k in range(max(2, runs)):
-            say(f"measuring the noise: {plan.name}, run {k + 1} ({frames} frames)")
-            results.append(run_plan(plan, board, None, frames, input_data=input_data))
+            n = frames_for(plan, frames, min_seconds, [r.measured.throughput_fps for r in results])
+            say(f"measuring the noise: {plan.name}, run {k + 1} ({n} frames)")
+            results.append(run_plan(plan, board, None, n, input_data=input_data))
         noise = Noise(
             plan.name,
             len(results),

@@ -343,6 +343,15 @@ class TuneFlags:
     max_frames: Annotated[
         int | None, typer.Option("--max-frames", min=5, help="Cap for the grown --frames (default 8x --frames).")
     ] = None
+    min_seconds: Annotated[
+        float,
+        typer.Option(
+            "--min-seconds",
+            min=0.0,
+            help="Each measurement lasts at least this long at the plan's rate: a fast model gets more than --frames "
+            "(short runs carry the machine's own bursts). 0: exactly --frames.",
+        ),
+    ] = 1.0
 
 
 @app.command()

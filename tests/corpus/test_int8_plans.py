@@ -205,7 +205,9 @@ def test_tune_with_precision_auto_replans_within_the_budget_and_ends_on_a_plan_t
     held = (frames(HELD_BACK, 1, (224, 224), seed=6)[0] - IMAGENET_MEAN) / IMAGENET_STD
     np.savez(tmp_path / "held.npz", x=held.astype(np.float32))
     request = PrecisionRequest(tmp_path / "cal.npz", 0.01, "top1")
-    options = TuneOptions("throughput", rounds=2, target_error=1e-6, time_limit=0.5, frames=5, max_frames=5)
+    options = TuneOptions(
+        "throughput", rounds=2, target_error=1e-6, time_limit=0.5, frames=5, max_frames=5, min_seconds=0.0
+    )
     history, last = tune(path, "local", tmp_path / "costs.json", options, input_shape=["x=1,3,224,224"],
                          precision=request)  # fmt: skip
 

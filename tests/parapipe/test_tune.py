@@ -25,6 +25,7 @@ from parapipe.tune import (
     TuneOptions,
     feed_back,
     fit_sustained,
+    frames_for,
     generalises,
     is_outlier,
     least_change,
@@ -54,6 +55,30 @@ from tests.support.cli import PARAPIPE
 pytestmark = pytest.mark.exclusive  # CPU time on throttled or contended cores: run alone (Makefile)
 
 MODEL = "squeezenet1_1"
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    frames=st.integers(1, 10_000),
+    seconds=st.floats(0.0, 10.0),
+    predicted=st.floats(0.0, 1e5),
+    measured=st.lists(st.floats(0.0, 1e5), max_size=3),
+)
+def test_a_measurement_lasts_at_least_the_floor_at_the_plans_rate(
+    frames: int, seconds: float, predicted: float, measured: list[float]
+) -> None:
+    """Never fewer frames than asked; at the fastest rate known for the plan (predicted or measured) the frames
+    last at least ``min_seconds``; no more than that takes (one frame of rounding); 0 s: exactly the frames."""
+    from planner.plan import Plan, Predicted, Provenance
+
+    plan = Plan("0" * 64, "m", "local", "0" * 64, "coarse", {}, (), Provenance("hand"), Predicted(1.0, predicted, 0.0))
+    n = frames_for(plan, frames, seconds, measured)
+    rate = max([predicted, *measured])
+    assert n >= frames
+    assert n / rate >= seconds - 1e-9 if rate > 0 else n == frames
+    assert n == frames or n - 1 < seconds * rate
+    assert frames_for(plan, frames, 0.0, measured) == frames
+    assert frames_for(dataclasses.replace(plan, predicted=None), frames, seconds) == frames
 
 
 def test_rmspe() -> None:
@@ -131,7 +156,7 @@ def tuned(exported, tmp_path_factory):
     os.environ["PARAPIPE_HOME"] = str(home)
     try:
         costs = home / "costs.json"
-        options = TuneOptions("throughput", rounds=1, target_error=1e6, time_limit=1, frames=8)
+        options = TuneOptions("throughput", rounds=1, target_error=1e6, time_limit=1, frames=8, min_seconds=0.0)
         history, last = tune(exported(MODEL).path, "local", costs, options)
     finally:
         if old is None:
@@ -292,6 +317,7 @@ def test_target_below_the_noise_is_reported_not_chased(tuned, tmp_path) -> None:
     env = {**os.environ, "PARAPIPE_HOME": str(tmp_path)}
     args = [PARAPIPE, "tune", model, "--board", "local", "--objective", "throughput", "--rounds", "3"]
     args += ["--target-error", "0", "--time-limit", "1", "--frames", "8", "--max-frames", "16", "--costs", str(costs)]
+    args += ["--min-seconds", "0.2"]  # squeezenet1_1 runs ~500 fps: ~100 frames a measurement, not 16
     proc = subprocess.run([*args, "--json"], env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
@@ -302,6 +328,10 @@ def test_target_below_the_noise_is_reported_not_chased(tuned, tmp_path) -> None:
     rounds = data["rounds"]
     assert all(r["noise_limited"] and "below what the measurements resolve" in r["note"] for r in rounds)
     assert all(r["frames"] == 16 for r in rounds)
+    # every measurement lasted at least --min-seconds at the rate its plan was predicted at, the cap aside
+    measured = [row for r in rounds for row in r["rows"]]
+    assert all(row["frames"] >= max(16, math.ceil(0.2 * row["predicted"]["throughput_fps"])) for row in measured)
+    assert any(row["frames"] > 16 for row in measured), "a fast plan gets more frames than --frames"
     for r in rounds[:-1]:  # it went on only while the error was larger than the noise
         assert r["stop"] is None
         assert max(r["rmspe_latency"], r["rmspe_throughput"]) > r["effective_target_pct"]
@@ -347,7 +377,9 @@ def test_the_noise_pools_both_ends_of_round_1s_front_and_every_later_round_measu
     monkeypatch.setattr(tune_module, "pareto_set", lambda *args, **kwargs: next(fronts))
     messages: list[str] = []
     monkeypatch.setenv("PARAPIPE_HOME", str(tmp_path))
-    options = TuneOptions("pareto", rounds=2, target_error=0.0, time_limit=1, frames=8, max_frames=8, noise_runs=2)
+    options = TuneOptions(
+        "pareto", rounds=2, target_error=0.0, time_limit=1, frames=8, max_frames=8, noise_runs=2, min_seconds=0.0
+    )
     history, last = tune(exported(MODEL).path, "local", _fresh(tuned, tmp_path), options, progress=messages.append)
     assert [p.name for p, _ in last] == ["two-threads"]
     first, second = history[0].noise, history[1].noise
@@ -433,7 +465,9 @@ def test_a_plan_measured_in_several_rounds_is_fed_back_as_the_mean_of_all_its_ru
 
     monkeypatch.setattr(tune_module, "recalibrate", spy)
     monkeypatch.setenv("PARAPIPE_HOME", str(tmp_path))
-    options = TuneOptions("pareto", rounds=2, target_error=0.0, time_limit=1, frames=8, max_frames=8, noise_runs=2)
+    options = TuneOptions(
+        "pareto", rounds=2, target_error=0.0, time_limit=1, frames=8, max_frames=8, noise_runs=2, min_seconds=0.0
+    )
     history, last = tune(exported(MODEL).path, "local", _fresh(tuned, tmp_path), options)
     assert [p.name for p, _ in last] == ["again"] and len(ran) == 3 and len(fitted) == 2
     (one,), (two,) = fitted[0][0], fitted[1][0]
@@ -464,7 +498,7 @@ def test_measured_energy_rescales_the_power_model(exported, tmp_path, monkeypatc
     monkeypatch.setenv("PARAPIPE_HWMON_ROOT", str(tmp_path / "hwmon"))
     monkeypatch.setenv("PARAPIPE_HOME", str(tmp_path))
     costs = tmp_path / "costs.json"
-    options = TuneOptions("throughput", rounds=1, target_error=0.0, time_limit=1, frames=8)
+    options = TuneOptions("throughput", rounds=1, target_error=0.0, time_limit=1, frames=8, min_seconds=0.0)
     history, last = tune(exported(MODEL).path, "local", costs, options)
     assert all(r.energy_source == "measured" for _, r in last)
     (first,) = history
