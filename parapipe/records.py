@@ -16,8 +16,9 @@ FIGURES = ("latency_ms", "latency_p50_at_rate_ms", "latency_p99_at_rate_ms", "th
 
 @dataclass(frozen=True)
 class Figures:
-    """Latency of one frame alone, throughput back to back, energy per frame; latency with frames arriving at
-    90% of that throughput (``AT_RATE_LOAD``) if known."""
+    """Latency of one frame alone (the mean over the frames run so: what a sum of mean partition times predicts),
+    throughput back to back, energy per frame; latency with frames arriving at 90% of that throughput
+    (``AT_RATE_LOAD``, median and p99) if known."""
 
     latency_ms: float
     throughput_fps: float

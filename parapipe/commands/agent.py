@@ -426,10 +426,11 @@ def tune(
     )
     for h in history:
         c = h.calibration
+        counts = sorted({int(row.get("frames", h.frames)) for row in h.rows} or {h.frames})
         t.add_row(
             str(h.index),
             str(h.plans),
-            str(h.frames),
+            str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}",  # --min-seconds: more for fast plans
             f"{h.rmspe_latency:.1f}",
             f"{h.rmspe_throughput:.1f}",
             f"{h.rmspe_energy:.1f}" if h.rmspe_energy is not None else "n/a (energy modelled)",

@@ -24,14 +24,14 @@ from device_profiles.schema import (
     Throttle,
 )
 from models.graph import OpGraph
-from planner.build import evaluate, priced, to_plan
+from planner.build import analytic, evaluate, priced, to_plan
 from planner.costmodel import CostModel, Fit
 from planner.heuristics import _unit_sets
 from planner.ilp import Assignment, schedule, solve
 from planner.plan import Plan, Provenance, validate
 from planner.problem import build_problem
 from planner.segments import block_edges, lower
-from planner.simulate import _steady
+from planner.simulate import MIN_SIM_FRAMES, _steady, simulate
 from tests.support.graphs import dag_graph
 
 
@@ -296,3 +296,23 @@ def test_schedule_is_the_lowered_plan_for_any_placement_and_order(case) -> None:
     whole = _steady(model, 240, model.max_inflight())[5]
     longer = _steady(model, 2 * 240, model.max_inflight())[5]
     assert simulated.throughput_fps >= min(whole, longer, predicted.throughput_fps) * (1 - 0.002)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(placed(), st.sampled_from([MIN_SIM_FRAMES, 60, 240]))
+def test_a_short_simulation_reports_the_steady_state_not_its_fill_or_drain(case, frames: int) -> None:
+    """However few frames the simulation is asked for, the rate it reports is the steady state's: frames that
+    queued while the window filled leave in a burst faster than any steady rate, and a short run whose measured
+    stretch catches that burst must not be taken for the plan's throughput (yolo_det's energy plan on
+    khadas-vim3 ran at 1.038x its bound over 100 frames at 50 in flight). So: never above the analytic bound
+    (the busiest unit, link or memory), and with no handoff delay (which can make the window the limit) that
+    bound within 2%. (With a trial window's rate taken up to 2x above the bound, 300 examples find a plan
+    reported at 1.034x.)"""
+    graph, blocks, cost, problem, assignment, handoff = case
+    plan = to_plan(problem, assignment, blocks, cost.profile, Provenance("hand"), "p")
+    model = priced(plan, graph, cost)
+    bound = analytic(model).throughput_fps
+    short = simulate(model, frames).throughput_fps
+    assert short <= bound * 1.02
+    if handoff == 0:
+        assert short == pytest.approx(bound, rel=0.02)
