@@ -23,11 +23,12 @@ from parapipe.tune import (
     NOISE_MARGIN,
     Noise,
     TuneOptions,
+    confirmed,
+    far_apart,
     feed_back,
     fit_sustained,
     frames_for,
     generalises,
-    is_outlier,
     least_change,
     merge_runs,
     noise_verdict,
@@ -127,25 +128,71 @@ def _result(template, fps: float, lat: float, busy: float):
     return dataclasses.replace(template, measured=Figures(lat, fps, 1.0), partitions=(part,))
 
 
-def test_a_measurement_far_off_its_prediction_is_an_outlier(tuned) -> None:
-    """More than 3x the tolerance (the target or the noise, the larger) off in latency or throughput: measured
-    again; within it, or without a prediction, not."""
-    (_, first), *_ = tuned["last"]
+def test_far_apart_is_more_than_twice_the_tolerance_off_in_latency_or_throughput() -> None:
+    reference = Figures(10.0, 100.0, 1.0)
+    near = Figures(11.0, 92.0, 1.0)  # 9.1% and 8.7% off
+    assert not far_apart(near, reference, 5.0) and far_apart(near, reference, 4.0)
+    slow = Figures(10.0, 40.0, 1.0)  # a burst took the cores
+    assert far_apart(slow, reference, 5.0) and not far_apart(slow, reference, 80.0)
+
+
+def _with(template, predicted: Figures | None, lat: float, fps: float):
+    return dataclasses.replace(template, predicted=predicted, measured=Figures(lat, fps, 1.0))
+
+
+def test_a_run_far_off_is_measured_again_and_a_third_time_when_the_two_disagree(tuned) -> None:
+    """A new plan is checked against its prediction, a plan measured before against its earlier runs; a run
+    within the tolerance stands alone; two runs far apart get a third, and the round takes their median."""
+    (_, template), *_ = tuned["last"]
     predicted = Figures(10.0, 100.0, 1.0)
-    near = dataclasses.replace(first, predicted=predicted, measured=Figures(11.0, 90.0, 1.0))
-    assert not is_outlier(near, 5.0) and is_outlier(near, 3.0)
-    slow = dataclasses.replace(first, predicted=predicted, measured=Figures(10.0, 40.0, 1.0))  # a burst took the cores
-    assert is_outlier(slow, 5.0) and not is_outlier(slow, 60.0)
-    assert not is_outlier(dataclasses.replace(slow, predicted=None), 5.0)
+    queue: list = []
+    asked: list[str] = []
+
+    def again(why: str):
+        asked.append(why)
+        return queue.pop(0)
+
+    near = _with(template, predicted, 10.5, 96.0)
+    assert confirmed(near, [], again, 5.0) == [near] and not asked
+    # a burst: the repeat lands where the prediction is, the third agrees with it, the median ignores the burst
+    burst = _with(template, predicted, 14.0, 70.0)
+    queue[:] = [_with(template, predicted, 10.2, 99.0), _with(template, predicted, 10.4, 97.0)]
+    runs = confirmed(burst, [], again, 5.0)
+    assert len(runs) == 3 and asked == [
+        "it is far from its prediction",
+        "its two runs are far apart: the median of three",
+    ]
+    assert merge_runs(runs).measured.throughput_fps == pytest.approx(97.0)
+    # the prediction off, the runs agreeing: measured twice, no third
+    asked.clear()
+    off = _with(template, predicted, 14.0, 70.0)
+    queue[:] = [_with(template, predicted, 14.2, 69.0)]
+    assert len(confirmed(off, [], again, 5.0)) == 2 and len(asked) == 1
+    # a plan measured before is checked against its own runs, not its (off) prediction
+    asked.clear()
+    assert confirmed(off, [_with(template, predicted, 14.1, 71.0)], again, 5.0) == [off] and not asked
+    queue[:] = [_with(template, predicted, 14.0, 70.0), _with(template, predicted, 14.1, 70.5)]
+    runs = confirmed(near, [off, _with(template, predicted, 14.1, 71.0)], again, 5.0)
+    assert asked == ["it is far from its earlier runs", "its two runs are far apart: the median of three"]
+    assert merge_runs(runs).measured.throughput_fps == pytest.approx(70.5)
+    # for the noise: twice whatever the first run says; no prediction and no earlier runs: once
+    asked.clear()
+    queue[:] = [_with(template, predicted, 10.4, 96.5)]
+    assert len(confirmed(near, [], again, 5.0, twice=True)) == 2 and asked == ["for the noise"]
+    assert confirmed(_with(template, None, 14.0, 70.0), [], again, 5.0) == [_with(template, None, 14.0, 70.0)]
 
 
-def test_merge_runs_averages_figures_and_sums_counters(tuned) -> None:
+def test_merge_runs_takes_the_median_of_figures_and_sums_counters(tuned) -> None:
     (_, first), *_ = tuned["last"]
     merged = merge_runs([_result(first, 100.0, 10.0, 2.0), _result(first, 110.0, 12.0, 4.0)])
     assert merged.measured.throughput_fps == pytest.approx(105.0)
     assert merged.measured.latency_ms == pytest.approx(11.0)
     (p,) = merged.partitions
     assert p.frames == 20 and p.busy_per_frame_ms == pytest.approx(3.0) and p.alone_per_frame_ms == pytest.approx(3.0)
+    three = merge_runs(
+        [_result(first, 100.0, 10.0, 2.0), _result(first, 60.0, 17.0, 4.0), _result(first, 104.0, 9.5, 2.0)]
+    )
+    assert three.measured.throughput_fps == pytest.approx(100.0) and three.measured.latency_ms == pytest.approx(10.0)
 
 
 @pytest.fixture(scope="module")
@@ -385,14 +432,17 @@ def test_the_noise_pools_both_ends_of_round_1s_front_and_every_later_round_measu
     first, second = history[0].noise, history[1].noise
     assert first is not None and second is not None and first.plan == second.plan == "one-core"
     # round 1: the first plan twice (the noise runs) and the throughput end twice, at once
-    assert first.plans == 2 and first.runs == 4, first
+    # (and a third time where two runs of a plan came out far apart: ``confirmed``)
+    thirds = [sum(m.startswith(f"round {k}:") and "far apart" in m for m in messages) for k in (1, 2)]
+    assert first.plans == 2 and first.runs == 4 + thirds[0], first
     assert "round 1: measuring plan 2 again (for the noise)" in messages
     # round 2: both noise plans once more, and its own plan twice (10x off its prediction, measured again)
     assert {
         "round 2: measuring one-core again for the noise (8 frames)",
         "round 2: measuring two-cores again for the noise (8 frames)",
+        "round 2: measuring plan 1 again (it is far from its prediction)",
     } <= set(messages), messages
-    assert second.plans == 3 and second.runs == 4 + 2 + 2, second
+    assert second.plans == 3 and second.runs == first.runs + 2 + 2 + thirds[1], second
     assert second.frames == first.frames == 8
 
 
@@ -431,13 +481,13 @@ def test_a_new_plan_within_the_noise_of_a_measured_one_gives_way_to_it(tuned, ex
     check()
 
 
-def test_a_plan_measured_in_several_rounds_is_fed_back_as_the_mean_of_all_its_runs(
+def test_a_plan_measured_in_several_rounds_is_fed_back_as_the_median_of_all_its_runs(
     tuned, exported, tmp_path, monkeypatch
 ) -> None:
     """On a noisy board the same plan drifts between rounds more than the model is off, so a recalibration fits
     each plan once, every run of it so far merged: round 2 offers round 1's plan again (another name), and its
     recalibration gets it once, with the counters of all three runs (two noise runs in round 1, one in round 2)
-    and the mean of their figures (real runs on ``local``)."""
+    and the median of their figures (real runs on ``local``)."""
     import parapipe.tune as tune_module
     from models.coarsen import coarsen
     from planner.baselines import single_pu
@@ -469,7 +519,8 @@ def test_a_plan_measured_in_several_rounds_is_fed_back_as_the_mean_of_all_its_ru
         "pareto", rounds=2, target_error=0.0, time_limit=1, frames=8, max_frames=8, noise_runs=2, min_seconds=0.0
     )
     history, last = tune(exported(MODEL).path, "local", _fresh(tuned, tmp_path), options)
-    assert [p.name for p, _ in last] == ["again"] and len(ran) == 3 and len(fitted) == 2
+    # round 2 runs it once, or again where that run is far from round 1's two (``confirmed``)
+    assert [p.name for p, _ in last] == ["again"] and len(ran) >= 3 and len(fitted) == 2
     (one,), (two,) = fitted[0][0], fitted[1][0]
     ((held, merged),) = fitted[1][1]  # the plans measured so far hold it once, merged too
     assert held.name == "first" and merged.measured == two[1].measured
@@ -478,12 +529,13 @@ def test_a_plan_measured_in_several_rounds_is_fed_back_as_the_mean_of_all_its_ru
     assert [p.frames for p in one[1].partitions] == [fed[0] + fed[1]]  # round 1: its two noise runs
     plan, pooled = two
     assert plan.name == "again"  # this round's plan, its runs pooled
-    assert [p.frames for p in pooled.partitions] == [sum(fed)], "all three runs, not round 2's"
+    assert [p.frames for p in pooled.partitions] == [sum(fed)], "all the runs, not round 2's"
     busy = sum(p.busy_ms for r in ran for p in r.partitions if p.name == pooled.partitions[0].name)
     assert pooled.partitions[0].busy_ms == pytest.approx(busy)
-    assert pooled.measured.latency_ms == pytest.approx(statistics.mean(r.measured.latency_ms for r in ran))
-    # what the round reports is still its own run
-    assert history[1].rows[0]["measured"]["latency_ms"] == pytest.approx(ran[2].measured.latency_ms)
+    assert pooled.measured.latency_ms == pytest.approx(statistics.median(r.measured.latency_ms for r in ran))
+    # what the round reports is still its own runs
+    own = statistics.median(r.measured.latency_ms for r in ran[2:])
+    assert history[1].rows[0]["measured"]["latency_ms"] == pytest.approx(own)
 
 
 def test_measured_energy_rescales_the_power_model(exported, tmp_path, monkeypatch) -> None:
