@@ -23,6 +23,7 @@ from parapipe.tune import (
     NOISE_MARGIN,
     Noise,
     TuneOptions,
+    as_long,
     confirmed,
     far_apart,
     feed_back,
@@ -180,6 +181,23 @@ def test_a_run_far_off_is_measured_again_and_a_third_time_when_the_two_disagree(
     queue[:] = [_with(template, predicted, 10.4, 96.5)]
     assert len(confirmed(near, [], again, 5.0, twice=True)) == 2 and asked == ["for the noise"]
     assert confirmed(_with(template, None, 14.0, 70.0), [], again, 5.0) == [_with(template, None, 14.0, 70.0)]
+
+
+def test_the_noise_keeps_every_pass_that_ran_as_long_as_the_final_one(tuned) -> None:
+    """A fast model runs the same frames in every pass (the floor in seconds): all its runs are its
+    measurement and its noise, not the final pass alone (which a slow phase of the machine can take whole);
+    shorter runs of earlier passes are left out."""
+    (_, template), *_ = tuned["last"]
+    fps = [265.6, 270.0, 261.6, 254.6, 168.4, 174.3]
+    every = [(284, _with(template, None, 1000 / f, f)) for f in fps]
+    final = Noise("p", 2, 120, spread_pct([1000 / f for f in fps[-2:]]), spread_pct(fps[-2:]), True, True)
+    noise, kept = as_long(final, every, 2)
+    assert len(kept) == 6 and noise.runs == 6 and noise.capped and noise.frames == 120
+    assert noise.throughput_pct == pytest.approx(spread_pct(fps)) and noise.throughput_pct > 15
+    assert merge_runs(kept).measured.throughput_fps == pytest.approx((254.6 + 261.6) / 2)  # not ~171
+    slow = [(30, every[0][1]), (30, every[1][1]), (60, every[4][1]), (64, every[5][1])]
+    noise, kept = as_long(final, slow, 2)
+    assert noise == final and [r.measured.throughput_fps for r in kept] == fps[-2:]
 
 
 def test_merge_runs_takes_the_median_of_figures_and_sums_counters(tuned) -> None:
