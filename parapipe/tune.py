@@ -899,9 +899,10 @@ def pooled_runs(
 ) -> list[tuple[Plan, RunResult]]:
     """Each plan of ``measured`` once (``plan_key``; the first of its names), with every run of it so far merged
     (``merge_runs``): what recalibrating fits and feeds back. A plan the loop measures in several rounds (the
-    noise plans; a plan the planner offers again) is then the median of its runs, not its latest run, which on a noisy board
-    moves more than the model's errors do (local-biglittle, an AMD EPYC VM: resnet18's latency plan at 62.1 fps
-    in one round and 52.9 in the next). A plan without runs in ``runs_of`` keeps its measurement."""
+    noise plans; a plan the planner offers again) is then the median of its runs, not its latest run, which on
+    a noisy board moves more than the model's errors do (local-biglittle, an AMD EPYC VM: resnet18's latency
+    plan at 62.1 fps in one round and 52.9 in the next). A plan without runs in ``runs_of`` keeps its
+    measurement."""
     pooled: dict[str, tuple[Plan, RunResult]] = {}
     for plan, result in measured:
         key = plan_key(plan)
