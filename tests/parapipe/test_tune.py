@@ -51,7 +51,7 @@ from parapipe.tune import (
     worth_keeping,
 )
 from profiler.calibration import NetworkFit
-from profiler.costtable import CostTable
+from profiler.costtable import CostTable, entry_key
 from tests.support.cli import PARAPIPE
 
 pytestmark = pytest.mark.exclusive  # CPU time on throttled or contended cores: run alone (Makefile)
@@ -477,7 +477,19 @@ def test_a_new_plan_within_the_noise_of_a_measured_one_gives_way_to_it(tuned, ex
 
     graph, profile = _context(exported)
     blocks = coarsen(graph, "coarse")
-    cost = CostModel.from_table(profile, graph, CostTable.load(tuned["costs"]))
+    # two cores at half one core's measured times: profiled beside another test's work (``-n 2``), two cores
+    # came out slower than one (-10% after one core's times were scaled up by 1.5), and this test is about
+    # ``settled``, not about the measurements
+    measured = CostTable.load(tuned["costs"])
+    table = CostTable()
+    for e in measured:
+        if e.config == ("cpu", 1):
+            table.add(e)
+            cond = dataclasses.replace(e.conditions, cores=2, threads=2)
+            key = entry_key(e.model_sha256, e.kind, e.members, cond)
+            halved = {f: getattr(e, f) / 2 for f in ("median_ms", "mean_ms", "p10_ms", "p90_ms")}
+            table.add(dataclasses.replace(e, key=key, conditions=cond, **halved))
+    cost = CostModel.from_table(profile, graph, table)
     one = evaluate(single_pu(blocks, profile, "cpu", 1, "one core"), graph, cost, frames=0)
     two = evaluate(single_pu(blocks, profile, "cpu", 2, "two cores"), graph, cost, frames=0)
     assert one.predicted is not None and two.predicted is not None
