@@ -477,9 +477,8 @@ def test_a_new_plan_within_the_noise_of_a_measured_one_gives_way_to_it(tuned, ex
 
     graph, profile = _context(exported)
     blocks = coarsen(graph, "coarse")
-    # two cores at half one core's measured times: profiled beside another test's work (``-n 2``), two cores
-    # came out slower than one (-10% after one core's times were scaled up by 1.5), and this test is about
-    # ``settled``, not about the measurements
+    # two cores at half one core's measured times: profiled on a busy machine (this module run beside others,
+    # ``-n 2``), two cores came out slower than one, and this test is about ``settled``, not the measurements
     measured = CostTable.load(tuned["costs"])
     table = CostTable()
     for e in measured:
