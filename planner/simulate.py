@@ -229,7 +229,8 @@ def simulate(model: PlanModel, frames: int = 200, max_inflight: int | None = Non
     benchmark sends them: the latency a user sees near full rate.
     """
     window = max_inflight or model.max_inflight()
-    per_frame = sum(len(model.frame_segments(f)) for f in range(model.period)) / model.period
+    # segment runs a frame (not needed for one frame alone: ``analytic`` asks for that on every evaluation)
+    per_frame = sum(len(model.frame_segments(f)) for f in range(model.period)) / model.period if frames > 1 else 1.0
     if frames > 1:  # a plan of many partitions: fewer frames, as many segment runs (the steady state comes as soon)
         frames = max(min(frames, int(SIM_SEGMENT_RUNS / max(per_frame, 1.0))), MIN_SIM_FRAMES)
     requested = frames
