@@ -154,9 +154,12 @@ def plot_tune(results: Path) -> Path | None:
     boards = list(dict.fromkeys(b for b, _ in runs))
     fig, axes = plt.subplots(1, len(boards), figsize=(5 * len(boards), 4), squeeze=False, sharey=True)
     for ax, board in zip(axes[0], boards, strict=True):
-        for (b, model), pts in runs.items():
-            if b == board:
-                ax.plot([r for r, _ in pts], [t for _, t in pts], marker="o", label=model)
+        models = [m for b, m in runs if b == board]
+        colours = plt.get_cmap("tab20").colors  # 20 distinct colours: the default cycle repeats after 10 models
+        for i, model in enumerate(models):
+            pts = runs[(board, model)]
+            style = {"color": colours[i % 20], "marker": "os^"[i // 20 % 3]}
+            ax.plot([r for r, _ in pts], [t for _, t in pts], label=model, **style)
         ax.axhline(5.0, color="grey", lw=0.8, ls="--")
         ax.set_xlabel("tune round")
         ax.set_xticks(sorted({r for (b, _), pts in runs.items() if b == board for r, _ in pts}))
