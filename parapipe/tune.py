@@ -18,7 +18,9 @@ were. So the table's error on what was measured never grows from round to round,
 cannot make the model worse, and a fit that gains next to nothing on the plans it was fitted
 to (in-sample: noise alone gains that much) does not get to reprice the plan shapes nobody
 measured (on inception_v3, a table kept for 8.2 -> 8.0% planned a latency plan predicted at
-78.7 ms that measured 183.8).
+78.7 ms that measured 183.8). From two measured plans on, it must also predict them no worse
+out of sample (each without its own measurements: as new plans are priced), unless the plans the
+next round runs under it are all measured ones (``recalibrate``).
 
 The first plan of round 1 is measured more than once: the spread of those runs is the
 measurement noise, reported with every round, and pooled with every plan measured again: the
@@ -120,6 +122,9 @@ class Recalibration:
     # the same RMSPEs with each plan predicted without its own partitions' measurements (``table_errors``)
     out_of_sample_before: float | None = None
     out_of_sample_after: float | None = None
+    # kept although it predicts the plans worse out of sample: the plans the next round runs under it are all
+    # measured ones, predicted in sample (``recalibrate``'s ``replan``)
+    measured_plans_only: bool = False
 
     def to_json(self) -> dict[str, object]:
         return dataclasses.asdict(self)
@@ -997,6 +1002,7 @@ def recalibrate(
     graph: OpGraph,
     profile: DeviceProfile,
     ort_version: str,
+    replan: Callable[[CostTable], Sequence[Plan]] | None = None,
 ) -> tuple[Recalibration, float | None, tuple[float, float] | None]:
     """Feed ``runs`` back into ``table``; keep that only if it predicts ``measured`` (all so far) better, by at
     least ``KEEP_GAIN`` of the error, and, from two plans on, predicts them no worse out of sample, each plan
@@ -1004,6 +1010,14 @@ def recalibrate(
     plan's partitions up predicts it almost exactly whatever else it learnt, and the next round's plans are new
     ones (inception_v3 on local-biglittle: a table kept for 14.0% -> 3.3% on the plans it had measured put the
     next round's latency plan at 35.6 ms; it ran in 52.1).
+
+    Unless they are not: ``replan`` gives the plans the next round would run under a table (the recalibrated
+    one, here). Where every one of them has been measured, the out-of-sample error prices plans nobody will
+    run, the in-sample gain is what the next round sees, and the recalibration is kept
+    (``measured_plans_only``). Without this, reverting left the table that had planned those very plans, and
+    the loop ran them again, round after round (multiview_bev on local-biglittle: the same two plans in all
+    four rounds at 13.8%, each recalibration fitting them 10.9 -> 3.3% in sample and reverted for 10.9 ->
+    12.4% out of sample).
 
     Returns the verdict and the handoff and power scales learnt (None where reverted or nothing learnt).
     The table is changed in memory only; the caller saves it.
@@ -1023,6 +1037,12 @@ def recalibrate(
     unseen_after = table_errors(table, measured, graph, profile, out_of_sample=True)[2]
     # leaving one plan out says something only where others remain to learn from
     kept = worth_keeping(before, after) and (len(measured) < 2 or generalises(unseen_before, unseen_after))
+    measured_only = False
+    if not kept and worth_keeping(before, after) and replan is not None:
+        known = {plan_key(p) for p, _ in measured}
+        nxt = replan(table)
+        measured_only = bool(nxt) and all(plan_key(p) in known for p in nxt)
+        kept = measured_only
     if not kept:
         previous.restore(table, graph.model_sha256, profile.name)
         handoff = power = memory = network = sustained = run_overhead = None
@@ -1031,7 +1051,17 @@ def recalibrate(
     factors = tuple(sorted((sustained or {}).items()))
     overheads = tuple(sorted((run_overhead or {}).items()))
     verdict = Recalibration(
-        kept, before, after, len(measured), learnt, links, factors, overheads, unseen_before, unseen_after
+        kept,
+        before,
+        after,
+        len(measured),
+        learnt,
+        links,
+        factors,
+        overheads,
+        unseen_before,
+        unseen_after,
+        measured_only,
     )
     return verdict, handoff, power
 
@@ -1137,9 +1167,8 @@ def tune(
         frames_run[plan_key(plan)] = frames_for(plan, frames, options.min_seconds, rates)
         return frames_run[plan_key(plan)]
 
-    for r in range(rounds):
-        cost = CostModel.from_table(profile, graph, table)
-        say(f"round {r + 1}: planning")
+    def choose(cost: CostModel, r: int) -> list[Plan]:  # round r's plans under ``cost``
+        nonlocal auto
         if precision is not None:
             if auto is None:
                 local = profile.name in LOCAL_BOARDS
@@ -1151,16 +1180,33 @@ def tune(
             plans = pareto_set(blocks, graph, cost, search)
         else:
             plans = [best_plan(blocks, graph, cost, objective, search)]
-        if noise is not None:  # a later round: a new plan must be predicted better than the noise resolves
-            chosen = []
-            for plan, stands_for in settled(plans, [p for p, _ in measured], graph, cost, noise.pct):
-                if stands_for is not None:
-                    say(
-                        f"round {r + 1}: {stands_for.name} is predicted within the noise ({noise.pct:.1f}%) of "
-                        f"{plan.name}, measured before: running that again"
-                    )
-                chosen.append(plan)
-            plans = chosen
+        if noise is None:
+            return plans
+        chosen = []  # a later round: a new plan must be predicted better than the noise resolves
+        for plan, stands_for in settled(plans, [p for p, _ in measured], graph, cost, noise.pct):
+            if stands_for is not None:
+                say(
+                    f"round {r + 1}: {stands_for.name} is predicted within the noise ({noise.pct:.1f}%) of "
+                    f"{plan.name}, measured before: running that again"
+                )
+            chosen.append(plan)
+        return chosen
+
+    replanned: list[list[Plan]] = []  # the next round's plans, as ``recalibrate``'s ``replan`` chose them
+
+    def replan(fitted: CostTable) -> list[Plan]:
+        say(f"round {len(history) + 2}: planning under the recalibrated table")
+        replanned[:] = [choose(CostModel.from_table(profile, graph, fitted), len(history) + 1)]
+        return replanned[0]
+
+    pending: list[Plan] | None = None  # this round's plans, chosen already under the table it plans with
+    for r in range(rounds):
+        cost = CostModel.from_table(profile, graph, table)
+        if pending is None:
+            say(f"round {r + 1}: planning")
+            plans = choose(cost, r)
+        else:
+            plans, pending = pending, None
         last = []
         for i, plan in enumerate(plans):
             plan = dataclasses.replace(plan, model_path=str(model.resolve()), inputs=loaded.inputs)
@@ -1244,10 +1290,13 @@ def tune(
             history.append(dataclasses.replace(this, stop=stop))
             break
         say(f"round {r + 1}: recalibrating")
+        replanned.clear()
         calibration, handoff, power = recalibrate(
-            table, pooled_runs(last, runs_of), pooled_runs(measured, runs_of), graph, profile, ort.__version__
+            table, pooled_runs(last, runs_of), pooled_runs(measured, runs_of), graph, profile, ort.__version__, replan
         )
         table.save(costs)
+        if calibration.measured_plans_only and replanned:
+            pending = replanned[0]  # planned under this very table: the next round runs them
         history.append(
             dataclasses.replace(this, calibration=calibration, handoff_ms=handoff, power_scale=power, stop=stop)
         )

@@ -140,7 +140,10 @@ class AgentObservabilityFlags:
 def unseen(c: Recalibration) -> str:
     """A recalibration's out-of-sample RMSPEs (each plan without its own measurement), where it has them."""
     before, after = c.out_of_sample_before, c.out_of_sample_after
-    return "" if before is None or after is None else f"; unseen {before:.1f}% -> {after:.1f}%"
+    if before is None or after is None:
+        return ""
+    only = ": next round runs measured plans only" if c.measured_plans_only else ""
+    return f"; unseen {before:.1f}% -> {after:.1f}%{only}"
 
 
 def _flag_args(flags: object) -> list[str]:
