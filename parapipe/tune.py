@@ -1192,12 +1192,13 @@ def tune(
             chosen.append(plan)
         return chosen
 
-    replanned: list[list[Plan]] = []  # the next round's plans, as ``recalibrate``'s ``replan`` chose them
+    replanned: list[Plan] | None = None  # the next round's plans, as ``recalibrate``'s ``replan`` chose them
 
     def replan(fitted: CostTable) -> list[Plan]:
+        nonlocal replanned
         say(f"round {len(history) + 2}: planning under the recalibrated table")
-        replanned[:] = [choose(CostModel.from_table(profile, graph, fitted), len(history) + 1)]
-        return replanned[0]
+        replanned = choose(CostModel.from_table(profile, graph, fitted), len(history) + 1)
+        return replanned
 
     pending: list[Plan] | None = None  # this round's plans, chosen already under the table it plans with
     for r in range(rounds):
@@ -1290,13 +1291,13 @@ def tune(
             history.append(dataclasses.replace(this, stop=stop))
             break
         say(f"round {r + 1}: recalibrating")
-        replanned.clear()
+        replanned = None
         calibration, handoff, power = recalibrate(
             table, pooled_runs(last, runs_of), pooled_runs(measured, runs_of), graph, profile, ort.__version__, replan
         )
         table.save(costs)
-        if calibration.measured_plans_only and replanned:
-            pending = replanned[0]  # planned under this very table: the next round runs them
+        if calibration.measured_plans_only:
+            pending = replanned  # planned under this very table: the next round runs them
         history.append(
             dataclasses.replace(this, calibration=calibration, handoff_ms=handoff, power_scale=power, stop=stop)
         )

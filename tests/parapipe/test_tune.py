@@ -1119,6 +1119,21 @@ def test_a_plans_own_measurement_is_left_out_of_its_out_of_sample_prediction(tun
     assert table_errors(table, [(plan, consistent)], graph, profile, out_of_sample=True)[2] > 50
 
 
+def _fit_better_in_sample_worse_out_of_sample(monkeypatch) -> None:
+    """Every recalibration scores 20 -> 10% in sample and 20 -> 30% out of sample (``table_errors`` is called
+    before and after, in and out of sample): the real tables' errors would decide either way."""
+    import itertools
+
+    import parapipe.tune as tune_module
+
+    in_sample, unseen = itertools.cycle([20.0, 10.0]), itertools.cycle([20.0, 30.0])
+
+    def table_errors(table, measured, graph, profile, out_of_sample=False):
+        return (0.0, 0.0, next(unseen if out_of_sample else in_sample))
+
+    monkeypatch.setattr(tune_module, "table_errors", table_errors)
+
+
 @pytest.mark.parametrize("plans", [1, 2])
 def test_a_recalibration_must_not_predict_the_plans_each_without_its_own_measurement_worse(
     tuned, exported, tmp_path, monkeypatch, plans: int
@@ -1130,17 +1145,10 @@ def test_a_recalibration_must_not_predict_the_plans_each_without_its_own_measure
     back, the fits and the restore are the real ones."""
     import onnxruntime as ort
 
-    import parapipe.tune as tune_module
-
     graph, profile = _context(exported)
     plan, real = tuned["last"][0]
     runs = [(plan, real)] * plans
-    errors = {False: iter([20.0, 10.0]), True: iter([20.0, 30.0])}  # (before, after): in sample, out of sample
-
-    def table_errors(table, measured, graph, profile, out_of_sample=False):
-        return (0.0, 0.0, next(errors[out_of_sample]))
-
-    monkeypatch.setattr(tune_module, "table_errors", table_errors)
+    _fit_better_in_sample_worse_out_of_sample(monkeypatch)
     table = CostTable.load(_fresh(tuned, tmp_path))
     before = {e.key: e for e in table}
     verdict, _, _ = recalibrate(table, runs[:1], runs, graph, profile, ort.__version__)
@@ -1162,17 +1170,10 @@ def test_a_recalibration_worse_out_of_sample_is_kept_where_the_next_round_runs_o
     under the recalibrated table; a plan nobody measured among its plans reverts it as before."""
     import onnxruntime as ort
 
-    import parapipe.tune as tune_module
-
     graph, profile = _context(exported)
     plan, real = tuned["last"][0]
     runs = [(plan, real)] * 2
-    errors = {False: iter([20.0, 10.0]), True: iter([20.0, 30.0])}  # (before, after): in sample, out of sample
-
-    def table_errors(table, measured, graph, profile, out_of_sample=False):
-        return (0.0, 0.0, next(errors[out_of_sample]))
-
-    monkeypatch.setattr(tune_module, "table_errors", table_errors)
+    _fit_better_in_sample_worse_out_of_sample(monkeypatch)
     table = CostTable.load(_fresh(tuned, tmp_path))
     before = {e.key: e for e in table}
     unmeasured = dataclasses.replace(plan, stages=plan.stages[:1] * 2)
@@ -1194,8 +1195,6 @@ def test_tune_runs_the_plans_it_kept_a_recalibration_for(tuned, exported, tmp_pa
     where the planner offers the same two plans under it, is kept every round (it was reverted every round
     before, and the same plans ran under the same table), and the next round runs the plans it was kept for,
     planned once under that table."""
-    import itertools
-
     import parapipe.tune as tune_module
     from models.coarsen import coarsen
     from planner.baselines import single_pu
@@ -1213,12 +1212,7 @@ def test_tune_runs_the_plans_it_kept_a_recalibration_for(tuned, exported, tmp_pa
     front = [far_off(single_pu(blocks, profile, "cpu", cores, f"cpu{cores}")) for cores in (1, 2)]
     asked: list[int] = []
     monkeypatch.setattr(tune_module, "pareto_set", lambda *a, **k: asked.append(1) or list(front))
-    in_sample, unseen = itertools.cycle([20.0, 10.0]), itertools.cycle([20.0, 30.0])
-    monkeypatch.setattr(
-        tune_module,
-        "table_errors",
-        lambda *a, out_of_sample=False: (0.0, 0.0, next(unseen if out_of_sample else in_sample)),
-    )
+    _fit_better_in_sample_worse_out_of_sample(monkeypatch)
     said: list[str] = []
     monkeypatch.setenv("PARAPIPE_HOME", str(tmp_path))
     options = TuneOptions(
