@@ -429,17 +429,18 @@ def test_the_noise_pools_both_ends_of_round_1s_front_and_every_later_round_measu
         p = dataclasses.replace(p, latency_ms=p.latency_ms * 10, throughput_fps=p.throughput_fps * rate)
         return dataclasses.replace(plan, predicted=p)
 
-    fronts = iter(
+    fronts = [
         [
-            [
-                far_off(single_pu(blocks, profile, "cpu", 1, "one-core")),
-                far_off(flop_pipeline(blocks, profile, [("cpu", 1), ("cpu", 1)], "two-cores")),
-            ],
-            # predicted at 10x the rate any measured plan is, so none stands in for it (``settled``)
-            [far_off(single_pu(blocks, profile, "cpu", 2, "two-threads"), rate=10.0)],
-        ]
+            far_off(single_pu(blocks, profile, "cpu", 1, "one-core")),
+            far_off(flop_pipeline(blocks, profile, [("cpu", 1), ("cpu", 1)], "two-cores")),
+        ],
+        # predicted at 10x the rate any measured plan is, so none stands in for it (``settled``)
+        [far_off(single_pu(blocks, profile, "cpu", 2, "two-threads"), rate=10.0)],
+    ]
+    planned: list[int] = []  # the first front, then the second for every later planning (``recalibrate``'s too)
+    monkeypatch.setattr(
+        tune_module, "pareto_set", lambda *a, **k: planned.append(1) or list(fronts[min(len(planned), 2) - 1])
     )
-    monkeypatch.setattr(tune_module, "pareto_set", lambda *args, **kwargs: next(fronts))
     messages: list[str] = []
     monkeypatch.setenv("PARAPIPE_HOME", str(tmp_path))
     options = TuneOptions(
@@ -531,8 +532,11 @@ def test_a_plan_measured_in_several_rounds_is_fed_back_as_the_median_of_all_its_
         p = evaluate(plan, graph, cost, frames=0).predicted
         return dataclasses.replace(plan, predicted=dataclasses.replace(p, latency_ms=p.latency_ms * 10))
 
-    fronts = iter([[far_off(single_pu(blocks, profile, "cpu", 1, name))] for name in ("first", "again")])
-    monkeypatch.setattr(tune_module, "pareto_set", lambda *args, **kwargs: next(fronts))
+    fronts = [[far_off(single_pu(blocks, profile, "cpu", 1, name))] for name in ("first", "again")]
+    planned: list[int] = []  # the first front, then the second for every later planning (``recalibrate``'s too)
+    monkeypatch.setattr(
+        tune_module, "pareto_set", lambda *a, **k: planned.append(1) or list(fronts[min(len(planned), 2) - 1])
+    )
     ran: list = []
     real_run, real_recalibrate = tune_module.run_plan, tune_module.recalibrate
     monkeypatch.setattr(tune_module, "run_plan", lambda *a, **k: ran.append(real_run(*a, **k)) or ran[-1])
