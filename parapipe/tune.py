@@ -1196,7 +1196,10 @@ def tune(
 
     def replan(fitted: CostTable) -> list[Plan]:
         nonlocal replanned
-        say(f"round {len(history) + 2}: planning under the recalibrated table")
+        if len(history) + 1 < rounds:
+            say(f"round {len(history) + 2}: planning under the recalibrated table")
+        else:  # no round runs them: they only decide whether the table the next ``plan`` reads keeps the fit
+            say(f"round {len(history) + 1}: planning under the recalibrated table to decide whether to keep it")
         replanned = choose(CostModel.from_table(profile, graph, fitted), len(history) + 1)
         return replanned
 

@@ -1230,6 +1230,8 @@ def test_tune_runs_the_plans_it_kept_a_recalibration_for(tuned, exported, tmp_pa
     assert len(asked) == 4, "round 1's planning, then once under each recalibrated table"
     assert "round 1: planning" in said and not any(m in said for m in ("round 2: planning", "round 3: planning"))
     assert "round 2: planning under the recalibrated table" in said
+    assert "round 4: planning under the recalibrated table" not in said, "no round 4 runs"
+    assert "round 3: planning under the recalibrated table to decide whether to keep it" in said
 
 
 @settings(max_examples=300, deadline=None)
