@@ -19,7 +19,7 @@ import dataclasses
 import itertools
 from collections.abc import Sequence
 
-from planner.ilp import Assignment, fits, schedule
+from planner.ilp import Assignment, fits, period_loads, schedule
 from planner.plan import PlanError
 from planner.problem import Problem
 
@@ -311,8 +311,8 @@ def balanced(problem: Problem, tries: int | None = None) -> Assignment | None:
 def _balance(problem: Problem, assignment: Assignment) -> tuple[float, float]:
     """What load balancing minimises: the period, then the sum of squared resource loads (so that a move
     off one of several equally busiest units counts: it is the way down to a shorter period)."""
-    figures = schedule(problem, assignment)
-    return round(figures.period_ms, 9), sum(x * x for x in figures.loads)
+    period, loads = period_loads(problem, assignment)
+    return round(period, 9), sum(x * x for x in loads)
 
 
 def _rebalance(problem: Problem, start: Assignment, units: Sequence[int], tries: int) -> Assignment:
@@ -337,8 +337,8 @@ def _rebalance(problem: Problem, start: Assignment, units: Sequence[int], tries:
     improved = True
     while improved and tries > 0:
         improved = False
-        figures = schedule(problem, current)
-        busiest = {u for u in units if figures.loads[u] >= figures.period_ms - 1e-9}
+        period, loads = period_loads(problem, current)
+        busiest = {u for u in units if loads[u] >= period - 1e-9}
         for b in (b for b in range(n) if current.block_unit[b] in busiest):
             if any(tries > 0 and u != current.block_unit[b] and _runs(problem, b, u) and trial({b: u}) for u in units):
                 improved = True

@@ -279,17 +279,11 @@ def fits(problem: Problem, assignment: Assignment) -> bool:
     return all(v <= problem.memory[p] for p, v in held.items())
 
 
-def schedule(problem: Problem, assignment: Assignment) -> Figures:
-    """The ILP's model evaluated for a fixed assignment: every block as early as its inputs and its unit
-    allow, each unit running its blocks in the assignment's order (topological unless given).
-
-    A block that starts a partition carries its unit's per-partition overhead, in latency, load and energy. On
-    a CFS-throttled unit, a frame's work past one period's quota (``Problem.stalled``) takes the unit's factor
-    times its time in latency (its load and energy are its work)."""
+def _block_ms(problem: Problem, assignment: Assignment, pu_of: list[str]) -> tuple[list[float], list[int]]:
+    """Every block's time on its unit in a frame (with its partition's overhead where it starts one, and gRPC's
+    CPU time where it sends to or receives from another host) and its precision level."""
     n = len(problem.blocks)
     unit_of = assignment.block_unit
-    preds, pu_of_unit, memories_of_unit = _shape(problem)
-    pu_of = [pu_of_unit[u] for u in unit_of]
     overhead = problem.unit_overhead
     # which blocks start a partition matters for the per-partition overhead only (none on a profile not calibrated:
     # a third of a call's time, and load balancing makes thousands of calls)
@@ -308,26 +302,74 @@ def schedule(problem: Problem, assignment: Assignment) -> Figures:
             send, receive = problem.handoff_cpu.get((ei, pu_of[i], pu_of[j]), (0.0, 0.0))
             dur[i] += send
             dur[j] += receive
+    return dur, levels
+
+
+def _loads(
+    problem: Problem, assignment: Assignment, pu_of: list[str], dur: list[float], levels: list[int]
+) -> tuple[tuple[float, ...], float]:
+    """Every resource's time per frame (each unit by index, then the links, then the shared memories) and the
+    energy of the bytes a frame moves between PUs."""
+    preds, _, memories_of_unit = _shape(problem)
+    unit_of = assignment.block_unit
+    transfer = problem.transfer
+    link_load: dict[tuple[str, str], float] = {}
+    transfer_mj = 0.0
+    for b in assignment.sequence():  # the list schedule's order: the same sums, to the last bit
+        q = pu_of[b]
+        for i, ei in preds[b]:
+            p = pu_of[i]
+            if p != q:
+                link_load[(p, q)] = link_load.get((p, q), 0.0) + transfer[(ei, p, q)]
+                transfer_mj += problem.transfer_mj[(ei, p, q)]
+    load: dict[int, float] = {}
+    factors = [problem.factor(u) for u in range(len(problem.units))]
+    for b in range(len(problem.blocks)):
+        u = unit_of[b]
+        load[u] = load.get(u, 0.0) + dur[b] * factors[u]
+    traffic: dict[str, float] = {}  # per shared memory: the time a frame's bytes occupy it
+    if problem.shared_memories:
+        for b in range(len(problem.blocks)):
+            for m in memories_of_unit[unit_of[b]]:
+                share = problem.traffic_share(b, unit_of[b], levels[b]) if levels[b] else 1.0
+                traffic[m] = traffic.get(m, 0.0) + problem.traffic[(b, m)] * share
+    loads = (*(load.get(u, 0.0) for u in range(len(problem.units))), *link_load.values(), *traffic.values())
+    return loads, transfer_mj
+
+
+def period_loads(problem: Problem, assignment: Assignment) -> tuple[float, tuple[float, ...]]:
+    """``schedule``'s period and loads alone, without the list schedule (load balancing's thousands of calls)."""
+    pu_of_unit = _shape(problem)[1]
+    pu_of = [pu_of_unit[u] for u in assignment.block_unit]
+    dur, levels = _block_ms(problem, assignment, pu_of)
+    loads, _ = _loads(problem, assignment, pu_of, dur, levels)
+    return max(loads), loads
+
+
+def schedule(problem: Problem, assignment: Assignment) -> Figures:
+    """The ILP's model evaluated for a fixed assignment: every block as early as its inputs and its unit
+    allow, each unit running its blocks in the assignment's order (topological unless given).
+
+    A block that starts a partition carries its unit's per-partition overhead, in latency, load and energy. On
+    a CFS-throttled unit, a frame's work past one period's quota (``Problem.stalled``) takes the unit's factor
+    times its time in latency (its load and energy are its work)."""
+    unit_of = assignment.block_unit
+    preds, pu_of_unit, _ = _shape(problem)
+    pu_of = [pu_of_unit[u] for u in unit_of]
+    dur, levels = _block_ms(problem, assignment, pu_of)
     # a frame's work on a throttled unit past one period's quota: at the unit's share (latency only)
     span = problem.stalled(unit_of, dur, assignment.sequence())
     transfer, handoff_delay = problem.transfer, problem.handoff_delay
     free: dict[int, float] = {}
-    finish = [0.0] * n
-    starts = [0.0] * n
-    link_load: dict[tuple[str, str], float] = {}
-    transfer_mj = 0.0
+    finish = [0.0] * len(problem.blocks)
+    starts = [0.0] * len(problem.blocks)
     for b in assignment.sequence():
         u = unit_of[b]
         q = pu_of[b]
         start = free.get(u, 0.0)
         for i, ei in preds[b]:
             p = pu_of[i]
-            if p != q:
-                comm = transfer[(ei, p, q)]
-                link_load[(p, q)] = link_load.get((p, q), 0.0) + comm
-                transfer_mj += problem.transfer_mj[(ei, p, q)]
-            else:
-                comm = 0.0
+            comm = transfer[(ei, p, q)] if p != q else 0.0
             delay = handoff_delay.get((ei, p, q), 0.0) if handoff_delay and unit_of[i] != u else 0.0
             ready = finish[i] + comm + delay
             if ready > start:
@@ -335,21 +377,11 @@ def schedule(problem: Problem, assignment: Assignment) -> Figures:
         starts[b] = start
         finish[b] = start + span[b]
         free[u] = finish[b]
-    load: dict[int, float] = {}
-    busy_mj = 0.0
-    factors = [problem.factor(u) for u in range(len(problem.units))]
+    loads, transfer_mj = _loads(problem, assignment, pu_of, dur, levels)
     busy_w = problem.busy_extra_w
-    for b in range(n):
-        u = unit_of[b]
-        load[u] = load.get(u, 0.0) + dur[b] * factors[u]
-        busy_mj += dur[b] * busy_w[u]
-    traffic: dict[str, float] = {}  # per shared memory: the time a frame's bytes occupy it
-    if problem.shared_memories:
-        for b in range(n):
-            for m in memories_of_unit[unit_of[b]]:
-                share = problem.traffic_share(b, unit_of[b], levels[b]) if levels[b] else 1.0
-                traffic[m] = traffic.get(m, 0.0) + problem.traffic[(b, m)] * share
-    loads = (*(load.get(u, 0.0) for u in range(len(problem.units))), *link_load.values(), *traffic.values())
+    busy_mj = 0.0
+    for b in range(len(problem.blocks)):
+        busy_mj += dur[b] * busy_w[unit_of[b]]
     period = max(loads)
     return Figures(max(finish), period, busy_mj + transfer_mj + period * problem.idle_w, tuple(starts), loads)
 
