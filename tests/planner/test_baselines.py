@@ -3,6 +3,8 @@ computed once per problem, and no plan of ours predicts worse than any of them."
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from device_profiles.loader import load_profile, shipped_names
@@ -13,6 +15,7 @@ from models.zoo import CORE as ZOO
 from planner import heuristics as H
 from planner.build import priced
 from planner.costmodel import CostModel
+from planner.ilp import Assignment, period_loads
 from planner.plan import validate
 from planner.problem import Unit, build_problem, toy_problem
 from planner.search import SearchOptions, baselines, best_plan, key
@@ -35,6 +38,19 @@ def test_pipe_only_considers_every_pu() -> None:
     problem = toy_problem(units, cost, [(0, 1), (1, 2), (2, 3)], transfer_ms=0.01)
     assignment = H.pipe_only(problem)
     assert assignment is not None and 6 in assignment.block_unit
+
+
+def test_load_balancing_starts_from_the_relaxation_where_the_greedy_start_gets_stuck() -> None:
+    # four independent blocks on three accelerators (ms on gpu, npu, dsp): the optimum's period is 5 (b0 on the
+    # gpu, b1 and b3 on the npu, b2 on the dsp); longest first then moves and swaps settles at 8
+    units = [Unit("gpu", "gpu", 1, 0), Unit("npu", "npu", 1, 0), Unit("dsp", "dsp", 1, 0)]
+    ms = [(5.0, 4.0, 9.0), (2.0, 1.0, 5.0), (4.0, 4.0, 4.0), (9.0, 4.0, 8.0)]
+    problem = toy_problem(units, {(b, u): t for b, row in enumerate(ms) for u, t in enumerate(row)}, [])
+    every = (period_loads(problem, Assignment(a))[0] for a in itertools.product(range(3), repeat=len(ms)))
+    assert min(every) == 5.0
+    greedy = H._rebalance(problem, H._longest_first(problem, [0, 1, 2]), [0, 1, 2], 1000)
+    assert period_loads(problem, greedy)[0] == 8.0
+    assert period_loads(problem, H.balanced(problem))[0] == 5.0
 
 
 def test_pipe_only_is_the_best_consecutive_split(exported) -> None:

@@ -350,3 +350,29 @@ def test_a_throttled_unit_runs_its_first_burst_at_full_speed_in_the_order_it_cho
     solution = solve(fitted, "latency", time_limit=20, gap=1e-9)
     assert solution.value == pytest.approx(10.5)
     assert schedule(fitted, solution.assignment).period_ms == pytest.approx(14.0)
+
+
+def test_a_solve_highs_ends_in_a_solve_error_is_solved_again_with_a_tighter_tolerance() -> None:
+    """Found by hypothesis (test_configuration_bound): HiGHS solved the presolved model to optimality, found its
+    incumbent 3e-6 off a row of the model as given (tolerance 1e-6) and reported a solve error, which left no plan.
+    An int8-only block on the NPU, CFS-throttled CPU units, a latency solve."""
+    units = [Unit("cpu", "cpu", 2, 0), Unit("cpu", "cpu", 1, 0), Unit("cpu", "cpu", 1, 1)]
+    units += [Unit("gpu", "gpu", 1, 0), Unit("npu", "npu", 1, 0)]
+    a, c = 1.9835339835979073, 3.882517920395226
+    cost = {(0, 0): 3.5, (0, 1): 7.0, (0, 2): 7.0, (0, 3): a, (1, 0): 1.25, (1, 1): 2.5, (1, 2): 2.5}
+    cost |= {(2, 0): c, (2, 1): 2 * c, (2, 2): 2 * c, (3, 0): 2.25, (3, 1): 4.5, (3, 2): 4.5}
+    throttled = {u: 2.5 for u in range(3)}
+    problem = toy_problem(
+        units,
+        cost,
+        [(0, 1), (0, 2), (0, 3), (1, 2)],
+        transfer_ms=0.3,
+        busy_w={u: 1.0 for u in range(5)},
+        int8_cost={(0, 4): 3.5, (2, 0): 1.941258960197613},
+        sustained=throttled,
+        burst={u: 9.0 for u in range(3)},
+        alone=throttled,
+    )
+    solution = solve(problem, "latency", time_limit=20, gap=1e-9)
+    assert solution.status == "optimal"
+    assert solution.value == pytest.approx(schedule(problem, solution.assignment).latency_ms, rel=1e-6)
