@@ -1411,18 +1411,23 @@ def relaxed_shares(
     problem: Problem, unit_sets: Sequence[Sequence[int]], time_limit: float
 ) -> list[dict[tuple[int, int], float] | None]:
     """For each set of units, the throughput model's LP relaxation with only those units in use: every block's
-    share on every unit (``a[b,u]``), or None where the relaxation was not solved to optimality within
-    ``time_limit`` seconds (or has no solution on those units). The model is written once; each set bounds the
-    units' use (``on[u]``) and is solved again."""
+    share on every unit (``a[b,u]``), or None where the relaxation was not solved to optimality (or has no
+    solution on those units) within what is left of ``time_limit`` seconds for them all. The model is written
+    once; each set bounds the units' use (``on[u]``) and is solved again."""
+    deadline = time.perf_counter() + time_limit
     lp, v = _formulate(problem, "throughput", cuts=Cuts(upper_load=_load_bound(problem)))
     for var in lp.variables():
         var.cat = pulp.LpContinuous
     out: list[dict[tuple[int, int], float] | None] = []
     for units in unit_sets:
+        left = deadline - time.perf_counter()
+        if left <= 0:
+            out.append(None)
+            continue
         keep = set(units)
         for u, var in v["on"].items():
             var.upBound = 1 if u in keep else 0
-        solved = solve_for_bound(lp, time_limit)
+        solved = solve_for_bound(lp, left)
         optimal = solved is not None and solved[0] == "optimal"
         out.append({k: var.value() or 0.0 for k, var in v["a"].items()} if optimal else None)
     return out

@@ -15,7 +15,7 @@ from models.zoo import CORE as ZOO
 from planner import heuristics as H
 from planner.build import priced
 from planner.costmodel import CostModel
-from planner.ilp import Assignment, period_loads
+from planner.ilp import Assignment, period_loads, relaxed_shares
 from planner.plan import validate
 from planner.problem import Unit, build_problem, toy_problem
 from planner.search import SearchOptions, baselines, best_plan, key
@@ -51,6 +51,16 @@ def test_load_balancing_starts_from_the_relaxation_where_the_greedy_start_gets_s
     greedy = H._rebalance(problem, H._longest_first(problem, [0, 1, 2]), [0, 1, 2], 1000)
     assert period_loads(problem, greedy)[0] == 8.0
     assert period_loads(problem, H.balanced(problem))[0] == 5.0
+
+
+def test_load_balancing_past_the_relaxations_budget_starts_greedy(monkeypatch) -> None:
+    """No relaxation within the budget: every cut gets none, and load balancing starts from the greedy start."""
+    units = [Unit("gpu", "gpu", 1, 0), Unit("npu", "npu", 1, 0), Unit("dsp", "dsp", 1, 0)]
+    ms = [(5.0, 4.0, 9.0), (2.0, 1.0, 5.0), (4.0, 4.0, 4.0), (9.0, 4.0, 8.0)]
+    problem = toy_problem(units, {(b, u): t for b, row in enumerate(ms) for u, t in enumerate(row)}, [])
+    assert relaxed_shares(problem, [[0, 1, 2]], 0.0) == [None]
+    monkeypatch.setattr(H, "RELAXATION_SECONDS", 0.0)
+    assert period_loads(problem, H.balanced(problem))[0] == 8.0  # the greedy start's local optimum
 
 
 def test_pipe_only_is_the_best_consecutive_split(exported) -> None:
