@@ -436,7 +436,7 @@ def solve(
         horizon,
         _load_bound(problem),
         start.latency_ms if objective == "latency" and start is not None else None,
-        segment_bounds(problem, time_limit / 4) if objective == "latency" or max_latency_ms is not None else (),
+        _segment_cuts(problem, objective, time_limit, warm, gap) if timed else (),
     )
     # a proven bound from outside the solver, per way to cut the CPU clusters (``planner.bounds``), where
     # segment_bounds leaves stretches out: the solve leaves it time, and it is computed after the solve when the
@@ -511,8 +511,23 @@ MIB = float(2**20)
 # and the shorter symmetry rows that solve closes at the root, and bench_planner's 72 rows took 506 s instead of 583
 # with probing (655 s before both; ``bench/results_planner.txt``)
 PROBING_OFF = 1 << 15
+# a latency solve's segment bounds stop at half its own gap: a bound that much under the segment's optimum still
+# closes the solve at its root, and googlenet's and inception_v3's latency solves took 3.6-5.4 s with their segments
+# proven to 0.01% against 3.6-4.4 s (inception_v3; 5.5-6.5 s from no start; ``bench/results_planner.txt``, 12-06)
+SEGMENT_GAP_SHARE = 0.5
+BOUND_GAP = 1e-4  # the proven gap a problem solved only for its bound stops at, unless told otherwise
 FLOOR_MIN_S = 0.25  # a bound computed in less time proves little
 FLOOR_SHARE = 1 / 8  # of a latency solve's limit, kept for the bound from outside the solver
+
+
+def _segment_cuts(
+    problem: Problem, objective: str, time_limit: float, warm: Assignment | None, gap: float
+) -> tuple[tuple[int, int, float], ...]:
+    """``segment_bounds`` for a solve: with latency the objective and a warm start, each segment's bound proven to
+    a share of the solve's own gap (``SEGMENT_GAP_SHARE``) from the warm start's part of the frame."""
+    if objective == "latency" and warm is not None:
+        return segment_bounds(problem, time_limit / 4, warm, gap * SEGMENT_GAP_SHARE)
+    return segment_bounds(problem, time_limit / 4)
 
 
 def _floor_reserve(problem: Problem, time_limit: float, objective: str) -> float:
@@ -1354,14 +1369,22 @@ def _least(problem: Problem, b: int, u: int) -> float:
     return min(times, default=math.inf)
 
 
-def segment_bounds(problem: Problem, budget: float) -> tuple[tuple[int, int, float], ...]:
+def segment_bounds(
+    problem: Problem, budget: float, warm: Assignment | None = None, gap: float = BOUND_GAP
+) -> tuple[tuple[int, int, float], ...]:
     """Lower bounds on the time between consecutive articulation blocks (x, y, ms), each the proven bound of
     the latency ILP of the blocks from x to y on their own (a relaxation: no partition overhead, no gRPC
     CPU time, y costing nothing): the latency of a chain of fork/join modules is the sum of its modules'
     spans, which the big-M ordering rows alone bound weakly. Computed once per problem, within ``budget``
     seconds; x = -1 is the frame's arrival, y = n its departure (the last segment includes its last block).
     Segments of two blocks (the precedence row says as much) or of more than a quarter of a large model
-    (its ILP costs about as much as the model's and proves little in its share of the time) are left out."""
+    (its ILP costs about as much as the model's and proves little in its share of the time) are left out.
+
+    Each segment's ILP stops at a proven ``gap`` between its bound and its best plan, and is handed ``warm``'s
+    part of the frame as its first plan: a bound is all it is solved for, and proving the last hundredths of a
+    percent took most of a latency solve's seconds (inception_v3 on bst-a1000: 5 of 7.6 s, in two segments
+    whose root bound was within 0.4% of their optimum). The bound stays a proven one (the solver's dual bound),
+    at most ``gap`` under the segment's optimum."""
     if "segment_bounds" in problem.derived:
         return problem.derived["segment_bounds"]
     n = len(problem.blocks)
@@ -1376,28 +1399,48 @@ def segment_bounds(problem: Problem, budget: float) -> tuple[tuple[int, int, flo
             break
         sink = y < n
         sub = problem.segment(max(x, 0), y if sink else n - 1, sink=sink)
-        span = _latency_bound(sub, left / (len(pairs) - k))
+        part = _within_segment(warm, max(x, 0), y if sink else n - 1) if warm is not None else None
+        span = _latency_bound(sub, left / (len(pairs) - k), part, gap)
         if span is not None and span > 0:
             out.append((x, y, span))
     problem.derived["segment_bounds"] = tuple(out)
     return problem.derived["segment_bounds"]
 
 
-def _latency_bound(problem: Problem, time_limit: float) -> float | None:
-    """The proven lower bound on a problem's latency (HiGHS's dual bound of the pure latency ILP)."""
+def _within_segment(warm: Assignment, lo: int, hi: int) -> Assignment:
+    """``warm``'s placement of blocks lo..hi, re-indexed from 0 as ``Problem.segment`` does."""
+    inside = range(lo, hi + 1)
+    return Assignment(
+        warm.block_unit[lo : hi + 1],
+        tuple(b - lo for b in warm.order if b in inside),
+        frozenset(b - lo for b in warm.int8 if b in inside),
+        frozenset(b - lo for b in warm.second if b in inside),
+    )
+
+
+def _latency_bound(
+    problem: Problem, time_limit: float, warm: Assignment | None = None, gap: float = BOUND_GAP
+) -> float | None:
+    """The proven lower bound on a problem's latency (HiGHS's dual bound of the pure latency ILP), solved to a
+    proven ``gap``, from ``warm`` where given."""
     lp, v = _formulate(problem, "latency", cuts=Cuts(upper_load=_load_bound(problem)))
     lp.setObjective(v["L"])
-    solved = solve_for_bound(lp, time_limit)
+    if warm is not None:
+        _set_warm_start(problem, v, as_start(problem, warm, True))
+    solved = solve_for_bound(lp, time_limit, gap, warm is not None)
     if solved is None:
         return None
     status, bound = solved
     return bound if status != "infeasible" else None
 
 
-def solve_for_bound(lp: pulp.LpProblem, time_limit: float) -> tuple[str, float | None] | None:
-    """Solve a problem that is only there for its bound with HiGHS, quietly, within ``time_limit`` seconds:
-    (status, proven bound), or None where the solver failed."""
-    backend = _solver("highs", max(time_limit, 0.05), 1e-4, False)
+def solve_for_bound(
+    lp: pulp.LpProblem, time_limit: float, gap: float = BOUND_GAP, warm: bool = False
+) -> tuple[str, float | None] | None:
+    """Solve a problem that is only there for its bound with HiGHS, quietly, within ``time_limit`` seconds, to a
+    proven ``gap`` (from the variables' initial values with ``warm``): (status, proven bound), or None where the
+    solver failed."""
+    backend = _solver("highs", max(time_limit, 0.05), gap, warm)
     try:
         with _quiet():
             lp.solve(backend)
