@@ -436,7 +436,7 @@ def solve(
         horizon,
         _load_bound(problem),
         start.latency_ms if objective == "latency" and start is not None else None,
-        _segment_cuts(problem, objective, time_limit, warm, gap) if timed else (),
+        segment_cuts(problem, objective, time_limit, warm, gap) if timed else (),
     )
     # a proven bound from outside the solver, per way to cut the CPU clusters (``planner.bounds``), where
     # segment_bounds leaves stretches out: the solve leaves it time, and it is computed after the solve when the
@@ -520,13 +520,20 @@ FLOOR_MIN_S = 0.25  # a bound computed in less time proves little
 FLOOR_SHARE = 1 / 8  # of a latency solve's limit, kept for the bound from outside the solver
 
 
-def _segment_cuts(
-    problem: Problem, objective: str, time_limit: float, warm: Assignment | None, gap: float
+def segment_cuts(
+    problem: Problem,
+    objective: str,
+    time_limit: float,
+    warm: Assignment | None,
+    gap: float = 0.01,
+    stop: threading.Event | None = None,
 ) -> tuple[tuple[int, int, float], ...]:
-    """``segment_bounds`` for a solve: with latency the objective and a warm start, each segment's bound proven to
-    a share of the solve's own gap (``SEGMENT_GAP_SHARE``) from the warm start's part of the frame."""
+    """``segment_bounds`` for a solve of ``time_limit`` s to a proven ``gap`` (a quarter of its time): with latency
+    the objective and a warm start, each segment's bound proven to a share of the solve's own gap
+    (``SEGMENT_GAP_SHARE``) from the warm start's part of the frame. Computed once per problem: a caller may
+    compute them ahead of the solve (``search.solve_objective``: beside the local search)."""
     if objective == "latency" and warm is not None:
-        return segment_bounds(problem, time_limit / 4, warm, gap * SEGMENT_GAP_SHARE)
+        return segment_bounds(problem, time_limit / 4, warm, gap * SEGMENT_GAP_SHARE, stop)
     return segment_bounds(problem, time_limit / 4)
 
 
@@ -1370,7 +1377,11 @@ def _least(problem: Problem, b: int, u: int) -> float:
 
 
 def segment_bounds(
-    problem: Problem, budget: float, warm: Assignment | None = None, gap: float = BOUND_GAP
+    problem: Problem,
+    budget: float,
+    warm: Assignment | None = None,
+    gap: float = BOUND_GAP,
+    stop: threading.Event | None = None,
 ) -> tuple[tuple[int, int, float], ...]:
     """Lower bounds on the time between consecutive articulation blocks (x, y, ms), each the proven bound of
     the latency ILP of the blocks from x to y on their own (a relaxation: no partition overhead, no gRPC
@@ -1384,7 +1395,8 @@ def segment_bounds(
     part of the frame as its first plan: a bound is all it is solved for, and proving the last hundredths of a
     percent took most of a latency solve's seconds (inception_v3 on bst-a1000: 5 of 7.6 s, in two segments
     whose root bound was within 0.4% of their optimum). The bound stays a proven one (the solver's dual bound),
-    at most ``gap`` under the segment's optimum."""
+    at most ``gap`` under the segment's optimum. Once ``stop`` is set, no further segment is solved, and what was
+    computed is returned, not kept for the problem."""
     if "segment_bounds" in problem.derived:
         return problem.derived["segment_bounds"]
     n = len(problem.blocks)
@@ -1397,6 +1409,8 @@ def segment_bounds(
         left = deadline - time.perf_counter()
         if left <= 0.05:
             break
+        if stop is not None and stop.is_set():
+            return tuple(out)
         sink = y < n
         sub = problem.segment(max(x, 0), y if sink else n - 1, sink=sink)
         part = _within_segment(warm, max(x, 0), y if sink else n - 1) if warm is not None else None

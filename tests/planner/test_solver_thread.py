@@ -125,3 +125,71 @@ def test_highs_leaves_fd_1_to_other_threads_and_prints_no_banner() -> None:
     assert written > 0
     assert out.stdout.count("line\n") == written
     assert "HiGHS" not in out.stdout
+
+
+@pytest.fixture
+def googlenet_latency(exported):
+    """googlenet's latency objective on khadas-vim3, as ``best_plan`` solves it."""
+    from planner.search import UNBOUNDED, _Goal
+
+    loaded = load_onnx(exported("googlenet").path)
+    graph = build_graph(loaded.proto, loaded.sha256, "googlenet")
+    blocks = coarsen(graph, "coarse")
+    cost = CostModel(load_profile("khadas-vim3"), graph)
+    return _Goal(blocks, graph, cost, "latency", UNBOUNDED, build_problem(blocks, graph, cost, 4))
+
+
+def test_the_segment_bounds_are_computed_in_the_solvers_thread_while_the_local_search_runs(
+    googlenet_latency, monkeypatch
+) -> None:
+    import threading
+
+    import planner.search as search
+
+    spans: dict[str, tuple[float, float, str]] = {}
+
+    def timed(name, fn):
+        def run(*args, **kwargs):
+            began = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spans[name] = (began, time.perf_counter(), threading.current_thread().name)
+
+        return run
+
+    monkeypatch.setattr(search, "segment_cuts", timed("bounds", search.segment_cuts))
+    monkeypatch.setattr(search, "polish", timed("polish", search.polish))
+    solved = search.solve_objective(googlenet_latency, search.SearchOptions(time_limit=30.0), 0)
+    (b0, b1, bounds_thread), (p0, p1, polish_thread) = spans["bounds"], spans["polish"]
+    assert bounds_thread.startswith("parapipe-solver") and polish_thread == threading.current_thread().name
+    assert b0 < p1 and p0 < b1, "the bounds and the local search did not run at the same time"
+    segments = googlenet_latency.problem.derived["segment_bounds"]
+    assert len(segments) >= 8  # computed once, ahead of the solve, which used them and closed its gap
+    assert solved.solution.status == "optimal"
+
+
+def test_an_interrupt_of_the_local_search_stops_the_segment_bounds(googlenet_latency, monkeypatch) -> None:
+    """Ctrl-C during the local search: the bounds beside it stop after the segment they are at (the plan command
+    exits then, not after the bounds' share of the limit), and what they computed is not kept."""
+    import planner.ilp as ilp
+    import planner.search as search
+
+    solved: list[int] = []
+    bound = ilp._latency_bound
+
+    def slow_bound(problem, *args, **kwargs):
+        time.sleep(0.1)  # every segment takes a while: the interrupt comes while the first is solved
+        solved.append(len(problem.blocks))
+        return bound(problem, *args, **kwargs)
+
+    def interrupted(*args, **kwargs):
+        time.sleep(0.05)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ilp, "_latency_bound", slow_bound)
+    monkeypatch.setattr(search, "polish", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        search.solve_objective(googlenet_latency, search.SearchOptions(time_limit=400.0), 0)
+    assert 1 <= len(solved) <= 2, solved  # of googlenet's 9 segments
+    assert "segment_bounds" not in googlenet_latency.problem.derived
