@@ -512,8 +512,9 @@ MIB = float(2**20)
 # with probing (655 s before both; ``bench/results_planner.txt``)
 PROBING_OFF = 1 << 15
 # a latency solve's segment bounds stop at half its own gap: a bound that much under the segment's optimum still
-# closes the solve at its root, and googlenet's and inception_v3's latency solves took 3.6-5.4 s with their segments
-# proven to 0.01% against 3.6-4.4 s (inception_v3; 5.5-6.5 s from no start; ``bench/results_planner.txt``, 12-06)
+# closes the solve at its root. inception_v3's latency objective on the three boards (one run each, a noisy VM):
+# 5.5-6.5 s with the segments proven to 0.01% from no start, 4.7-5.4 s from the warm start, 3.6-4.4 s from it to half
+# the gap (``bench/results_planner.txt``, 12-06)
 SEGMENT_GAP_SHARE = 0.5
 BOUND_GAP = 1e-4  # the proven gap a problem solved only for its bound stops at, unless told otherwise
 FLOOR_MIN_S = 0.25  # a bound computed in less time proves little
