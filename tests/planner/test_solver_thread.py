@@ -191,5 +191,5 @@ def test_an_interrupt_of_the_local_search_stops_the_segment_bounds(googlenet_lat
     monkeypatch.setattr(search, "polish", interrupted)
     with pytest.raises(KeyboardInterrupt):
         search.solve_objective(googlenet_latency, search.SearchOptions(time_limit=400.0), 0)
-    assert 1 <= len(solved) <= 2, solved  # of googlenet's 9 segments
+    assert len(solved) <= 2, solved  # of googlenet's 9 segments (none, where the thread started late)
     assert "segment_bounds" not in googlenet_latency.problem.derived
