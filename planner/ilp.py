@@ -1737,8 +1737,8 @@ class _WarmHiGHS(pulp.HiGHS):
             if lp.solverModel.getModelStatus() == highspy.HighsModelStatus.kSolveError:
                 # HiGHS checks its incumbent on the model as given after solving the presolved one, and where
                 # the two disagree by more than its tolerance (3e-6 against 1e-6 on a 4-block problem with an
-                # int8-only unit and throttled cores) reports a solve error, not the plan: solve again without
-                # presolve, within what is left of the limit
+                # int8-only unit and throttled cores) reports a solve error, not the plan: solve again at a tighter
+                # feasibility tolerance (1e-8), within what is left of the limit
                 lp.solverModel.setOptionValue("mip_feasibility_tolerance", 1e-8)
                 lp.solverModel.setOptionValue("time_limit", max(left - lp.solverModel.getRunTime(), 0.1 * left))
                 lp.solverModel.run()
