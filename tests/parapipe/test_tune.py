@@ -339,8 +339,8 @@ def test_the_handoff_is_fitted_to_every_plan_measured_so_far_not_this_rounds_alo
 
     graph, profile = _context(exported)
     blocks = coarsen(graph, "coarse")
-    table = CostTable.load(_fresh(tuned, tmp_path))
-    cost = CostModel.from_table(profile, graph, table)
+    costs = _fresh(tuned, tmp_path)
+    table = CostTable.load(costs)
     earlier = flop_pipeline(blocks, profile, [("cpu", 1), ("cpu", 1)], "earlier")
     order = [b for s in earlier.stages for b in s.groups[0][0].blocks]
     cut = len(earlier.stages[0].groups[0][0].blocks) // 2  # the first stage half as long
@@ -352,6 +352,14 @@ def test_the_handoff_is_fitted_to_every_plan_measured_so_far_not_this_rounds_alo
             Stage(((Assignment("cpu", 1, tuple(order[cut:])),),)),
         ),
     )
+    # profiling measured a partition of the earlier plan; without it each plan is predicted the same in and out of
+    # sample, so the verdict turns on the handoff and not on how far off that one measurement leaves the plan held
+    # out (a CI run reverted the fit for 10.7 -> 11.4% out of sample while it took the in-sample error 9.0 -> 7.3%)
+    for plan in (earlier, this):
+        for key in tune_module.own_partitions(table, plan, graph, profile):
+            del table.entries[key]
+    table.save(costs)
+    cost = CostModel.from_table(profile, graph, table)
     (_, template), *_ = tuned["last"]
 
     def measured(plan, slower_ms: float):
@@ -361,7 +369,7 @@ def test_the_handoff_is_fitted_to_every_plan_measured_so_far_not_this_rounds_alo
 
     runs = [(this, measured(this, 1.0))]
     so_far = [(earlier, measured(earlier, 0.0)), *runs]
-    alone = tune_module.fit_handoff(CostTable.load(_fresh(tuned, tmp_path)), runs, graph, profile, ort.__version__)
+    alone = tune_module.fit_handoff(CostTable.load(costs), runs, graph, profile, ort.__version__)
     verdict, handoff, _ = recalibrate(table, runs, so_far, graph, profile, ort.__version__)
     assert alone is not None and handoff is not None and verdict.kept, (alone, handoff, verdict)
     assert handoff < alone
