@@ -321,7 +321,7 @@ def _whole_cycles(leave: list[float]) -> int:
 
     A pipeline's steady state repeats every few frames (two replicas, or units whose frames pair up: two
     frames leave close together, then a long gap); a stretch that starts after a long gap and ends after a
-    short one counts a burst too many (4.8% above the bound over 15 intervals; 2.0% over 30). Where the later
+    short one counts a burst too many (4.8% above the bound over 15 intervals; 2.0% over 35). Where the later
     half of the stretch repeats with some cycle of c frames, the stretch is cut to the whole cycles of its part
     that repeats, ending where it ended (a frame still settling at its start is left out with them); where it
     does not (a throttled unit still settling), it is kept whole."""
