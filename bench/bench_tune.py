@@ -130,8 +130,7 @@ def main() -> None:
                     if c is None
                     else f"{'kept' if c.kept else 'reverted'} ({c.rmspe_before:.1f} -> {c.rmspe_after:.1f}; "
                     f"unseen {c.out_of_sample_before:.1f} -> {c.out_of_sample_after:.1f}"
-                    f"{', measured plans next' if c.measured_plans_only else ''}"
-                    f"{', after a repeat round' if c.repeat_round else ''})"
+                    f"{', measured plans next' if c.measured_plans_only else ''})"
                 )
                 print(
                     f"{board:16} {name:14} {h.index:5d} {h.plans:5d} {h.rmspe_latency:11.1f} {h.rmspe_throughput:11.1f} "

@@ -125,9 +125,6 @@ class Recalibration:
     # kept although it predicts the plans worse out of sample: the plans the next round runs under it are all
     # measured ones, predicted in sample (``recalibrate``'s ``replan``)
     measured_plans_only: bool = False
-    # kept although it predicts the plans worse out of sample: this round ran only plans measured before (the
-    # previous table planned them again), so reverting would run them once more and learn nothing
-    repeat_round: bool = False
 
     def to_json(self) -> dict[str, object]:
         return dataclasses.asdict(self)
@@ -1006,7 +1003,6 @@ def recalibrate(
     profile: DeviceProfile,
     ort_version: str,
     replan: Callable[[CostTable], Sequence[Plan]] | None = None,
-    repeat_round: bool = False,
 ) -> tuple[Recalibration, float | None, tuple[float, float] | None]:
     """Feed ``runs`` back into ``table``; keep that only if it predicts ``measured`` (all so far) better, by at
     least ``KEEP_GAIN`` of the error, and, from two plans on, predicts them no worse out of sample, each plan
@@ -1022,12 +1018,6 @@ def recalibrate(
     the loop ran them again, round after round (multiview_bev on local-biglittle: the same two plans in all
     four rounds at 13.8%, each recalibration fitting them 10.9 -> 3.3% in sample and reverted for 10.9 ->
     12.4% out of sample).
-
-    Nor where ``repeat_round``: this round ran only plans measured in earlier rounds, planned again by the
-    table a revert would restore. Reverting would run them once more and the loop would learn nothing (the
-    same stalemate: multiview_bev on local-biglittle ran the same three plans in rounds 2-4 at 8.0-8.5%, each
-    recalibration fitting them 6.1 -> 4.6% in sample and reverted for 7.8 -> 9.0% out of sample); the in-sample
-    gain keeps it, and the next round tries the plans it offers.
 
     Returns the verdict and the handoff and power scales learnt (None where reverted or nothing learnt).
     The table is changed in memory only; the caller saves it.
@@ -1053,8 +1043,6 @@ def recalibrate(
         nxt = replan(table)
         measured_only = bool(nxt) and all(plan_key(p) in known for p in nxt)
         kept = measured_only
-    repeated = not kept and worth_keeping(before, after) and repeat_round
-    kept = kept or repeated
     if not kept:
         previous.restore(table, graph.model_sha256, profile.name)
         handoff = power = memory = network = sustained = run_overhead = None
@@ -1074,7 +1062,6 @@ def recalibrate(
         unseen_before,
         unseen_after,
         measured_only,
-        repeated,
     )
     return verdict, handoff, power
 
@@ -1308,19 +1295,11 @@ def tune(
             break
         say(f"round {r + 1}: recalibrating")
         replanned = None
-        before_round = {plan_key(p) for p, _ in measured[: len(measured) - len(last)]}
         calibration, handoff, power = recalibrate(
-            table,
-            pooled_runs(last, runs_of),
-            pooled_runs(measured, runs_of),
-            graph,
-            profile,
-            ort.__version__,
-            replan,
-            repeat_round=r > 0 and all(plan_key(p) in before_round for p, _ in last),
+            table, pooled_runs(last, runs_of), pooled_runs(measured, runs_of), graph, profile, ort.__version__, replan
         )
         table.save(costs)
-        if calibration.kept and replanned is not None:
+        if calibration.measured_plans_only:
             pending = replanned  # planned under this very table: the next round runs them
         history.append(
             dataclasses.replace(this, calibration=calibration, handoff_ms=handoff, power_scale=power, stop=stop)

@@ -143,7 +143,6 @@ def unseen(c: Recalibration) -> str:
     if before is None or after is None:
         return ""
     only = ": next round runs measured plans only" if c.measured_plans_only else ""
-    only += ": kept after a round of plans measured before (a revert would run them again)" if c.repeat_round else ""
     return f"; unseen {before:.1f}% -> {after:.1f}%{only}"
 
 

@@ -550,9 +550,9 @@ def test_a_plan_measured_in_several_rounds_is_fed_back_as_the_median_of_all_its_
     monkeypatch.setattr(tune_module, "run_plan", lambda *a, **k: ran.append(real_run(*a, **k)) or ran[-1])
     fitted: list = []
 
-    def spy(table, runs, measured, *rest, **options):
+    def spy(table, runs, measured, *rest):
         fitted.append((runs, measured))
-        return real_recalibrate(table, runs, measured, *rest, **options)
+        return real_recalibrate(table, runs, measured, *rest)
 
     monkeypatch.setattr(tune_module, "recalibrate", spy)
     monkeypatch.setenv("PARAPIPE_HOME", str(tmp_path))
@@ -1200,38 +1200,6 @@ def test_a_recalibration_worse_out_of_sample_is_kept_where_the_next_round_runs_o
     assert asked == [True]
     assert verdict.kept == verdict.measured_plans_only == next_measured
     assert ({e.key: e for e in table} == before) == (not next_measured)
-
-
-@pytest.mark.parametrize("repeat_round", [True, False])
-def test_a_recalibration_worse_out_of_sample_is_kept_after_a_round_that_ran_only_measured_plans(
-    tuned, exported, tmp_path, monkeypatch, repeat_round: bool
-) -> None:
-    """Where this round ran only plans measured before (the table a revert would restore planned them again),
-    reverting would run them once more and learn nothing: a recalibration better in sample is kept although it
-    predicts them worse out of sample and the next round runs a new plan (multiview_bev on local-biglittle ran
-    the same three plans in rounds 2-4, every recalibration reverted). After a round of new plans it is
-    reverted as before."""
-    import onnxruntime as ort
-
-    graph, profile = _context(exported)
-    plan, real = tuned["last"][0]
-    runs = [(plan, real)] * 2
-    _fit_better_in_sample_worse_out_of_sample(monkeypatch)
-    table = CostTable.load(_fresh(tuned, tmp_path))
-    before = {e.key: e for e in table}
-    unmeasured = dataclasses.replace(plan, stages=plan.stages[:1] * 2)
-    verdict, _, _ = recalibrate(
-        table, runs[:1], runs, graph, profile, ort.__version__, lambda _: [unmeasured], repeat_round=repeat_round
-    )
-    assert not verdict.measured_plans_only
-    assert verdict.kept == verdict.repeat_round == repeat_round
-    assert ({e.key: e for e in table} == before) == (not repeat_round)
-    # a recalibration no better in sample is reverted whatever the round ran
-    monkeypatch.setattr("parapipe.tune.worth_keeping", lambda before, after: False)
-    verdict, _, _ = recalibrate(
-        table, runs[:1], runs, graph, profile, ort.__version__, lambda _: [unmeasured], repeat_round=True
-    )
-    assert not verdict.kept and not verdict.repeat_round
 
 
 def test_tune_runs_the_plans_it_kept_a_recalibration_for(tuned, exported, tmp_path, monkeypatch) -> None:
