@@ -69,6 +69,7 @@ def learnt(h: Round) -> str:
     round's plans can go wrong)."""
     c = h.calibration
     parts = [f"handoff {h.handoff_ms:.2f} ms" if h.handoff_ms is not None else ""]
+    parts += [f"frame overhead {c.frame_ms:.2f} ms" if c and c.frame_ms is not None else ""]
     parts += [f"memory {name} {gbps:.2f} GB/s" for name, gbps in c.memory_gbps] if c else []
     parts += [f"sustained {pu} x{factor:.2f}" for pu, factor in c.sustained] if c else []
     parts += [f"run overhead {pu} {ms:.2f} ms" for pu, ms in c.run_overhead] if c else []

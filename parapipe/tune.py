@@ -125,6 +125,9 @@ class Recalibration:
     # kept although it predicts the plans worse out of sample: the plans the next round runs under it are all
     # measured ones, predicted in sample (``recalibrate``'s ``replan``)
     measured_plans_only: bool = False
+    # what a frame alone spends in a pipeline of several partitions outside their runs, learnt (kept) from the
+    # latencies (``fit_frame_overhead``; None: nothing learnt)
+    frame_ms: float | None = None
 
     def to_json(self) -> dict[str, object]:
         return dataclasses.asdict(self)
@@ -428,6 +431,50 @@ def fit_handoff(
         CalibrationRecord.learnt(graph.model_sha256, "handoff", best[0], _board_wide(profile, ort_version), len(runs))
     )
     return best[0]
+
+
+FRAME_GRID_MS = tuple(round(0.05 * i, 2) for i in range(41))  # 0 to 2 ms
+
+
+def fit_frame_overhead(
+    table: CostTable,
+    runs: list[tuple[Plan, RunResult]],
+    graph: OpGraph,
+    profile: DeviceProfile,
+    ort_version: str,
+) -> float | None:
+    """Learn what a frame alone spends in a pipeline of several partitions outside their runs (entering the
+    pipeline, waking its first worker, its result back to the caller) from the measured latencies.
+
+    The handoff delay (``fit_handoff``, fitted first) prices the handoffs between units; this is what is left
+    of a plan of several partitions on one unit as much as of one over several (multiview_bev on
+    local-biglittle: seven partitions on big, 10.97 ms of runs measured and 11.00 predicted, a frame alone
+    11.72-11.79 ms). It adds the same to every such plan's latency and nothing to a plan the executor runs in the
+    caller's thread (``CostModel.frame_overhead_ms``), so each plan is evaluated once: the value on
+    ``FRAME_GRID_MS`` with the least latency RMSPE over ``runs`` (every plan measured so far: it is board-wide)
+    becomes the cost table's ``frame-overhead`` value. None when no plan pays it."""
+    from planner.build import evaluate, frame_overhead_ms
+
+    calibrated = CostModel.from_table(profile, graph, table)
+    without = calibrated.recalibrated(calibrated.calibration.with_frame_overhead(0.0))
+    per_ms = calibrated.recalibrated(calibrated.calibration.with_frame_overhead(1.0))
+    rows = [
+        (
+            evaluate(plan, graph, without, frames=0).predicted.latency_ms,
+            frame_overhead_ms(plan, graph, per_ms),  # 1 where the plan pays it, else 0
+            res.measured.latency_ms,  # type: ignore[union-attr]
+        )
+        for plan, res in runs
+    ]
+    if not any(pays for _, pays, _ in rows):
+        return None
+    best = min(FRAME_GRID_MS, key=lambda f: (round(rmspe([(ms + f * pays, m) for ms, pays, m in rows]), 9), f))
+    table.learn(
+        CalibrationRecord.learnt(
+            graph.model_sha256, "frame-overhead", best, _board_wide(profile, ort_version), len(runs)
+        )
+    )
+    return best
 
 
 # Errors (RMSPE) this close are equal: the measured plans do not tell the candidates apart
@@ -1029,6 +1076,7 @@ def recalibrate(
     for plan, res in runs:
         feed_back(table, plan, res, graph, profile, ort_version)
     handoff = fit_handoff(table, measured, graph, profile, ort_version)
+    frame = fit_frame_overhead(table, measured, graph, profile, ort_version)
     sustained = fit_sustained(table, measured, graph, profile, ort_version)
     memory = fit_memory(table, measured, graph, profile, ort_version)
     network = fit_network(table, measured, graph, profile, ort_version)
@@ -1045,7 +1093,7 @@ def recalibrate(
         kept = measured_only
     if not kept:
         previous.restore(table, graph.model_sha256, profile.name)
-        handoff = power = memory = network = sustained = run_overhead = None
+        handoff = power = memory = network = sustained = run_overhead = frame = None
     learnt = tuple(sorted((memory or {}).items()))
     links = tuple(sorted((name, f.gbps, f.cpu_us_per_message, f.cpu_us_per_mb) for name, f in (network or {}).items()))
     factors = tuple(sorted((sustained or {}).items()))
@@ -1062,6 +1110,7 @@ def recalibrate(
         unseen_before,
         unseen_after,
         measured_only,
+        frame,
     )
     return verdict, handoff, power
 

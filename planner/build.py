@@ -17,7 +17,7 @@ from planner.costmodel import CostModel
 from planner.ilp import Assignment as UnitAssignment
 from planner.plan import Assignment, Plan, PlanError, PlanPrecision, Provenance, Stage
 from planner.problem import Problem
-from planner.segments import segment_precision
+from planner.segments import lower, segment_precision
 from planner.simulate import PlanModel, analytic, simulate
 
 
@@ -164,6 +164,12 @@ def priced(plan: Plan, graph: OpGraph, cost: CostModel) -> PlanModel:
                 # (below 0 for a segment of int8 blocks with few bytes of their own: the row is a frame's sum)
                 model.traffic[seg.key] = (memory, bytes_ms - less)
     return model
+
+
+def frame_overhead_ms(plan: Plan, graph: OpGraph, cost: CostModel) -> float:
+    """What a frame of this plan alone spends outside its partitions' runs (``CostModel.frame_overhead_ms``)."""
+    segments = lower(plan, graph, cost.profile)
+    return cost.frame_overhead_ms((s.pu for s in segments), len(segments))
 
 
 def evaluate(plan: Plan, graph: OpGraph, cost: CostModel, frames: int = 240) -> Plan:

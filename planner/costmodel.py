@@ -357,6 +357,18 @@ class CostModel:
         hosts = {self.profile.pu(p).host for unit in (src_pu, dst_pu) for p in UnitName(unit).parts}
         return self.calibration.handoff_ms if len(hosts) == 1 else 0.0
 
+    def frame_overhead_ms(self, pus: Iterable[str], partitions: int) -> float:
+        """What a frame alone spends in a plan of ``partitions`` partitions on these units outside their runs
+        (``Calibration.frame_ms``: entering the pipeline, waking its first worker, its result back to the caller;
+        latency only). 0 for a plan the executor runs in the caller's thread: one partition, on one host, on
+        no CFS-throttled core (``agents.executor.Pipeline.infer_inline``). 0 until ``parapipe tune`` learnt it."""
+        if not self.calibration.frame_ms:
+            return 0.0
+        parts = {part for unit in pus for part in UnitName(unit).parts}
+        hosts = {self.profile.pu(p).host for p in parts}
+        throttled = any(self.profile.pu(p).throttle is not None for p in parts)
+        return 0.0 if partitions <= 1 and len(hosts) <= 1 and not throttled else self.calibration.frame_ms
+
     def transfer_mj(self, nbytes: int, src_pu: str, dst_pu: str) -> float:
         link = self.profile.link(src_pu, dst_pu)
         if link is None or nbytes == 0:

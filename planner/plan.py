@@ -90,7 +90,9 @@ class Provenance:
     given to the solver as a start predicted better), "+replicated" appended when replication then improved
     it, "baseline:<name>", "hand". ``status``, ``gap``, ``bound`` and ``solver_value`` are the solver's own:
     its objective value for its own incumbent, in the unit of the predicted figure (``latency_ms``,
-    ``throughput_fps`` or ``energy_mj``), None when it found none."""
+    ``throughput_fps`` or ``energy_mj``), None when it found none. A latency's value and bound include the
+    frame overhead of a pipeline of several partitions (``CostModel.frame_overhead_ms``), which the ILP, the
+    same for all such plans, leaves out of its model; ``gap`` is the solver's, on its model."""
 
     method: str = "hand"
     solver: str = ""

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from device_profiles.schema import DeviceProfile
 from models.graph import OpGraph
 from planner import heuristics as H
-from planner.build import evaluate, replicate, to_plan
+from planner.build import evaluate, frame_overhead_ms, replicate, to_plan
 from planner.costmodel import CostModel
 from planner.ilp import (
     NO_BOUNDS,
@@ -278,7 +278,7 @@ def solve_objective(goal: _Goal, search: SearchOptions, frames: int) -> Solved:
     started = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="parapipe-solver") as solver:
         cands = warm_candidates(problem, objective)
-        start = warm_start(problem, objective, bounded_candidates(problem, objective, bounds), bounds)
+        start = warm_start(problem, objective, bounded_candidates(problem, objective, bounds), goal.internal)
         # what follows the solve, timed on the start's plan before it: the margin the solve leaves for it
         probe = time.perf_counter()
         start_plan = goal.plan_of(start.assignment, Provenance("ilp"))
@@ -360,6 +360,14 @@ def best_plan(
         solver_value=_in_predicted_unit(solution.value, objective),
     )
     plan = goal.plan_of(solution.assignment, provenance)
+    if objective == "latency" and (overhead := frame_overhead_ms(plan, graph, cost)):
+        # the ILP's latency is the partitions' and handoffs'; the plan's adds what a frame spends outside them
+        provenance = dataclasses.replace(
+            provenance,
+            bound=None if provenance.bound is None else provenance.bound + overhead,
+            solver_value=None if provenance.solver_value is None else provenance.solver_value + overhead,
+        )
+        plan = dataclasses.replace(plan, provenance=provenance)
     if solution.warm_kept:
         plan = dataclasses.replace(
             plan, notes=(f"{warm.name}, given to the solver as a start, predicts better than the solver's incumbent",)
@@ -409,10 +417,20 @@ class _Goal:
         )
 
     @property
+    def internal(self) -> Constraints:
+        """The bounds on the ILP's model of latency, which leaves out the frame overhead of a pipeline of several
+        partitions (``CostModel.frame_overhead_ms``, the same for every such plan): a ceiling that much lower."""
+        if self.bounds.max_latency_ms is None or not self.cost.calibration.frame_ms:
+            return self.bounds
+        return dataclasses.replace(
+            self.bounds, max_latency_ms=self.bounds.max_latency_ms - self.cost.calibration.frame_ms
+        )
+
+    @property
     def limits(self) -> Bounds:
-        """The bounds in the ILP's own units (a period, not a rate)."""
+        """The bounds in the ILP's own units (a period, not a rate; latency without the frame overhead)."""
         max_period = 1000.0 / self.bounds.min_fps if self.bounds.min_fps else None
-        return Bounds(self.bounds.max_latency_ms, max_period, self.bounds.max_mj)
+        return Bounds(self.internal.max_latency_ms, max_period, self.bounds.max_mj)
 
     def finish(self, plan: Plan, provenance: Provenance, frames: int) -> Plan:
         """What follows the solve: one session on every CPU core where that predicts better, replication for

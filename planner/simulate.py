@@ -115,6 +115,8 @@ class PlanModel:
         self.burst = {s.unit_key: b for s in self.segments if (b := cost.burst_ms(s.pu)) is not None}
         # and what its work past the burst takes alone (``CostModel.alone_factor``; at most the sustained factor)
         self.alone = {s.unit_key: min(cost.alone_factor(s.pu), self.factor[s.key]) for s in self.segments}
+        # what a frame spends outside its partitions' runs (``CostModel.frame_overhead_ms``): latency only
+        self.frame_ms = cost.frame_overhead_ms((s.pu for s in self.segments), len(self.segments))
 
     def frame_segments(self, frame: int) -> tuple[Segment, ...]:
         """The segments one frame runs (its replica of every stage); the same for every frame of one phase of
@@ -553,9 +555,11 @@ class _Run:
             self.ready(now, f, dst)
 
     def leave_times(self) -> list[float]:
-        """Frames leave in order, and no faster than the shared memory moves their bytes."""
-        leave, last = [], 0.0
+        """Frames leave in order, and no faster than the shared memory moves their bytes; each the plan's frame
+        overhead after its last partition ended (``PlanModel.frame_ms``: latency only, it holds no unit and no
+        place in the window)."""
+        leave, last, overhead = [], 0.0, self.model.frame_ms
         for f in range(self.frames):
-            last = max(last + self.gate[f % self.model.period] if f else 0.0, self.finish[f])
+            last = max(last + self.gate[f % self.model.period] if f else 0.0, self.finish[f] + overhead)
             leave.append(last)
         return leave

@@ -82,6 +82,10 @@ class Calibration:
     # Delay of handing a tensor to a worker on another PU of the same host (waking it, and on a
     # throttled core waiting for its quota): learnt from measured plans by ``parapipe tune``.
     handoff_ms: float = 0.0
+    # What a frame alone spends in a pipeline of several partitions outside their runs (entering it, waking the
+    # first worker, its result back to the caller): latency only, learnt from measured plans by ``parapipe tune``.
+    # A plan of one partition on one host runs a frame in the caller's thread and pays none (``agents.executor``).
+    frame_ms: float = 0.0
     # Measured energy (a board with a power sensor) rescales the profile's busy and idle power.
     power_active_scale: float = 1.0
     power_idle_scale: float = 1.0
@@ -126,6 +130,9 @@ class Calibration:
 
     def with_handoff(self, ms: float) -> Calibration:
         return dataclasses.replace(self, handoff_ms=ms)
+
+    def with_frame_overhead(self, ms: float) -> Calibration:
+        return dataclasses.replace(self, frame_ms=ms)
 
     def with_power(self, active_scale: float, idle_scale: float) -> Calibration:
         return dataclasses.replace(self, power_active_scale=active_scale, power_idle_scale=idle_scale)
@@ -254,6 +261,7 @@ def _measured(
         blocks=tuple(dict.fromkeys(members for _, members in profiled)),
         profiled=profiled,
         handoff_ms=latest.get("handoff", 0.0),
+        frame_ms=latest.get("frame-overhead", 0.0),
         power_active_scale=latest.get("power-active-scale", 1.0),
         power_idle_scale=latest.get("power-idle-scale", 1.0),
         holdout=holdout,

@@ -43,9 +43,11 @@ KINDS: tuple[EntryKind, ...] = ("op", "block", "partition")
 # spends on a tensor (gRPC and protobuf copies): per message (µs) and per MB (µs/MB); and of a CFS-throttled PU
 # (applies to the PU named) how many times longer its partitions take back to back than alone (dimensionless);
 # and per PU (applies to the PU named) what one partition run costs in an agent's pipeline beyond what the
-# profiler timed of it run after run (ms).
+# profiler timed of it run after run (ms); and what a frame alone spends in a pipeline of several partitions
+# outside their runs (ms: entering the pipeline, waking its first worker, its result back to the caller).
 CalibrationKind = Literal[
     "handoff",
+    "frame-overhead",
     "power-active-scale",
     "power-idle-scale",
     "memory-bandwidth",
@@ -57,6 +59,7 @@ CalibrationKind = Literal[
 ]
 CALIBRATION_UNITS: dict[str, str] = {
     "handoff": "ms",
+    "frame-overhead": "ms",
     "power-active-scale": "x",
     "power-idle-scale": "x",
     "memory-bandwidth": "GB/s",

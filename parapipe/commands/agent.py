@@ -422,6 +422,7 @@ def tune(
         "RMSPE energy %",
         "calibration (all measured plans)",
         "handoff learnt ms",
+        "frame overhead learnt ms",
         "shared memory learnt GB/s",
         "network link learnt GB/s, CPU us/msg, us/MB",
         "throttled PU sustained x",
@@ -441,6 +442,7 @@ def tune(
             if c is None
             else f"{'kept' if c.kept else 'reverted'} ({c.rmspe_before:.1f}% -> {c.rmspe_after:.1f}%{unseen(c)})",
             f"{h.handoff_ms:.2f}" if h.handoff_ms is not None else "-",
+            f"{c.frame_ms:.2f}" if c is not None and c.frame_ms is not None else "-",
             ", ".join(f"{m} {gbps:.2f}" for m, gbps in c.memory_gbps) if c is not None and c.memory_gbps else "-",
             ", ".join(f"{n} {gbps:.2f}, {m:.0f}, {mb:.0f}" for n, gbps, m, mb in c.network)
             if c is not None and c.network

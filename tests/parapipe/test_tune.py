@@ -381,6 +381,46 @@ def test_the_handoff_is_fitted_to_every_plan_measured_so_far_not_this_rounds_alo
     assert earlier_error < 0.75, "the earlier plan stays near what it measured"
 
 
+def test_the_frame_overhead_is_learnt_from_pipelined_plans_and_spares_a_plan_run_inline(
+    tuned, exported, tmp_path
+) -> None:
+    """A plan of several partitions measured 0.6 ms slower alone than its partitions and handoffs predict, one
+    of one partition (run in the caller's thread) as predicted: the fit learns 0.6 ms, the recalibrated table
+    predicts both (multiview_bev on local-biglittle: seven partitions on one unit, 10.97 ms of runs measured,
+    11.00 predicted, a frame alone 11.72-11.79 ms)."""
+    import onnxruntime as ort
+
+    import parapipe.tune as tune_module
+    from models.coarsen import coarsen
+    from planner.baselines import flop_pipeline, single_pu
+    from planner.build import evaluate
+    from planner.costmodel import CostModel
+
+    graph, profile = _context(exported)
+    blocks = coarsen(graph, "coarse")
+    costs = _fresh(tuned, tmp_path)
+    table = CostTable.load(costs)
+    cost = CostModel.from_table(profile, graph, table)
+    pipelined = flop_pipeline(blocks, profile, [("cpu", 1), ("cpu", 1)], "pipelined")
+    inline = single_pu(blocks, profile, "cpu", 1)
+    (_, template), *_ = tuned["last"]
+
+    def measured(plan, slower_ms: float):
+        p = evaluate(plan, graph, cost, frames=0).predicted
+        figures = Figures(p.latency_ms + slower_ms, p.throughput_fps, p.energy_mj)
+        return dataclasses.replace(template, plan=plan.name, measured=figures, partitions=())
+
+    runs = [(pipelined, measured(pipelined, 0.6)), (inline, measured(inline, 0.0))]
+    assert tune_module.fit_frame_overhead(table, runs, graph, profile, ort.__version__) == pytest.approx(0.6)
+    fitted = CostModel.from_table(profile, graph, table)
+    assert fitted.calibration.frame_ms == pytest.approx(0.6)
+    for plan, res in runs:
+        predicted = evaluate(plan, graph, fitted, frames=0).predicted.latency_ms
+        assert predicted == pytest.approx(res.measured.latency_ms, rel=1e-6), plan.name
+    # no plan that pays it: nothing to learn
+    assert tune_module.fit_frame_overhead(table, runs[1:], graph, profile, ort.__version__) is None
+
+
 def test_target_below_the_noise_is_reported_not_chased(tuned, tmp_path) -> None:
     """--target-error 0: no measurement resolves it. The frames grow to the cap and no further, every round
     says the target is below the noise (text and --json), and the loop stops once the error is within

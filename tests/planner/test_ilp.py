@@ -221,6 +221,35 @@ def test_a_plan_is_labelled_by_how_it_was_found(exported) -> None:
         assert key(rushed, "latency") == pytest.approx(key(base[name], "latency"), rel=1e-9)
 
 
+def test_a_frame_overhead_is_in_the_solver_value_and_under_a_latency_ceiling(exported) -> None:
+    """What a frame alone spends in a pipeline of several partitions outside their runs (``tune``'s frame
+    overhead) is the same for every such plan: the ILP leaves it out of its latency, the plan's prediction has
+    it. The solver's value still is the prediction, and a latency ceiling holds for the prediction."""
+    from planner.build import frame_overhead_ms
+    from planner.select import Constraints
+
+    graph, blocks = _load(exported, "squeezenet1_1")
+    plain = CostModel(load_profile("khadas-vim3"), graph)
+    cost = plain.recalibrated(plain.calibration.with_frame_overhead(0.8))
+    problem = build_problem(blocks, graph, cost, 4)
+    fast = best_plan(blocks, graph, cost, "latency", SearchOptions(time_limit=30), problem=problem)
+    assert fast.provenance.method == "ilp" and fast.provenance.status == "optimal", fast.provenance
+    assert frame_overhead_ms(fast, graph, cost) == 0.8  # several partitions: it pays the overhead
+    assert fast.provenance.solver_value == pytest.approx(fast.predicted.latency_ms, rel=0.01)
+    without = dataclasses.replace(fast, predicted=None)
+    from planner.build import evaluate
+
+    assert evaluate(without, graph, plain, frames=0).predicted.latency_ms == pytest.approx(
+        fast.predicted.latency_ms - 0.8, rel=1e-6
+    )
+    # a ceiling just above the fastest plan: the energy plan under it is predicted within it, overhead and all
+    ceiling = fast.predicted.latency_ms * 1.05
+    frugal = best_plan(
+        blocks, graph, cost, "energy", SearchOptions(time_limit=30), Constraints(max_latency_ms=ceiling), problem
+    )
+    assert frugal.predicted.latency_ms <= ceiling * (1 + 1e-9), (frugal.predicted, ceiling)
+
+
 @pytest.mark.parametrize("backend", ["highs", "cbc"])
 def test_status_is_not_optimal_after_a_time_limit(exported, backend: str) -> None:
     graph, blocks = _load(exported, "inception_v3")

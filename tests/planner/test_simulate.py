@@ -193,6 +193,28 @@ def test_a_handoff_between_two_units_of_one_pu_is_delayed_and_within_one_unit_is
         assert after.throughput_fps == pytest.approx(before.throughput_fps, rel=1e-9)
 
 
+def test_a_frame_overhead_delays_a_pipelined_frame_not_a_frame_run_in_the_callers_thread(googlenet) -> None:
+    """What a frame alone spends in a pipeline of several partitions outside their runs (``tune``'s frame
+    overhead) is in its latency, analytic and simulated, and not in the throughput (it holds no unit); a plan of
+    one partition on one host runs a frame in the caller's thread (``Pipeline.infer_inline``) and pays none."""
+    graph, blocks = googlenet
+    vim3 = load_profile("khadas-vim3")
+    plain = CostModel(vim3, graph)
+    slow = plain.recalibrated(plain.calibration.with_frame_overhead(0.7))
+    pipeline = flop_pipeline(blocks, vim3, [("a73", 4), ("a53", 2)])
+    alone = single_pu(blocks, vim3, "a73", 4)
+    assert len(PlanModel(alone, graph, plain).segments) == 1 < len(PlanModel(pipeline, graph, plain).segments)
+    for plan, added in ((pipeline, 0.7), (alone, 0.0)):
+        before, after = PlanModel(plan, graph, plain), PlanModel(plan, graph, slow)
+        assert after.frame_ms == added
+        a, b = analytic(before), analytic(after)
+        assert b.latency_ms == pytest.approx(a.latency_ms + added, rel=1e-9), plan.name
+        assert b.throughput_fps == pytest.approx(a.throughput_fps, rel=1e-9)
+        s, t = simulate(before, 120), simulate(after, 120)
+        assert t.throughput_fps == pytest.approx(s.throughput_fps, rel=1e-9)
+        assert t.latency_p50_ms == pytest.approx(s.latency_p50_ms + added, rel=1e-6)
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     st.lists(st.floats(0.0, 5.0), min_size=1, max_size=6),

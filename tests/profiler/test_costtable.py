@@ -258,3 +258,17 @@ def test_any_calibration_section_survives_a_round_trip(values) -> None:
         table.learn(CalibrationRecord.learnt("sha", kind, value, cond, runs=1, applies_to=applies_to))
     loaded = CostTable.from_json(json.loads(json.dumps(table.to_json())))
     assert loaded.calibration == table.calibration and len(loaded) == 0
+
+
+def test_a_learnt_frame_overhead_is_the_calibrations_frame_ms(tmp_path: Path) -> None:
+    """``tune``'s frame overhead, saved and loaded, is what the cost model adds to a pipelined frame's latency;
+    the later of two values learnt is the one in use."""
+    op, _ = dag_graph([10**6], [], [4096])
+    cond = Conditions("local", EVERY_UNIT, 0, 0, "", "1.0", "all")
+    table = CostTable()
+    for value in (0.4, 0.55):
+        table.learn(CalibrationRecord.learnt(op.model_sha256, "frame-overhead", value, cond, runs=2))
+    path = tmp_path / "costs.json"
+    table.save(path)
+    calibration = calibrate(Roofline(load_profile("local"), op), CostTable.load(path))
+    assert calibration.frame_ms == 0.55 and calibration.handoff_ms == 0.0
