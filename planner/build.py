@@ -168,6 +168,8 @@ def priced(plan: Plan, graph: OpGraph, cost: CostModel) -> PlanModel:
 
 def frame_overhead_ms(plan: Plan, graph: OpGraph, cost: CostModel) -> float:
     """What a frame of this plan alone spends outside its partitions' runs (``CostModel.frame_overhead_ms``)."""
+    if not cost.calibration.frame_ms:
+        return 0.0  # none learnt: no lowering to count partitions (``best_plan`` asks for every latency plan)
     segments = lower(plan, graph, cost.profile)
     return cost.frame_overhead_ms((s.pu for s in segments), len(segments))
 
