@@ -45,6 +45,7 @@ from agents.bundle import Manifest, PartitionSpec, TensorSpec
 from agents.isolated import IsolatedSession, IsolatedUnit
 from agents.modulo import lags, pick
 from profiler.pinning import pin_current_thread, release_current_thread, throttle_current_thread
+from profiler.runtime import open_session
 
 _RECENT_FAILURES = 4096  # failed frame ids remembered so a failure is handled once per host
 log = logging.getLogger("parapipe.agent")
@@ -438,15 +439,17 @@ class _Worker:
                 )
             throttle_current_thread(f"{spec.name}", spec.throttle_percent or 100.0)
             try:
-                return ort.InferenceSession(str(self.path), options, providers=[spec.provider])
+                return open_session(str(self.path), options, spec.provider, spec.pu, spec.provider_options)
             finally:
                 release_current_thread()
         pin_current_thread(spec.core_ids)
         if throttled:
             # in a process of its own: a throttle stops a thread wherever it is, the GIL held or not
             # (``agents.isolated``); this thread stays here, pinned to the unit's cores, and waits for it
-            return self.pipeline.isolated_unit(spec).session(self.path, spec.provider, spec.threads)
-        return ort.InferenceSession(str(self.path), options, providers=[spec.provider])
+            return self.pipeline.isolated_unit(spec).session(
+                self.path, spec.provider, spec.threads, spec.pu, spec.provider_options
+            )
+        return open_session(str(self.path), options, spec.provider, spec.pu, spec.provider_options)
 
     def _run(self) -> None:
         try:

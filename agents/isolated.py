@@ -137,6 +137,7 @@ class IsolatedUnit:
         theirs.close()
         self.conn = Connection(ours.detach())
         self._sessions = 0
+        self.pu = pu
         try:
             self._call(("ping",), START_TIMEOUT_S)
         except BaseException:
@@ -162,12 +163,20 @@ class IsolatedUnit:
         with self._lock:
             return self._exchange(message, timeout)
 
-    def session(self, path: Path, provider: str, threads: int = 1) -> IsolatedSession:
+    def session(
+        self,
+        path: Path,
+        provider: str,
+        threads: int = 1,
+        unit: str = "",
+        provider_options: Mapping[str, str] | None = None,
+    ) -> IsolatedSession:
         """Load the partition at ``path`` in the child (``threads`` intra-op threads, which inherit the child's
-        cores and throttle); a handle whose ``run`` runs it there."""
+        cores and throttle) on ``provider`` and nothing else; a handle whose ``run`` runs it there."""
         key = self._sessions
         self._sessions += 1
-        self._call(("load", key, str(path), provider, threads), START_TIMEOUT_S)
+        load = ("load", key, str(path), provider, threads, unit or self.pu, dict(provider_options or {}))
+        self._call(load, START_TIMEOUT_S)
         return IsolatedSession(self, key)
 
     def run(self, key: int, names: list[str], feeds: Mapping[str, np.ndarray]) -> tuple[list[np.ndarray], float]:
@@ -205,8 +214,10 @@ class IsolatedSession:
         return outputs
 
 
-def _session(path: str, provider: str, threads: int):  # type: ignore[no-untyped-def]
+def _session(path: str, provider: str, threads: int, unit: str, provider_options: Mapping[str, str]):  # type: ignore[no-untyped-def]
     import onnxruntime as ort
+
+    from profiler.runtime import open_session
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
@@ -215,7 +226,7 @@ def _session(path: str, provider: str, threads: int):  # type: ignore[no-untyped
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.log_severity_level = 3
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")  # it would burn the quota
-    return ort.InferenceSession(path, options, providers=[provider])
+    return open_session(path, options, provider, unit, provider_options)
 
 
 def serve(fd: int, setup_json: str) -> None:
@@ -250,8 +261,8 @@ def serve(fd: int, setup_json: str) -> None:
             if kind == "ping":
                 conn.send(("ok", None))
             elif kind == "load":
-                _, key, path, provider, threads = message
-                sessions[key] = _session(path, provider, threads)
+                _, key, path, provider, threads, unit, options = message
+                sessions[key] = _session(path, provider, threads, unit, options)
                 conn.send(("ok", None))
             elif kind == "run":
                 _, key, names, inputs = message

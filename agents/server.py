@@ -34,6 +34,7 @@ from agents.proto import health_pb2, health_pb2_grpc
 from agents.proto import parapipe_agent_pb2 as pb
 from agents.proto import parapipe_agent_pb2_grpc as rpc
 from agents.tensors import TensorError, frame_arrays, frame_message
+from profiler.runtime import ProviderUnavailable
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 CHUNK_BYTES = 1024 * 1024
@@ -69,7 +70,7 @@ def _abort(context: grpc.ServicerContext, exc: BaseException) -> None:
         context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
     if isinstance(exc, service.NotReady):
         context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
-    if isinstance(exc, PipelineError):
+    if isinstance(exc, (PipelineError, ProviderUnavailable)):
         context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
     if isinstance(exc, PeerError):
         context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))

@@ -37,6 +37,7 @@ from agents.peers import EPOCH_KEY, SENDER_KEY, Peer, PeerError, PeerLinks
 from agents.proto import parapipe_agent_pb2 as pb
 from agents.tensors import from_message
 from profiler.energy import PowerModel
+from profiler.runtime import CPU_PROVIDER, ProviderUnavailable, available_providers, missing_providers, open_session
 
 AGENT_VERSION = "0.2.0"
 log = logging.getLogger("parapipe.agent")
@@ -299,6 +300,22 @@ def load_bundle(state: AgentState, chunks: Iterable[pb.BundleChunk]) -> pb.LoadB
     return pb.LoadBundleReply(bundle_sha256=sha, already_present=False, bytes_received=received)
 
 
+def check_manifest_providers(manifest: Manifest) -> None:
+    """Refuse a bundle whose units need an execution provider this agent's onnxruntime lacks, before any
+    session is made (``ProviderUnavailable``: FAILED_PRECONDITION naming the unit, the EP and what is here)."""
+    needed = {p.pu: p.provider for p in manifest.local_partitions()}
+    available = available_providers()
+    missing = missing_providers(needed, available)
+    if missing:
+        raise ProviderUnavailable(missing[0].unit, missing[0].provider, available, f"onnxruntime {_ort_version()}")
+
+
+def _ort_version() -> str:
+    import onnxruntime as ort
+
+    return str(ort.__version__)
+
+
 def start_pipeline(
     state: AgentState, sha: str, max_inflight: int = 0, peers: Iterable[Peer] = (), resuming: int | None = None
 ) -> Manifest:
@@ -314,6 +331,7 @@ def start_pipeline(
     check_file_names(manifest)
     for p in manifest.local_partitions():  # before onnxruntime reads any of them
         check_external_data(folder / p.file, folder, f"partition file {p.file}")
+    check_manifest_providers(manifest)
     peers = list(peers)
     given = {p.host: p for p in peers}
     with state.lock:
@@ -672,7 +690,7 @@ def profile_ops(request: pb.ProfileRequest) -> pb.ProfileReply:
     from profiler.measure import PuConfig, time_model
     from profiler.measure import profile_ops as op_profile
 
-    session = ort.InferenceSession(request.model, providers=["CPUExecutionProvider"])
+    session = open_session(request.model, ort.SessionOptions(), CPU_PROVIDER, "remote")
     if request.inputs:
         feeds = arrays_from(request.inputs)
     else:

@@ -59,6 +59,7 @@ from planner.costmodel import CostModel
 from planner.search import SearchOptions, best_plan
 from profiler.costtable import CostTable
 from profiler.pinning import pin_current_thread, release_current_thread, throttle_current_thread
+from profiler.runtime import CPU_PROVIDER, open_session
 from profiler.session import pu_configs, run_profile
 
 
@@ -80,7 +81,7 @@ def _session(
     if throttle:
         throttle_current_thread("bench-pool", throttle)
     try:
-        return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        return open_session(str(path), options, CPU_PROVIDER, "bench")
     finally:
         if throttle:
             release_current_thread()

@@ -269,11 +269,13 @@ def sessions_fps(model: bytes, feeds: dict[str, np.ndarray], frames: int) -> flo
 
     import onnxruntime as ort
 
+    from profiler.runtime import CPU_PROVIDER, open_session
+
     cores = sorted(os.sched_getaffinity(0))
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     options.inter_op_num_threads = 1
-    sessions = [ort.InferenceSession(model, options, providers=["CPUExecutionProvider"]) for _ in cores]
+    sessions = [open_session(model, options, CPU_PROVIDER, f"cpu{c}") for c in cores]
     for s in sessions:
         s.run(None, feeds)
     start = threading.Barrier(len(cores) + 1)

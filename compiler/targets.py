@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from device_profiles.schema import DeviceProfile
+from planner.plan import PlanError
 from planner.unitname import UnitName
 
 
@@ -29,6 +30,13 @@ class UnitTarget:
 def unit_target(pu: str, core_ids: tuple[int, ...], profile: DeviceProfile) -> UnitTarget:
     """The profile's facts for a unit on ``pu`` (``"a+b"`` for one spanning clusters) using ``core_ids``."""
     parts = [profile.pu(name) for name in UnitName(pu).parts]
+    for p in parts:
+        if not p.deployable:
+            why = p.runtime.cite if p.runtime is not None else ""
+            raise PlanError(
+                f"the plan puts blocks on unit {p.name}, which no onnxruntime drives ({why}); it is a what-if plan "
+                "(--include-unavailable) and cannot be compiled, run or deployed: plan without --include-unavailable"
+            )
     throttled: list[int] = []
     percent = None
     for p in parts:

@@ -16,6 +16,7 @@ from device_profiles.schema import (
     OP_CLASSES,
     PRECISIONS,
     PU_KINDS,
+    RUNTIMES,
     SCHEMA_VERSION,
     SOURCES,
     DeviceProfile,
@@ -26,6 +27,7 @@ from device_profiles.schema import (
     ProcessingUnit,
     ProfileError,
     Quantity,
+    Runtime,
     SharedMemory,
     Throttle,
     check_number,
@@ -166,12 +168,17 @@ def _pu(raw: Any, path: str, hosts: list[str]) -> ProcessingUnit:
         raise ProfileError(
             f"{path}.fp16_peak_ratio: the PU does not compute fp16 (its precisions); add fp16 to them or drop this"
         )
+    runtime = parse_runtime(r.get("runtime", dict), f"{path}.runtime") if "runtime" in r.data else None
+    unavailable = runtime is not None and not runtime.available
+    provider = r.get("execution_provider", str, "" if unavailable else "CPUExecutionProvider")
+    if provider or not unavailable:
+        check_provider(provider, f"{path}.execution_provider")
     pu = ProcessingUnit(
         name=name,
         kind=kind,
         host=host,
         cores=tuple(cores),
-        execution_provider=r.get("execution_provider", str, "CPUExecutionProvider"),
+        execution_provider=provider,
         ep_options=tuple(sorted((str(k), str(v)) for k, v in ep_opts.items())),
         peak_gflops=peaks,
         memory_bandwidth_gbps=r.quantity("memory_bandwidth_gbps", positive=True),
@@ -185,9 +192,45 @@ def _pu(raw: Any, path: str, hosts: list[str]) -> ProcessingUnit:
         throttle=throttle,
         precisions=precisions,
         fp16_peak_ratio=fp16_ratio,
+        runtime=runtime,
     )
     r.finish()
     return pu
+
+
+def check_provider(name: str, path: str) -> None:
+    """An execution provider name must be one onnxruntime knows (``get_all_providers()``, every build's)."""
+    import difflib
+
+    import onnxruntime as ort
+
+    known = list(ort.get_all_providers())
+    if name in known:
+        return
+    lowered = {k.lower(): k for k in known}
+    close = difflib.get_close_matches(name.lower(), list(lowered), n=1, cutoff=0.6)
+    hint = f"did you mean {lowered[close[0]]!r}? " if close else ""
+    raise ProfileError(
+        f"{path}: {name!r} is no onnxruntime execution provider; {hint}onnxruntime {ort.__version__} knows "
+        f"{', '.join(known)}. A unit no onnxruntime can drive says runtime = "
+        '{ value = "unavailable", source = "...", cite = "why" } and needs no provider'
+    )
+
+
+def parse_runtime(raw: Any, path: str) -> Runtime:
+    """``runtime = { value = "unavailable", source = "spec-sheet", cite = "why no onnxruntime drives it" }``."""
+    r = _Reader(raw, path)
+    value = r.get("value", str)
+    if value not in RUNTIMES:
+        raise ProfileError(f"{path}.value: {value!r} is not one of {', '.join(RUNTIMES)}")
+    source = r.get("source", str)
+    if source not in SOURCES:
+        raise ProfileError(f"{path}.source: {source!r} is not one of {', '.join(SOURCES)}")
+    cite = r.get("cite", str, "")
+    if value != "onnxruntime" and not cite.strip():
+        raise ProfileError(f"{path}.cite: say why no onnxruntime drives this unit (a short citation)")
+    r.finish()
+    return Runtime(value, source, cite)
 
 
 def parse_precisions(raw: Any, path: str) -> Precisions:

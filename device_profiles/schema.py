@@ -10,13 +10,17 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field, replace
 
 SCHEMA_VERSION = 1
 SOURCES = ("measured", "spec-sheet", "estimate")
 PU_KINDS = ("cpu", "gpu", "npu", "dsp")
 OP_CLASSES = ("conv", "depthwise", "matmul", "elementwise", "pooling", "other")
 PRECISIONS = ("fp32", "fp16", "int8")
+# What drives a PU: "onnxruntime" (a released onnxruntime package has its execution provider) or "unavailable"
+# (no onnxruntime release can drive it: the profile describes the silicon for what-if planning only).
+RUNTIMES = ("onnxruntime", "unavailable")
 # What a PU computes in when its profile does not say: CPUs run fp32 and int8 (onnxruntime's QDQ
 # kernels), GPUs fp32 and fp16, NPUs and DSPs int8 only (float models fall back to another PU).
 DEFAULT_PRECISIONS = {"cpu": ("fp32", "int8"), "gpu": ("fp32", "fp16"), "npu": ("int8",), "dsp": ("int8",)}
@@ -50,6 +54,19 @@ class Precisions:
 
 
 @dataclass(frozen=True)
+class Runtime:
+    """What drives a PU (``RUNTIMES``), with where that comes from: a unit no onnxruntime can drive says so and why."""
+
+    value: str
+    source: str
+    cite: str = ""
+
+    @property
+    def available(self) -> bool:
+        return self.value == "onnxruntime"
+
+
+@dataclass(frozen=True)
 class Throttle:
     """Make a CPU PU slower on purpose: its worker threads get this share of each CFS period."""
 
@@ -79,6 +96,12 @@ class ProcessingUnit:
     # a PU that computes fp16: its fp16 arithmetic peak as a multiple of its fp32 peak (what an fp16 block's
     # time is derived from where none is measured); None: fp16 blocks are not offered without measured times
     fp16_peak_ratio: Quantity | None = None
+    runtime: Runtime | None = None  # None: onnxruntime drives it (its execution provider is in a released package)
+
+    @property
+    def deployable(self) -> bool:
+        """False for a unit no onnxruntime release can drive (plans that use it are what-if only)."""
+        return self.runtime is None or self.runtime.available
 
     def supports(self, op_type: str) -> bool:
         return not self.supported_ops or op_type in self.supported_ops
@@ -160,6 +183,31 @@ class DeviceProfile:
                 return p
         raise ProfileError(f"profile {self.name!r} has no PU {name!r}; it has {', '.join(p.name for p in self.pus)}")
 
+    def undeployable(self) -> list[ProcessingUnit]:
+        """The PUs no onnxruntime release can drive (``runtime = "unavailable"``)."""
+        return [p for p in self.pus if not p.deployable]
+
+    def restricted(self, keep: Iterable[str]) -> DeviceProfile:
+        """This profile with only the PUs in ``keep`` (their links and shared memories; hosts stay): what plans
+        restricted to those units are made on. The name stays: plans for it run on the same boards."""
+        names = set(keep)
+        unknown = sorted(names - {p.name for p in self.pus})
+        if unknown:
+            raise ProfileError(
+                f"profile {self.name!r} has no PU {unknown[0]!r}; it has {', '.join(p.name for p in self.pus)}"
+            )
+        if not names:
+            raise ProfileError(f"profile {self.name!r}: no PU left to plan on")
+        memories = tuple(
+            replace(m, pus=tuple(p for p in m.pus if p in names)) for m in self.memories if set(m.pus) & names
+        )
+        return replace(
+            self,
+            pus=tuple(p for p in self.pus if p.name in names),
+            links=tuple(link for link in self.links if link.a in names and link.b in names),
+            memories=memories,
+        )
+
     def shared_memory(self, pu: str) -> SharedMemory | None:
         """The memory PU ``pu`` shares with others, if the profile names one."""
         return next((m for m in self.memories if pu in m.pus), None)
@@ -189,6 +237,8 @@ class DeviceProfile:
                 pu.pop("precisions", None)
             if pu.get("fp16_peak_ratio") is None:
                 pu.pop("fp16_peak_ratio", None)
+            if pu.get("runtime") is None:
+                pu.pop("runtime", None)
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
 
     def quantities(self) -> list[tuple[str, Quantity]]:

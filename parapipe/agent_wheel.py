@@ -16,7 +16,14 @@ from agents.service import MIN_ORT_VERSION
 from parapipe import __version__
 
 ROOT = Path(__file__).resolve().parents[1]
-BOARD_SIDE = ["agents", "profiler/__init__.py", "profiler/pinning.py", "profiler/measure.py", "profiler/energy.py"]
+BOARD_SIDE = [
+    "agents",
+    "profiler/__init__.py",
+    "profiler/pinning.py",
+    "profiler/measure.py",
+    "profiler/energy.py",
+    "profiler/runtime.py",
+]
 # the protobuf range is pyproject's (the generated code's gencode; a test keeps them equal); onnxruntime from the
 # oldest release the agent runs (older ones may read external data outside a bundle: the agent refuses them)
 ORT_REQUIREMENT = "onnxruntime>=" + ".".join(map(str, MIN_ORT_VERSION))

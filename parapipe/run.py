@@ -135,6 +135,8 @@ def run_plan(
     board_name = ",".join(f"{h}={b}" for h, b in per_host.items()) if per_host else str(board)
     for name in per_host.values() or [str(board)]:
         _check_device(plan, name)
+    for host, name in per_host.items() or [(None, str(board))]:
+        check_runtime(plan, name, host)
     loaded = resolve_model(plan, model, input_data)
     say("compiling and checking the bundle")
     folders, _ = build_bundles(plan, loaded)
@@ -166,6 +168,41 @@ def _check_device(plan: Plan, board: str) -> None:
         raise DeployError(
             f"the plan is for {plan.device!r}; board {board!r} runs plans made with --device {device}. Re-plan for this board."
         )
+
+
+def check_runtime(plan: Plan, board: str, host: str | None = None) -> None:
+    """Refuse (DeployError, before anything is compiled or started) a plan whose units on ``board`` (those of
+    ``host`` for a plan over several) need an execution provider the board's onnxruntime does not offer."""
+    from parapipe.availability import plan_units
+
+    check_board_units(plan_units(plan, load_profile(plan.device), host), board)
+
+
+def check_board_units(needed: Mapping[str, str], board: str) -> None:
+    """Refuse (DeployError) units (name -> execution provider) whose provider board ``board`` does not offer."""
+    from parapipe.availability import accelerated, local_runtime, refuse_missing
+
+    if board in LOCAL_BOARDS:
+        refuse_missing(needed, local_runtime(), board)
+        return
+    if not accelerated(needed):
+        return  # every board's agent has the CPU provider (deploy installs it where there is none)
+    from parapipe.boards import direct_client, get_board
+
+    inventory = get_board(board)
+    if inventory.agent_address:
+        from parapipe.availability import Runtime
+
+        with direct_client(inventory) as client:
+            status = client.status()
+        runtime = Runtime(status.ort_version, tuple(status.providers), f"its agent at {inventory.agent_address}")
+        refuse_missing(needed, runtime, board)
+        return
+    from parapipe.deploy import check_board_runtime
+    from parapipe.ssh import BoardConnection
+
+    with BoardConnection(inventory) as conn:
+        check_board_runtime(conn, conn.path(inventory.workdir), needed)
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,7 @@ from pathlib import Path
 
 from device_profiles.loader import load_profile
 from device_profiles.schema import DeviceProfile, NetworkLink
+from device_profiles.selection import select_units
 from models.coarsen import coarsen
 from models.graph import OpGraph, build_graph
 from models.onnx_io import LoadedModel
@@ -60,7 +61,7 @@ from parapipe.precision_auto import Auto, PrecisionRequest, measure, precision_p
 from parapipe.profiling import profile_on_board
 from parapipe.reach import LOCAL_BOARDS, board_device
 from parapipe.records import Figures, PartitionMeasurement
-from parapipe.run import RunResult, run_plan
+from parapipe.run import RunResult, check_board_units, run_plan
 from planner.costmodel import CostModel
 from planner.plan import Plan, Predicted
 from planner.search import SearchOptions, best_plan, pareto_set
@@ -1191,7 +1192,9 @@ def tune(
     search = SearchOptions(time_limit=options.time_limit)
     loaded: LoadedModel = open_model(model, input_shape, input_data)
     graph = build_graph(loaded.proto, loaded.sha256, model.stem)
-    profile = load_profile(board_device(board))
+    # the units tune plans on: every one an onnxruntime drives, each checked on the board before anything runs
+    profile = select_units(load_profile(board_device(board)))
+    check_board_units({p.name: p.execution_provider for p in profile.pus}, board)
     table = CostTable.load(costs)
     if not table.select(model_sha256=loaded.sha256, board=profile.name):
         say(f"profiling on {board}")

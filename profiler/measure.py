@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from profiler.pinning import cfs_settings, full_speed_ms, run_pinned
+from profiler.runtime import open_session
 
 # "Latency at rate" is measured (on the agent) and predicted (by the simulator) with frames arriving at this
 # share of the throughput measured back to back: at exactly that throughput the queue has no slack, any
@@ -72,6 +73,7 @@ class PuConfig:
     threads: int
     provider: str = "CPUExecutionProvider"
     throttle_percent: float | None = None
+    provider_options: tuple[tuple[str, str], ...] = ()
 
     @property
     def label(self) -> str:
@@ -96,7 +98,7 @@ def _session(model: bytes, cfg: PuConfig, opt_level: str, profile_prefix: str | 
     if profile_prefix:
         options.enable_profiling = True
         options.profile_file_prefix = profile_prefix
-    return ort.InferenceSession(model, options, providers=[cfg.provider])
+    return open_session(model, options, cfg.provider, cfg.pu, dict(cfg.provider_options))
 
 
 def _cpu_seconds() -> float:

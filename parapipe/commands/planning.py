@@ -33,6 +33,57 @@ if TYPE_CHECKING:
     pass
 
 
+@dataclass(frozen=True)
+class UnitFlags:
+    """Which of the device's units a plan may use."""
+
+    pus: Annotated[
+        str | None,
+        typer.Option("--pus", help="Plan on these units only (comma-separated PU names of the device profile)."),
+    ] = None
+    exclude_pus: Annotated[
+        str | None, typer.Option("--exclude-pus", help="Leave these units out (comma-separated PU names).")
+    ] = None
+    include_unavailable: Annotated[
+        bool,
+        typer.Option(
+            "--include-unavailable",
+            help="Also plan on units no onnxruntime can drive (runtime = unavailable in the profile): what-if plans, "
+            "labelled not deployable; compile, run and deploy refuse them.",
+        ),
+    ] = False
+
+    def select(self, profile: Any) -> Any:
+        from device_profiles.selection import select_units
+
+        def names(text: str | None) -> list[str]:
+            return [n.strip() for n in (text or "").split(",") if n.strip()]
+
+        return select_units(profile, names(self.pus), names(self.exclude_pus), self.include_unavailable)
+
+
+def _what_if(plans: list[Any], profile: Any) -> list[Any]:
+    """Plans that use a unit no onnxruntime drives, labelled not deployable (a note in the plan file)."""
+    import dataclasses
+
+    from device_profiles.selection import undeployable_units
+    from planner.unitname import UnitName
+
+    out = []
+    for p in plans:
+        used = list(dict.fromkeys(part for s in p.stages for pu in s.pus() for part in UnitName(pu).parts))
+        bad = undeployable_units(profile, used)
+        if bad:
+            note = f"not deployable: uses {', '.join(bad)}, which no onnxruntime drives (what-if plan)"
+            p = dataclasses.replace(p, notes=(*p.notes, note))
+        out.append(p)
+    return out
+
+
+def _not_deployable(plan: Any) -> bool:
+    return any(n.startswith("not deployable") for n in plan.notes)
+
+
 def _load_inputs(
     model: Path,
     device: str,
@@ -40,6 +91,7 @@ def _load_inputs(
     granularity: str,
     input_shape: list[str] | None,
     input_data: Path | None = None,
+    units: UnitFlags | None = None,
 ):
     from device_profiles.loader import load_profile
     from models.coarsen import coarsen
@@ -51,7 +103,7 @@ def _load_inputs(
     from planner.plan import PlanError
     from profiler.costtable import CostTable
 
-    profile = load_profile(device)
+    profile = (units or UnitFlags()).select(load_profile(device))
     loaded = open_model(model, input_shape, input_data)
     graph = build_graph(loaded.proto, loaded.sha256, model.stem)
     if costs is not None and not costs.exists():
@@ -180,13 +232,14 @@ def _auto(request, loaded, graph, blocks, cost, costs: Path | None, progress):  
 
 @app.command()
 @fails_cleanly
-@option_groups(flags=PlanFlags, precision=PrecisionFlags)
+@option_groups(flags=PlanFlags, precision=PrecisionFlags, units=UnitFlags)
 def plan(
     model: ModelArg,
     device: DeviceOpt,
     costs: CostsOpt = None,
     flags: PlanFlags = PlanFlags(),
     precision: PrecisionFlags = PrecisionFlags(),
+    units: UnitFlags = UnitFlags(),
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Folder for the plan files.")] = None,
     input_shape: ShapeOpt = None,
     input_data: DataOpt = None,
@@ -205,7 +258,7 @@ def plan(
     parse_objective(objective, allow_pareto=True)
     request = precision.request()
     profile, graph, blocks, cost, loaded = _load_inputs(
-        model, device, costs, flags.granularity, input_shape, input_data
+        model, device, costs, flags.granularity, input_shape, input_data, units
     )
     folder = output or Path("plans") / safe_name(f"{model.stem}-{profile.name}")
     auto = None
@@ -231,8 +284,8 @@ def plan(
     import dataclasses
 
     where = {"model_path": str(model.resolve()), "inputs": loaded.inputs}
-    plans = [dataclasses.replace(p, **where) for p in plans]
-    base = {k: dataclasses.replace(p, **where) for k, p in base.items()}
+    plans = _what_if([dataclasses.replace(p, **where) for p in plans], profile)
+    base = dict(zip(base, _what_if([dataclasses.replace(p, **where) for p in base.values()], profile), strict=True))
     from planner.catalog import write_folder
 
     written = write_folder(folder, plans, base)
@@ -271,6 +324,12 @@ def plan(
     out.print(_table(rows, f"{objective} plans for {model.name} on {profile.name}"))
     out.print(_table(base_rows, "baselines"))
     out.print(f"wrote {len(written)} plan files and plans.json to {folder}; energy is modelled", highlight=False)
+    what_if = [p.name for p in [*plans, *base.values()] if _not_deployable(p)]
+    if what_if:
+        out.print(
+            f"not deployable (what-if, --include-unavailable): {', '.join(what_if)} use units no onnxruntime drives",
+            highlight=False,
+        )
     shapes = ", ".join(f"{s.name}={'x'.join(map(str, s.shape)) or 'scalar'}" for s in loaded.inputs)
     out.print(f"planned for inputs {shapes} (recorded in each plan; run, compile and deploy use them)", highlight=False)
     if generated_note(loaded):
@@ -533,13 +592,14 @@ class CompareFlags:
 
 @app.command()
 @fails_cleanly
-@option_groups(flags=CompareFlags, precision=PrecisionFlags)
+@option_groups(flags=CompareFlags, precision=PrecisionFlags, units=UnitFlags)
 def compare(
     model: ModelArg,
     device: DeviceOpt,
     costs: CostsOpt = None,
     flags: CompareFlags = CompareFlags(),
     precision: PrecisionFlags = PrecisionFlags(),
+    units: UnitFlags = UnitFlags(),
     input_shape: ShapeOpt = None,
     input_data: DataOpt = None,
     as_json: JsonFlag = False,
@@ -552,7 +612,7 @@ def compare(
 
     request = precision.request()
     profile, graph, blocks, cost, loaded = _load_inputs(
-        model, device, costs, flags.granularity, input_shape, input_data
+        model, device, costs, flags.granularity, input_shape, input_data, units
     )
     with err.status("planning") as status:
         problem = build_problem(blocks, graph, cost, flags.max_stages)

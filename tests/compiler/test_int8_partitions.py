@@ -146,21 +146,21 @@ def test_a_mixed_plan_is_priced_at_its_int8_times(tiny, ranges, int8, ratios) ->
 
 
 def test_a_gpu_partition_holding_int8_and_fp16_blocks_compiles_and_runs_within_its_budget(tiny, ranges) -> None:
-    """khadas-vim3's Mali computes fp32, fp16 and int8: one partition on it with the head in int8, the middle in
-    fp16 and the tail in fp32 is quantised, then converted (its Q/DQ kept fp32), reads and returns fp32, and
+    """jetson-orin-nano's Ampere GPU computes fp32, fp16 and int8: one partition on it with the head in int8, the
+    middle in fp16 and the tail in fp32 is quantised, then converted (its Q/DQ kept fp32), reads and returns fp32, and
     computes what fp32 does within the plan's budget."""
     from models.precision import fp16_nodes
 
     graph = build_graph(tiny.proto, tiny.sha256)
-    vim3 = load_profile("khadas-vim3")
-    gpu = vim3.pu("mali")
+    jetson = load_profile("jetson-orin-nano")
+    gpu = jetson.pu("ampere")
     assert {"fp32", "fp16", "int8"} <= set(gpu.precision_set.values)
     plan = dataclasses.replace(
-        _plan(tiny, ("head",), ranges, "khadas-vim3", ("mali", "mali")),
-        stages=(Stage(((Assignment("mali", 1, ("head", "middle", "tail")),),)),),
+        _plan(tiny, ("head",), ranges, "jetson-orin-nano", ("ampere", "ampere")),
+        stages=(Stage(((Assignment("ampere", 1, ("head", "middle", "tail")),),)),),
         fp16=("middle",),
     )
-    compiled = compile_plan(plan, tiny, graph, vim3)
+    compiled = compile_plan(plan, tiny, graph, jetson)
     (only,) = compiled.manifest.partitions
     data = compiled.files[only.file]
     assert qdq_nodes(data) > 0 and fp16_nodes(data) > 0, "the head quantised and the middle converted, both"

@@ -1,8 +1,8 @@
-"""fp16 blocks of a trained detector, planned for khadas-vim3's GPU, compiled into fp16 partitions and checked.
+"""fp16 blocks of a trained detector, planned for jetson-orin-nano's GPU, compiled into fp16 partitions and checked.
 
 The detector (YOLOv8n from nudenet) is calibrated on real photographs. ``--precision auto``'s own steps give the
 candidate blocks their fp16 loss (each alone in fp16, run in onnxruntime here: real fp16 rounding) and their fp16
-time on the Mali GPU (derived from its fp16 peak in the profile, labelled with that figure's source); the candidates
+time on the Ampere GPU (derived from its fp16 peak in the profile, labelled with that figure's source); the candidates
 are the backbone's /model.8/ and /model.9/ blocks, which the fp32 latency plan runs on the GPU (all of them would
 take half a minute to measure). The ILP puts fp16 blocks on the GPU only, the plan is checked end to end on held-back
 photographs, and its compiled partitions hold the fp16 graph and stay within the budget against fp32.
@@ -44,7 +44,7 @@ def test_fp16_blocks_of_a_trained_detector_run_on_the_gpu_only_and_within_the_bu
     blocks = coarsen(graph, "coarse")
     calibration = [{"images": x} for x in frames(CALIBRATION, 3, (320, 320), seed=1)]
     held = [{"images": x} for x in frames(HELD_BACK, 2, (320, 320), seed=2)]
-    profile = load_profile("khadas-vim3")
+    profile = load_profile("jetson-orin-nano")
     cost = CostModel(profile, graph)
     op_type = {n.name: n.op_type for n in graph.nodes}
     groups = {
@@ -55,9 +55,9 @@ def test_fp16_blocks_of_a_trained_detector_run_on_the_gpu_only_and_within_the_bu
     assert groups
 
     ms, source, notes = fp16_times(loaded, groups, cost, CostTable())
-    assert {pu for _, pu, _ in ms} == {"mali"}, "fp16 is offered on the GPU only: the CPUs and the NPU lack it"
-    assert set(source.values()) == {"spec-sheet"} and any("derived from its fp16 peak" in n for n in notes)
-    assert all(ms[k] < cost.block_ms(groups[k[0]], "mali", 1) for k in ms), "fp16 at twice the fp32 peak"
+    assert {pu for _, pu, _ in ms} == {"ampere"}, "fp16 is offered on the GPU only: the CPU cores lack it"
+    assert set(source.values()) == {"estimate"} and any("derived from its fp16 peak" in n for n in notes)
+    assert all(ms[k] < cost.block_ms(groups[k[0]], "ampere", 1) for k in ms), "fp16 above the fp32 peak"
     with tempfile.TemporaryDirectory() as tmp:
         evaluator = MixEvaluator(loaded, groups, calibration, "relerr", write_ranges({}, Path(tmp) / "r.json"))
         sens, rel = fp16_sensitivity(loaded, groups, calibration, evaluator, "relerr", lambda _: None)
@@ -70,11 +70,11 @@ def test_fp16_blocks_of_a_trained_detector_run_on_the_gpu_only_and_within_the_bu
     plan, reverted = check_and_repair(plan, auto, cost, graph, lambda _: None)
 
     assert plan.fp16 and not plan.int8 and not reverted
-    on_gpu = {b for _, _, a in plan.assignments() if a.pu == "mali" for b in a.blocks}
+    on_gpu = {b for _, _, a in plan.assignments() if a.pu == "ampere" for b in a.blocks}
     assert set(plan.fp16) <= on_gpu, "fp16 blocks run on the GPU only"
     assert plan.precision is not None and dict(plan.precision.measured)["relerr"] <= BUDGET
     assert plan.precision.held_out_frames == 2
-    assert {s for b in plan.fp16 for s in plan.precision.fp16_source[b].values()} == {"spec-sheet"}
+    assert {s for b in plan.fp16 for s in plan.precision.fp16_source[b].values()} == {"estimate"}
     assert plan.precision_mix().startswith(f"fp16 {len(plan.fp16)}/{len(blocks.nodes)} blocks")
 
     plan_file = tmp_path / "plan.json"
@@ -87,7 +87,7 @@ def test_fp16_blocks_of_a_trained_detector_run_on_the_gpu_only_and_within_the_bu
     for p in compiled.manifest.partitions:
         holds_fp16 = any(m in half for m in _members(compiled.files[p.file]))
         assert (fp16_nodes(compiled.files[p.file]) > 0) == holds_fp16, p.name
-        assert not holds_fp16 or p.pu == "mali"
+        assert not holds_fp16 or p.pu == "ampere"
     assert compiled.precision is not None and compiled.precision.ok, compiled.precision.describe()
 
 

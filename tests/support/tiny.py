@@ -302,3 +302,16 @@ def write_conv_bundle(folder: Path, layout: str, layers: int = 24, max_inflight:
     )
     (folder / MANIFEST).write_text(manifest.text())
     return folder
+
+
+def with_provider(folder: Path, stage: int, provider: str, options: dict[str, str] | None = None) -> Path:
+    """Rewrite a tiny bundle's manifest so stage ``stage``'s partition runs with ``provider`` (and options)."""
+    manifest = parse_manifest((folder / MANIFEST).read_text())
+    parts = tuple(
+        dataclasses.replace(p, provider=provider, provider_options=dict(options or {}), pu=f"unit{stage}")
+        if p.stage == stage
+        else p
+        for p in manifest.partitions
+    )
+    (folder / MANIFEST).write_text(dataclasses.replace(manifest, partitions=parts).text())
+    return folder

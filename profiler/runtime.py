@@ -1,0 +1,144 @@
+"""Opening an onnxruntime session for a unit, on the execution provider the unit names or not at all.
+
+onnxruntime silently falls back to its CPU provider when the provider asked for is not in
+the build (a Python warning is all it says), so a "GPU" partition would run on the CPU
+cores and be reported as the GPU. Every session parapipe opens for a unit (the agent's
+workers, isolated units, the profiler, remote profiling, the benchmarks) goes through
+``open_session``, which refuses a provider the build does not offer before loading
+anything and checks afterwards that the session's first provider is the one asked for.
+
+Board side: onnxruntime, numpy and the stdlib only (the agent imports it).
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+CPU_PROVIDER = "CPUExecutionProvider"
+
+
+class ProviderUnavailable(RuntimeError):
+    """A unit's execution provider is not what the session got (or not in this onnxruntime at all).
+
+    The message names the unit, the provider and what this onnxruntime offers, and says what to do."""
+
+    def __init__(self, unit: str, provider: str, available: Iterable[str], detail: str = "") -> None:
+        self.unit, self.provider, self.available = unit, provider, tuple(available)
+        super().__init__(provider_advice(unit, provider, self.available, detail))
+
+
+def provider_advice(unit: str, provider: str, available: Iterable[str], detail: str = "") -> str:
+    """One line: unit, provider, what the runtime offers, what to do."""
+    offered = ", ".join(available) or "nothing"
+    why = f" ({detail})" if detail else ""
+    return (
+        f"unit {unit} needs {provider}, which this onnxruntime does not offer{why}; it offers {offered}. "
+        f"Install an onnxruntime with {provider} ({install_hint(provider)}), or plan without the unit "
+        f"(--exclude-pus {unit})"
+    )
+
+
+# What to install for a provider, as a user would put it (the package on PyPI or the vendor's build).
+_INSTALL = {
+    "CUDAExecutionProvider": "pip install onnxruntime-gpu; on a Jetson, JetPack's onnxruntime-gpu wheel",
+    "TensorrtExecutionProvider": "pip install onnxruntime-gpu with TensorRT's libraries; on a Jetson, JetPack's",
+    "OpenVINOExecutionProvider": "pip install 'parapipe[openvino]' (onnxruntime-openvino)",
+    "DmlExecutionProvider": "pip install onnxruntime-directml (Windows)",
+    "ROCMExecutionProvider": "pip install onnxruntime-rocm",
+    "MIGraphXExecutionProvider": "pip install onnxruntime-migraphx",
+    "QNNExecutionProvider": "pip install onnxruntime-qnn",
+    "CoreMLExecutionProvider": "the macOS onnxruntime wheel",
+}
+
+
+def install_hint(provider: str) -> str:
+    return _INSTALL.get(provider, "a build of onnxruntime with that execution provider")
+
+
+def available_providers() -> list[str]:
+    """The execution providers this process's onnxruntime can open sessions with."""
+    import onnxruntime as ort
+
+    return list(ort.get_available_providers())
+
+
+def known_providers() -> list[str]:
+    """Every execution provider name onnxruntime knows (in any build)."""
+    import onnxruntime as ort
+
+    return list(ort.get_all_providers())
+
+
+def close_provider(name: str, known: Iterable[str]) -> str:
+    """The known provider name closest to ``name`` (case-insensitive), or ""."""
+    known = list(known)
+    lowered = {k.lower(): k for k in known}
+    if name.lower() in lowered:
+        return lowered[name.lower()]
+    match = difflib.get_close_matches(name.lower(), list(lowered), n=1, cutoff=0.6)
+    return lowered[match[0]] if match else ""
+
+
+@dataclass(frozen=True)
+class Missing:
+    """A unit whose provider a runtime does not offer."""
+
+    unit: str
+    provider: str
+
+    def advice(self, available: Iterable[str], where: str = "") -> str:
+        return provider_advice(self.unit, self.provider, available, where)
+
+
+def missing_providers(needed: Mapping[str, str], available: Iterable[str]) -> list[Missing]:
+    """The units (name -> provider) whose provider is not among ``available``, in the order given."""
+    have = set(available)
+    return [Missing(unit, provider) for unit, provider in needed.items() if provider not in have]
+
+
+def open_session(
+    model: str | bytes,
+    options: Any,
+    provider: str,
+    unit: str,
+    provider_options: Mapping[str, str] | None = None,
+) -> Any:
+    """An ``onnxruntime.InferenceSession`` of ``model`` whose first provider is ``provider``, with its options.
+
+    Raises ``ProviderUnavailable`` when this onnxruntime does not offer the provider, when the session
+    could not be made with it, or when the session got another one first. CPU is always the session's
+    last provider (onnxruntime adds it for the nodes another provider declines); those nodes are what
+    ``declined_nodes`` reads from a profile."""
+    import onnxruntime as ort
+
+    available = ort.get_available_providers()
+    if provider not in available:
+        raise ProviderUnavailable(unit, provider, available)
+    providers: list[Any] = [(provider, dict(provider_options))] if provider_options else [provider]
+    try:
+        session = ort.InferenceSession(model, options, providers=providers)
+    except Exception as exc:  # onnxruntime raises its own Fail/RuntimeException for a provider that will not start
+        if provider == CPU_PROVIDER:
+            raise
+        raise ProviderUnavailable(unit, provider, available, f"it failed to start: {exc}") from exc
+    got = session.get_providers()
+    if not got or got[0] != provider:
+        raise ProviderUnavailable(unit, provider, available, f"the session got {', '.join(got) or 'none'}")
+    return session
+
+
+def declined_nodes(profile_events: Iterable[Mapping[str, Any]], provider: str) -> list[str]:
+    """Names of the nodes that ran on another provider than ``provider`` (usually the CPU), from the
+    events of onnxruntime's profiling output (``args.provider`` of each ``Node`` event)."""
+    seen: dict[str, None] = {}
+    for ev in profile_events:
+        name = str(ev.get("name", ""))
+        if ev.get("cat") != "Node" or not name.endswith("_kernel_time"):
+            continue
+        ran_on = (ev.get("args") or {}).get("provider")
+        if ran_on and ran_on != provider:
+            seen.setdefault(name.removesuffix("_kernel_time"), None)
+    return list(seen)
