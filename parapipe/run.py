@@ -164,7 +164,7 @@ def run_plan(
 
 def _check_device(plan: Plan, board: str) -> None:
     device = board_device(board)
-    if plan.device != device:
+    if plan.device != device and not _same_profile(plan.device, device):
         raise DeployError(
             f"the plan is for {plan.device!r}; board {board!r} runs plans made with --device {device}. Re-plan for this board."
         )
@@ -203,6 +203,17 @@ def check_board_units(needed: Mapping[str, str], board: str) -> None:
 
     with BoardConnection(inventory) as conn:
         check_board_runtime(conn, conn.path(inventory.workdir), needed)
+
+
+def _same_profile(a: str, b: str) -> bool:
+    """Two names or paths of one device profile (a TOML file named by another path, or by its name)."""
+    from device_profiles.schema import ProfileError
+
+    try:
+        pa, pb = load_profile(a), load_profile(b)
+    except ProfileError:
+        return False
+    return pa.name == pb.name and pa.content_hash() == pb.content_hash()
 
 
 @dataclass(frozen=True)

@@ -1145,7 +1145,7 @@ def noise_verdict(noise: Noise, target: float) -> tuple[float, bool, str]:
 @dataclass(frozen=True)
 class TuneOptions:
     """How the loop runs: the CLI's --objective, --rounds, --target-error, --time-limit, --frames, --max-frames,
-    --min-seconds."""
+    --min-seconds, --pus and --exclude-pus."""
 
     objective: str = "pareto"  # pareto, latency, throughput or energy
     rounds: int = 3
@@ -1157,6 +1157,16 @@ class TuneOptions:
     # each measurement runs at least this long at the plan's rate (``frames_for``): shorter ones carry the
     # machine's own burst noise (this VM: a fixed matmul's rate spreads 16% over 0.1 s windows, 3% over 1 s)
     min_seconds: float = 1.0
+    pus: str | None = None  # comma-separated units to plan on (default: every unit an onnxruntime drives)
+    exclude_pus: str | None = None  # comma-separated units to leave out
+
+    def units(self, profile: DeviceProfile) -> DeviceProfile:
+        """The profile restricted to the units tune plans on (``device_profiles.selection``)."""
+
+        def names(text: str | None) -> list[str]:
+            return [n.strip() for n in (text or "").split(",") if n.strip()]
+
+        return select_units(profile, names(self.pus), names(self.exclude_pus))
 
 
 def frames_for(plan: Plan, frames: int, min_seconds: float, measured_fps: Sequence[float] = ()) -> int:
@@ -1193,7 +1203,7 @@ def tune(
     loaded: LoadedModel = open_model(model, input_shape, input_data)
     graph = build_graph(loaded.proto, loaded.sha256, model.stem)
     # the units tune plans on: every one an onnxruntime drives, each checked on the board before anything runs
-    profile = select_units(load_profile(board_device(board)))
+    profile = options.units(load_profile(board_device(board)))
     check_board_units({p.name: p.execution_provider for p in profile.pus}, board)
     table = CostTable.load(costs)
     if not table.select(model_sha256=loaded.sha256, board=profile.name):

@@ -416,6 +416,11 @@ def load_plan(path: Path) -> Plan:
         raise PlanError(f"{path}: {exc}") from None
 
 
+def _is_file_of(device: str, profile: DeviceProfile) -> bool:
+    """A plan of a user's profile names its TOML file (``plan --device FILE``): the file ``profile`` came from."""
+    return bool(profile.origin) and Path(device).is_file() and Path(device).resolve() == Path(profile.origin).resolve()
+
+
 def validate(plan: Plan, graph: OpGraph, profile: DeviceProfile) -> None:
     """The plan fits this model and board: hashes, PUs, cores, every node once per replica, stage order."""
     if plan.model_sha256 != graph.model_sha256:
@@ -423,7 +428,7 @@ def validate(plan: Plan, graph: OpGraph, profile: DeviceProfile) -> None:
             f"model_sha256: the plan is for model {plan.model_sha256[:12]}…, this file is {graph.model_sha256[:12]}…; "
             "re-plan for this model"
         )
-    if plan.device != profile.name:
+    if plan.device != profile.name and not _is_file_of(plan.device, profile):
         raise PlanError(f"device: the plan is for {plan.device!r}, not {profile.name!r}")
     _check_blocks(plan, graph)
     stage_of_block = _check_placement(plan, graph, profile)

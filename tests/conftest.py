@@ -33,6 +33,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "parapipe/test_cli_export.py": ("zoo",),
     "parapipe/test_cli_plan_run.py": ("agent",),
     "parapipe/test_deploy_ssh.py": ("ssh", "agent"),
+    "parapipe/test_deploy_providers.py": ("ssh",),
     "parapipe/test_deploy_systemd.py": ("systemd", "ssh", "agent"),
     "parapipe/test_fleet.py": ("ssh", "agent"),
     "parapipe/test_known_hosts.py": ("ssh",),

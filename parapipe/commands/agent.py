@@ -355,6 +355,12 @@ class TuneFlags:
             "(short runs carry the machine's own bursts). 0: exactly --frames.",
         ),
     ] = 1.0
+    pus: Annotated[str | None, typer.Option("--pus", help="Plan on these units only (comma-separated PU names).")] = (
+        None
+    )
+    exclude_pus: Annotated[
+        str | None, typer.Option("--exclude-pus", help="Leave these units out (comma-separated PU names).")
+    ] = None
 
 
 @app.command()

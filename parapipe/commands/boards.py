@@ -127,12 +127,40 @@ def check(
     if one_target(name, group) == "group":
         check_group(str(group), board_info, as_json)
         return
-    print_info(board_info(get_board(str(name))), as_json)
+    board = get_board(str(name))
+    info = board_info(board)
+    missing = info.get("units_missing_provider") or []
+    shown = dict(info)
+    if not as_json:  # lists as one line each, for people
+        shown["providers"] = ", ".join(info.get("providers") or []) or "none"
+        shown["units_missing_provider"] = ", ".join(f"{u['unit']} ({u['provider']})" for u in missing) or "none"
+    print_info(shown, as_json)
+    if missing:
+        from parapipe.availability import Runtime, refuse_missing
+
+        runtime = Runtime(str(info["onnxruntime"]), tuple(info.get("providers") or ()), "what deploy would run")
+        refuse_missing({u["unit"]: u["provider"] for u in missing}, runtime, board.name)
+
+
+def _units_report(board, providers: list[str]) -> dict:
+    """The board's profile's units (those an onnxruntime drives) and which of them its onnxruntime cannot run."""
+    from device_profiles.loader import load_profile
+    from device_profiles.selection import select_units
+    from profiler.runtime import missing_providers
+
+    profile = select_units(load_profile(board.device))
+    needed = {p.name: p.execution_provider for p in profile.pus}
+    missing = missing_providers(needed, providers)
+    return {
+        "providers": providers,
+        "units": ", ".join(f"{u} ({p})" for u, p in needed.items()),
+        "units_missing_provider": [{"unit": m.unit, "provider": m.provider} for m in missing],
+    }
 
 
 def board_info(board) -> dict:
     """What ``boards check`` reports of one board."""
-    from parapipe.deploy import _paths, agent_running
+    from parapipe.deploy import _paths, agent_running, board_runtime
     from parapipe.ssh import BoardConnection
 
     name = board.name
@@ -150,16 +178,15 @@ def board_info(board) -> dict:
                 "onnxruntime": s.ort_version,
                 "agent_version": s.agent_version,
                 "agent_ready": s.ready,
+                **_units_report(board, list(s.providers)),
             }
     with BoardConnection(board) as conn:
         _, uname, _ = conn.run(["uname", "-srm"])
         _, cpu, _ = conn.shell("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 || true", check=False)
         _, cores, _ = conn.run(["nproc"])
         code, py, _ = conn.run([board.python, "--version"], check=False)
-        code_ort, ort_v, _ = conn.run(
-            [board.python, "-c", "import onnxruntime; print(onnxruntime.__version__)"], check=False
-        )
         wd = conn.path(board.workdir)
+        runtime = board_runtime(conn, wd)
         code_v, version, _ = conn.run(["cat", _paths(wd)["version"]], check=False)
         running = agent_running(conn, wd)
     info = {
@@ -168,9 +195,10 @@ def board_info(board) -> dict:
         "cpu": cpu.strip(),
         "cores": int(cores.strip() or 0),
         "python": py.strip() if code == 0 else f"missing ({board.python})",
-        "onnxruntime": ort_v.strip() if code_ort == 0 else "not importable by the board's Python",
+        "onnxruntime": runtime.version or "not importable by the board's Python",
         "agent_installed": version.strip() if code_v == 0 else "no",
         "agent_running": running,
+        **_units_report(board, list(runtime.providers)),
     }
     if running:
         from parapipe.deploy import agent_client

@@ -283,7 +283,9 @@ def plan(
             plans = [best_plan(blocks, graph, cost, objective, search, problem=problem)]
     import dataclasses
 
-    where = {"model_path": str(model.resolve()), "inputs": loaded.inputs}
+    where: dict[str, Any] = {"model_path": str(model.resolve()), "inputs": loaded.inputs}
+    if Path(device).is_file():  # a profile of the user's: compile, run and deploy find it where it was planned
+        where["device"] = str(Path(device).resolve())
     plans = _what_if([dataclasses.replace(p, **where) for p in plans], profile)
     base = dict(zip(base, _what_if([dataclasses.replace(p, **where) for p in base.values()], profile), strict=True))
     from planner.catalog import write_folder
