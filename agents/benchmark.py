@@ -40,6 +40,9 @@ class PartitionResult:
     cpu_frames: int = 0
     alone_cpu_ms: float = 0.0
     alone_cpu_frames: int = 0
+    provider: str = ""  # the execution provider its session runs on (its first, checked when it was made)
+    load_s: float = 0.0  # seconds its session took to load, EP compilation included (a deploy cost)
+    compile_cache_hit: bool = False  # the EP's compiled model came from the agent's cache
 
 
 @dataclass(frozen=True)
@@ -240,6 +243,9 @@ def run_benchmark(
             s.cpu_frames,
             alone_stats[name].cpu_s * 1e3,
             alone_stats[name].cpu_frames,
+            pipeline.workers[name].spec.provider,
+            pipeline.workers[name].load_s,
+            pipeline.workers[name].cache_hit,
         )
         for name, s in stats.items()
     )

@@ -45,7 +45,7 @@ from agents.bundle import Manifest, PartitionSpec, TensorSpec
 from agents.isolated import IsolatedSession, IsolatedUnit
 from agents.modulo import lags, pick
 from profiler.pinning import pin_current_thread, release_current_thread, throttle_current_thread
-from profiler.runtime import open_session
+from profiler.runtime import cache_options, open_session, own_threads
 
 _RECENT_FAILURES = 4096  # failed frame ids remembered so a failure is handled once per host
 log = logging.getLogger("parapipe.agent")
@@ -362,6 +362,8 @@ class _Worker:
         self.cores = set(spec.core_ids)
         self.error: BaseException | None = None
         self.stats = WorkerStats()
+        self.load_s = 0.0  # how long its session took to load, EP compilation included
+        self.cache_hit = False  # the EP's compiled model came from the cache folder
         self._inputs = len(spec.inputs)
         self.lag = 0  # ``agents.modulo``: how many frames behind the entry this partition works
         self.thread = threading.Thread(target=self._run, name=f"pp-{spec.name}", daemon=True)
@@ -412,10 +414,31 @@ class _Worker:
             return frame in self.arrived
         return frame < self.pipeline.admitted
 
+    def load(self):
+        """Make this partition's session (on its unit's provider, checked), timing it (``load_s``)."""
+        started = time.perf_counter()
+        self.session = self._session()
+        self.load_s = time.perf_counter() - started
+        return self.session
+
+    def _provider_options(self) -> dict[str, str]:
+        """The unit's EP options, and where its EP keeps compiled models (``Pipeline.cache_dir``): a restart
+        of the same bundle finds them there (``cache_hit``)."""
+        spec = self.spec
+        options = dict(spec.provider_options)
+        cache = self.pipeline.cache_dir
+        extra = cache_options(spec.provider, str(cache / spec.name)) if cache is not None else {}
+        if extra:
+            folder = cache / spec.name  # type: ignore[operator]
+            self.cache_hit = folder.is_dir() and any(folder.iterdir())
+            folder.mkdir(parents=True, exist_ok=True)
+        return {**extra, **options}
+
     def _session(self):
         import onnxruntime as ort
 
         spec = self.spec
+        provider_options = self._provider_options()
         options = ort.SessionOptions()
         options.intra_op_num_threads = spec.threads
         options.inter_op_num_threads = 1
@@ -439,21 +462,22 @@ class _Worker:
                 )
             throttle_current_thread(f"{spec.name}", spec.throttle_percent or 100.0)
             try:
-                return open_session(str(self.path), options, spec.provider, spec.pu, spec.provider_options)
+                return open_session(str(self.path), options, spec.provider, spec.pu, provider_options)
             finally:
                 release_current_thread()
         pin_current_thread(spec.core_ids)
-        if throttled:
+        if throttled or own_threads(spec.provider):
             # in a process of its own: a throttle stops a thread wherever it is, the GIL held or not
-            # (``agents.isolated``); this thread stays here, pinned to the unit's cores, and waits for it
+            # (``agents.isolated``), and an EP with a thread pool of its own (OpenVINO's) keeps to the cores
+            # of a process where it ignores a thread's; this thread stays here, pinned, and waits for it
             return self.pipeline.isolated_unit(spec).session(
-                self.path, spec.provider, spec.threads, spec.pu, spec.provider_options
+                self.path, spec.provider, spec.threads, spec.pu, provider_options
             )
-        return open_session(str(self.path), options, spec.provider, spec.pu, spec.provider_options)
+        return open_session(str(self.path), options, spec.provider, spec.pu, provider_options)
 
     def _run(self) -> None:
         try:
-            session = self.session = self._session()
+            session = self.load()
             output_names = self.output_names
         except BaseException as exc:
             self.error = exc
@@ -586,7 +610,7 @@ class _UnitRunner:
     def _run(self) -> None:
         for i, w in enumerate(self.workers):
             try:
-                w.session = w._session()
+                w.load()
             except BaseException as exc:
                 w.error = exc
                 for later in self.workers[i + 1 :]:
@@ -656,8 +680,18 @@ def _finite(timeout: float | None) -> float | None:
 class Pipeline:
     """Runs a bundle's partitions as a pipeline of pinned workers."""
 
-    def __init__(self, manifest: Manifest, folder: Path, max_inflight: int = 0, links: Links | None = None) -> None:
+    def __init__(
+        self,
+        manifest: Manifest,
+        folder: Path,
+        max_inflight: int = 0,
+        links: Links | None = None,
+        cache_dir: Path | None = None,
+    ) -> None:
+        """``cache_dir``: where EPs that compile (OpenVINO, TensorRT) keep their compiled partitions, one folder
+        each (None: they compile at every start)."""
         self.manifest, self.folder = manifest, Path(folder)
+        self.cache_dir = cache_dir
         self.links = links
         self.replicas = manifest.replicas
         self.max_inflight = max_inflight or manifest.max_inflight or 1

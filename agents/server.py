@@ -302,6 +302,9 @@ class AgentServicer(rpc.AgentServicer):
                     cpu_frames=p.cpu_frames,
                     alone_cpu_ms=p.alone_cpu_ms,
                     alone_cpu_frames=p.alone_cpu_frames,
+                    provider=p.provider,
+                    load_s=p.load_s,
+                    compile_cache_hit=p.compile_cache_hit,
                 )
                 for p in r.partitions
             ],

@@ -340,7 +340,7 @@ def start_pipeline(
         if resuming is None:
             state.generation += 1
         # the new pipeline starts beside the running one, which serves until the new one is up
-        pipeline = Pipeline(manifest, folder, max_inflight)
+        pipeline = Pipeline(manifest, folder, max_inflight, cache_dir=state.workdir / "ep-cache" / sha)
         missing = [h for h in pipeline.peer_hosts if h not in given]
         if missing:
             raise BundleError(
@@ -636,6 +636,9 @@ def status(state: AgentState) -> pb.StatusReply:
                 busy_ms=w.stats.busy_s * 1e3,
                 queue_wait_ms=w.stats.wait_s * 1e3,
                 frames=w.stats.frames,
+                provider=w.spec.provider,
+                load_s=w.load_s,
+                compile_cache_hit=w.cache_hit,
             )
             for name, w in pipeline.workers.items()
         ]
@@ -690,7 +693,11 @@ def profile_ops(request: pb.ProfileRequest) -> pb.ProfileReply:
     from profiler.measure import PuConfig, time_model
     from profiler.measure import profile_ops as op_profile
 
-    session = open_session(request.model, ort.SessionOptions(), CPU_PROVIDER, "remote")
+    provider = request.provider or CPU_PROVIDER
+    available = available_providers()
+    if provider not in available:  # before any session: the unit cannot be profiled here
+        raise ProviderUnavailable("remote", provider, available, f"onnxruntime {_ort_version()}")
+    session = open_session(request.model, ort.SessionOptions(), CPU_PROVIDER, "remote")  # the inputs' types only
     if request.inputs:
         feeds = arrays_from(request.inputs)
     else:
@@ -703,7 +710,12 @@ def profile_ops(request: pb.ProfileRequest) -> pb.ProfileReply:
         feeds = generate_inputs(specs)
     cores = tuple(request.cores) or tuple(sorted(os.sched_getaffinity(0)))[: max(1, request.threads)]
     cfg = PuConfig(
-        "remote", cores, max(1, request.threads or len(cores)), throttle_percent=request.throttle_percent or None
+        "remote",
+        cores,
+        max(1, request.threads or len(cores)),
+        provider,
+        throttle_percent=request.throttle_percent or None,
+        provider_options=tuple(sorted(request.provider_options.items())),
     )
     repeats, warmup = max(3, request.repeats or 10), request.warmup or 3
     if request.per_op:

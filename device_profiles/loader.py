@@ -34,7 +34,7 @@ from device_profiles.schema import (
 )
 
 SHIPPED_DIR = Path(__file__).parent / "boards"
-RUNTIME_PROFILES = ("local", "local-biglittle", "local-edge-cloud")
+RUNTIME_PROFILES = ("local", "local-biglittle", "local-edge-cloud", "local-openvino")
 
 
 def shipped_names() -> list[str]:
@@ -47,7 +47,11 @@ def load_profile(name_or_path: str | Path) -> DeviceProfile:
     if text in RUNTIME_PROFILES:
         from device_profiles.local import build_local_profile
 
-        return build_local_profile(biglittle=text == "local-biglittle", edge_cloud=text == "local-edge-cloud")
+        return build_local_profile(
+            biglittle=text == "local-biglittle",
+            edge_cloud=text == "local-edge-cloud",
+            openvino=text == "local-openvino",
+        )
     shipped = SHIPPED_DIR / f"{text}.toml"
     path = shipped if shipped.is_file() else Path(text)
     if not path.is_file():

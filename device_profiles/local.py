@@ -5,7 +5,8 @@ Cores come from the process's affinity mask; clusters from sysfs ``cpu_capacity`
 frequency form one cluster). Peak throughput and power are estimates derived from
 what /proc/cpuinfo says; the profiler's measurements replace them. ``local-biglittle``
 splits two cores into a fast PU and a PU throttled to a share of each CFS period.
-``local-edge-cloud`` makes this host two hosts, an ``edge`` (first core) and a ``cloud``
+``local-openvino`` runs its first core on onnxruntime's CPU EP and its second on OpenVINO's CPU
+device (onnxruntime-openvino, in a runtime environment of its own). ``local-edge-cloud`` makes this host two hosts, an ``edge`` (first core) and a ``cloud``
 (second core), each served by its own agent process on 127.0.0.1, joined by a network
 link that is gRPC over loopback: plans over it exercise agent-to-agent streaming.
 """
@@ -83,7 +84,10 @@ def throttling_available() -> str | None:
     return None
 
 
-def build_local_profile(biglittle: bool = False, edge_cloud: bool = False) -> DeviceProfile:
+OPENVINO = "OpenVINOExecutionProvider"
+
+
+def build_local_profile(biglittle: bool = False, edge_cloud: bool = False, openvino: bool = False) -> DeviceProfile:
     cores = sorted(os.sched_getaffinity(0))
     ghz, per_cycle, how = _cpuinfo()
     import psutil
@@ -103,15 +107,22 @@ def build_local_profile(biglittle: bool = False, edge_cloud: bool = False) -> De
             for cls in OP_CLASSES
         }
 
-    def pu(name: str, pu_cores: list[int], throttle: Throttle | None = None, host: str = "local") -> ProcessingUnit:
+    def pu(
+        name: str,
+        pu_cores: list[int],
+        throttle: Throttle | None = None,
+        host: str = "local",
+        provider: str = "CPUExecutionProvider",
+        options: tuple[tuple[str, str], ...] = (),
+    ) -> ProcessingUnit:
         n = len(pu_cores)
         return ProcessingUnit(
             name=name,
             kind="cpu",
             host=host,
             cores=tuple(pu_cores),
-            execution_provider="CPUExecutionProvider",
-            ep_options=(),
+            execution_provider=provider,
+            ep_options=options,
             peak_gflops=peaks(n),
             memory_bandwidth_gbps=bandwidth,
             memory_bytes=mem,
@@ -155,6 +166,24 @@ def build_local_profile(biglittle: bool = False, edge_cloud: bool = False) -> De
         name, desc = (
             "local-biglittle",
             f"this host as a big.LITTLE board: core {cores[0]} fast, core {cores[1]} throttled",
+        )
+    elif openvino:
+        if len(cores) < 2:
+            raise ProfileError(f"local-openvino needs two cores; this process may use {len(cores)}")
+        # two runtimes, each on a core of its own (the same core is never counted twice): the planner chooses per
+        # block between onnxruntime's CPU EP and OpenVINO's CPU device, one runtime per partition
+        pus = (
+            pu("cpu", [cores[0]]),
+            pu("ov", [cores[1]], provider=OPENVINO, options=(("device_type", "CPU"), ("num_of_threads", "1"))),
+        )
+        notes.append(
+            f"unit ov runs OpenVINO's CPU device through onnxruntime-openvino on core {cores[1]} (its agent runs in "
+            "the openvino runtime's environment: `parapipe runtimes install openvino`); unit cpu runs onnxruntime's "
+            f"CPU EP on core {cores[0]}"
+        )
+        name, desc = (
+            "local-openvino",
+            f"this host's core {cores[0]} on onnxruntime's CPU EP, core {cores[1]} on OpenVINO",
         )
     else:
         pus = tuple(pu(cname, ccores) for cname, ccores in detect_clusters(cores).items())

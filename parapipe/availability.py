@@ -6,7 +6,7 @@ a bundle starts (``agents.service.check_manifest_providers``) and every session 
 (``profiler.runtime.open_session``): nothing silently runs on the CPU in a GPU's place.
 
 What a board offers is read where the agent will run: for the embedded boards, this process's
-onnxruntime (their agents are children of it); over SSH, the agent's virtual environment if deploy
+onnxruntime or the runtime environment their agent runs in (``parapipe.runtimes``); over SSH, the agent's virtual environment if deploy
 made one, else the board's Python (what deploy would reuse); for a board reached directly, its agent's
 ``Status``.
 """
@@ -21,7 +21,7 @@ from device_profiles.schema import DeviceProfile
 from parapipe.local_agent import DeployError
 from planner.plan import Plan
 from planner.unitname import UnitName
-from profiler.runtime import CPU_PROVIDER, missing_providers, provider_advice
+from profiler.runtime import CPU_PROVIDER, install_hint, missing_providers, provider_advice
 
 # prints {"version": ..., "providers": [...]} of the onnxruntime a Python imports (exit 3 without one)
 PROBE = (
@@ -63,9 +63,8 @@ def refuse_missing(needed: Mapping[str, str], runtime: Runtime, board: str) -> N
     first = missing[0]
     if not runtime.version:
         raise DeployError(
-            f"unit {first.unit} needs {first.provider}, and board {board} has no onnxruntime ({runtime.where}); "
-            f"deploy installs only the CPU-only wheel, so install an onnxruntime with {first.provider} on the board "
-            f"first, or plan without the unit (--exclude-pus {first.unit})"
+            f"unit {first.unit} needs {first.provider}, and board {board} has no onnxruntime with it ({runtime.where}); "
+            f"install one ({install_hint(first.provider)}), or plan without the unit (--exclude-pus {first.unit})"
         )
     raise DeployError(
         f"board {board}: "
@@ -78,12 +77,6 @@ def refuse_missing(needed: Mapping[str, str], runtime: Runtime, board: str) -> N
 def accelerated(needed: Mapping[str, str]) -> dict[str, str]:
     """The units that need a provider other than the CPU's."""
     return {u: p for u, p in needed.items() if p != CPU_PROVIDER}
-
-
-def local_runtime() -> Runtime:
-    import onnxruntime as ort
-
-    return Runtime(str(ort.__version__), tuple(ort.get_available_providers()), "this machine")
 
 
 def parse_probe(code: int, out: str, where: str) -> Runtime | None:

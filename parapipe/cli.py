@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from parapipe.app import app
-from parapipe.commands import agent, boards, devices, models, planning, profiling  # noqa: F401  (registers the commands)
+from parapipe.commands import agent, boards, devices, models, planning, profiling, runtimes  # noqa: F401  (registers the commands)
 
 __all__ = ["app", "main"]
 

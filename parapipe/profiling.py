@@ -14,7 +14,7 @@ from device_profiles.loader import load_profile
 from device_profiles.schema import DeviceProfile
 from models.graph import OpGraph
 from models.onnx_io import LoadedModel
-from parapipe.reach import LOCAL_BOARDS, board_device, open_board
+from parapipe.reach import LOCAL_BOARDS, board_device, local_runtime_of, open_board
 from profiler.costtable import CostTable
 from profiler.measure import PuConfig
 from profiler.session import ProfileOptions, ProfileSummary, ProfilingError, pu_configs, run_profile
@@ -51,7 +51,7 @@ def profile_on_board(
         ) from None
     profile = load_profile(device)
     configs = pu_configs(profile, pus)
-    if board in LOCAL_BOARDS:
+    if board in LOCAL_BOARDS and local_runtime_of(board)[0] is None:  # this process runs its units
         summary = run_profile(loaded, graph, profile, table, path, configs, options)
         return BoardProfile(summary, profile, configs)
     from parapipe.remote_profile import RemoteTimer

@@ -65,6 +65,15 @@ class BoardSession:
         return Started(reply.bundle_sha256, reply.bytes_received)
 
 
+def local_runtime_of(name: str):  # -> tuple[list[str] | None, parapipe.availability.Runtime]
+    """How an embedded board's agent is started here and the onnxruntime it runs: this process's Python, or a
+    runtime environment (``parapipe.runtimes``) where its units need a provider this process lacks."""
+    from device_profiles.loader import load_profile
+    from parapipe.runtimes import agent_python
+
+    return agent_python(p.execution_provider for p in load_profile(name).pus)
+
+
 def board_device(name: str) -> str:
     """The device profile of a board: the embedded boards are their own profile, inventory boards name one."""
     if name in LOCAL_BOARDS:
@@ -78,7 +87,10 @@ def board_device(name: str) -> str:
 def open_board(name: str) -> Iterator[BoardSession]:
     """A session with the agent of board ``name`` (see the module docstring for the three kinds)."""
     if name in LOCAL_BOARDS:
-        with LocalAgent() as agent:
+        python, runtime = local_runtime_of(name)
+        if not runtime.version:
+            raise DeployError(f"board {name}: {runtime.where}")
+        with LocalAgent(python=python) as agent:
             assert agent.client is not None
             yield BoardSession(name, name, "local", agent.client, Peer("", f"127.0.0.1:{agent.port}"))
         return

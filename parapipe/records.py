@@ -57,6 +57,9 @@ class PartitionMeasurement:
     cpu_frames: int = 0
     alone_cpu_ms: float = 0.0
     alone_cpu_frames: int = 0
+    provider: str = ""  # the execution provider its session ran on ("" from an agent before it was reported)
+    load_s: float = 0.0  # its session's load, EP compilation included: a deploy cost, not a frame cost
+    compile_cache_hit: bool = False
 
     @classmethod
     def from_stats(cls, stats: Any, host: str = "") -> PartitionMeasurement:
@@ -74,6 +77,9 @@ class PartitionMeasurement:
             cpu_frames=stats.cpu_frames,
             alone_cpu_ms=stats.alone_cpu_ms,
             alone_cpu_frames=stats.alone_cpu_frames,
+            provider=stats.provider,
+            load_s=stats.load_s,
+            compile_cache_hit=stats.compile_cache_hit,
         )
 
     @property

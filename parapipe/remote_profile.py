@@ -7,13 +7,15 @@ as it arrives, so an interrupted session continues where it stopped.
 
 from __future__ import annotations
 
+import grpc
 import numpy as np
 
-from agents.client import AgentClient
+from agents.client import AgentClient, AgentError
 from agents.proto import parapipe_agent_pb2 as pb
 from agents.tensors import to_message
 from device_profiles.schema import ProcessingUnit
 from profiler.measure import PuConfig, Timing
+from profiler.runtime import LOAD_FAILED, ProviderFailed
 
 
 class RemoteTimer:
@@ -42,17 +44,28 @@ class RemoteTimer:
             per_op=per_op,
             throttle_percent=cfg.throttle_percent or 0.0,
             inputs=[to_message(k, v) for k, v in feeds.items()],
+            provider=cfg.provider,
+            provider_options=dict(cfg.provider_options),
         )
+
+    def _profile(self, request: pb.ProfileRequest, cfg: PuConfig) -> pb.ProfileReply:
+        """The agent's timings; ``ProviderFailed`` (naming the unit) where its provider could not load the model."""
+        try:
+            return self.client.profile_ops(request)
+        except AgentError as exc:
+            if exc.code == grpc.StatusCode.FAILED_PRECONDITION and LOAD_FAILED in str(exc):
+                raise ProviderFailed(cfg.pu, cfg.provider, (), str(exc).split(LOAD_FAILED, 1)[1].strip()) from None
+            raise
 
     def op_profile(
         self, model: bytes, feeds: dict[str, np.ndarray], cfg: PuConfig, warmup: int, repeats: int
     ) -> dict[str, Timing]:
-        reply = self.client.profile_ops(self._request(model, feeds, cfg, warmup, repeats, True))
+        reply = self._profile(self._request(model, feeds, cfg, warmup, repeats, True), cfg)
         return {t.node: Timing(t.median_ms, t.mean_ms, t.p10_ms, t.p90_ms, t.repeats, 0.0) for t in reply.timings}
 
     def time(
         self, model: bytes, feeds: dict[str, np.ndarray], cfg: PuConfig, warmup: int, repeats: int, pu: ProcessingUnit
     ) -> Timing:
-        reply = self.client.profile_ops(self._request(model, feeds, cfg, warmup, repeats, False))
+        reply = self._profile(self._request(model, feeds, cfg, warmup, repeats, False), cfg)
         t = reply.timings[0]
         return Timing(t.median_ms, t.mean_ms, t.p10_ms, t.p90_ms, t.repeats, 0.0)

@@ -180,10 +180,12 @@ def check_runtime(plan: Plan, board: str, host: str | None = None) -> None:
 
 def check_board_units(needed: Mapping[str, str], board: str) -> None:
     """Refuse (DeployError) units (name -> execution provider) whose provider board ``board`` does not offer."""
-    from parapipe.availability import accelerated, local_runtime, refuse_missing
+    from parapipe.availability import accelerated, refuse_missing
 
     if board in LOCAL_BOARDS:
-        refuse_missing(needed, local_runtime(), board)
+        from parapipe.reach import local_runtime_of
+
+        refuse_missing(needed, local_runtime_of(board)[1], board)
         return
     if not accelerated(needed):
         return  # every board's agent has the CPU provider (deploy installs it where there is none)

@@ -632,6 +632,9 @@ def _check_spanning(a: Assignment, where: str, profile: DeviceProfile, taken: di
     for part in parts:
         if part not in names or names[part].kind != "cpu":
             raise PlanError(f"{where}.pu: {part!r} in {a.pu!r} is not a CPU PU of {profile.name}")
+    providers = {names[part].execution_provider for part in parts}
+    if len(providers) > 1:  # one session runs on one execution provider
+        raise PlanError(f"{where}.pu: {a.pu!r} spans units of different runtimes ({', '.join(sorted(providers))})")
     allowed = [c for part in parts for c in names[part].cores]
     ids = a.core_ids or tuple(allowed[: a.cores])
     if len(ids) != a.cores or any(c not in allowed for c in ids):

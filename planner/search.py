@@ -170,7 +170,11 @@ def _ort_all_cores(blocks: OpGraph, profile: DeviceProfile) -> Plan | None:
     from planner.plan import Assignment as PlanAssignment
     from planner.plan import Stage
 
-    cpus = [p for p in profile.pus if p.kind == "cpu" and p.host == profile.pus[0].host]
+    cpus = [
+        p
+        for p in profile.pus
+        if p.kind == "cpu" and p.host == profile.pus[0].host and p.execution_provider == "CPUExecutionProvider"
+    ]
     if not cpus:
         return None
     pu = UnitName.spanning(p.name for p in cpus)

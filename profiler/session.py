@@ -34,6 +34,7 @@ from profiler.costtable import EVERY_UNIT, CalibrationRecord, Conditions, CostEn
 from profiler.energy import EnergyMeter, PowerModel
 from profiler.measure import PuConfig, Timing, profile_ops, time_model
 from profiler.roofline import Roofline
+from profiler.runtime import ProviderFailed
 
 Progress = Callable[[str, int, int], None]  # (what, done, total)
 
@@ -94,6 +95,7 @@ class ProfileSummary:
     energy_source: str
     # per shared memory measured (or reused): (memory, bandwidth GB/s, how it was measured)
     memories: tuple[tuple[str, float, str], ...] = ()
+    skipped: tuple[str, ...] = ()  # calibration partitions a unit's EP could not load (config: partition (why))
 
 
 def pu_configs(profile: DeviceProfile, pu_names: Iterable[str] | None = None) -> list[PuConfig]:
@@ -102,15 +104,17 @@ def pu_configs(profile: DeviceProfile, pu_names: Iterable[str] | None = None) ->
     configs = []
     for name in names:
         pu = profile.pu(name)
-        if pu.kind != "cpu" or pu.execution_provider != "CPUExecutionProvider":
+        if pu.kind != "cpu":
             raise ProfilingError(
-                f"PU {name!r} is a {pu.kind} using {pu.execution_provider}; parapipe profiles CPU clusters only "
-                "(here or on a board through its agent). Leave it out with --pu for the CPU PUs; the planner uses "
-                "the profile's figures for it."
+                f"PU {name!r} is a {pu.kind} using {pu.execution_provider}; parapipe profiles the units that run on "
+                "CPU cores only (onnxruntime's CPU EP or OpenVINO's CPU device, here or on a board through its "
+                "agent). Leave it out with --pu for those units; the planner uses the profile's figures for it."
             )
         for threads in range(1, len(pu.cores) + 1):
             throttle = pu.throttle.quota_percent if pu.throttle else None
-            configs.append(PuConfig(pu.name, pu.cores[:threads], threads, pu.execution_provider, throttle))
+            configs.append(
+                PuConfig(pu.name, pu.cores[:threads], threads, pu.execution_provider, throttle, pu.ep_options)
+            )
     return configs
 
 
@@ -169,7 +173,14 @@ def run_profile(
         if table_path is not None:
             table.save(table_path)
     return ProfileSummary(
-        run.measured, run.reused, len(table), time.perf_counter() - start, interrupted, energy_source, tuple(memories)
+        run.measured,
+        run.reused,
+        len(table),
+        time.perf_counter() - start,
+        interrupted,
+        energy_source,
+        tuple(memories),
+        tuple(run.skipped),
     )
 
 
@@ -224,6 +235,7 @@ class _ProfileRun:
         self.work += [("partition", label, members) for label, members in calibration_partitions(coarse)]
         self.flops = {n.name: n.flops for n in graph.nodes}
         self.measured = self.reused = self.done = 0
+        self.skipped: list[str] = []  # what a unit's EP could not load (calibration partitions only)
         self.total = configs * (1 + len(self.work))
         self.full_bytes = model.ort_proto.SerializeToString()
         self._values: dict[str, np.ndarray] | None = None
@@ -282,8 +294,17 @@ class _ProfileRun:
                 self.reused += 1
             else:
                 sub, sub_feeds = self.submodel(members)
-                t = self.timer.time(sub, sub_feeds, cfg, self.options.warmup, self.options.repeats, pu)
-                self.add(kind, name, members, c_all, t)
+                try:
+                    t = self.timer.time(sub, sub_feeds, cfg, self.options.warmup, self.options.repeats, pu)
+                except ProviderFailed as exc:
+                    if kind != "partition":  # a block the unit cannot run: the plan must not put it there
+                        raise ProfilingError(
+                            f"block {name}: {exc}; leave the unit out (--pu) or plan without it"
+                        ) from None
+                    # a calibration partition only calibrates: the unit's EP could not compile this cut
+                    self.skipped.append(f"{cfg.label}: partition {name} ({exc})")
+                else:
+                    self.add(kind, name, members, c_all, t)
             self.tick(f"{cfg.label}: {kind} {name}")
 
     def memory(self, memory: SharedMemory) -> tuple[str, float, str]:

@@ -299,6 +299,9 @@ def run(
     out.print(t)
     out.print(f"energy is {result.energy_source}; bundle {result.bundle_sha256[:12]}…", highlight=False)
     out.print("inputs: " + "; ".join(result.inputs), highlight=False, markup=False)
+    runtimes = _runtimes_line(result.partitions)
+    if runtimes:
+        out.print(runtimes, highlight=False, markup=False)
     if result.hosts:
         out.print(
             "hosts: " + ", ".join(f"{h} on {b}" for h, b in result.hosts.items()) + " (tensors between them went "
@@ -330,6 +333,23 @@ def run(
         )
         if not result.verified:
             raise typer.Exit(1)
+
+
+def _runtimes_line(partitions) -> str:  # type: ignore[no-untyped-def]
+    """Where the partitions ran, as their sessions reported: per unit, its provider, the load (EP compilation
+    included: a deploy cost, not in the figures above) and whether a compiled model came from the cache."""
+    units: dict[str, list] = {}
+    for p in partitions:
+        if p.provider:
+            units.setdefault(p.pu, []).append(p)
+    parts = []
+    for unit, ps in units.items():
+        cached = sum(1 for p in ps if p.compile_cache_hit)
+        parts.append(
+            f"{unit} on {ps[0].provider} ({len(ps)} partition{'s' if len(ps) > 1 else ''}, loaded in "
+            f"{sum(p.load_s for p in ps):.2f} s" + (f", {cached} from the compile cache" if cached else "") + ")"
+        )
+    return "ran: " + "; ".join(parts) if parts else ""
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,12 @@ def profile_json(p: DeviceProfile) -> dict[str, Any]:
                 "host": u.host,
                 "cores": list(u.cores),
                 "execution_provider": u.execution_provider,
+                "runtime": (
+                    {"value": u.runtime.value, "source": u.runtime.source, "cite": u.runtime.cite}
+                    if u.runtime
+                    else {"value": "onnxruntime", "source": "", "cite": ""}
+                ),
+                "ep_options": dict(u.ep_options),
                 "supported_ops": list(u.supported_ops) or "all",
                 "throttle_percent": u.throttle.quota_percent if u.throttle else None,
                 "peak_gflops": {k: _q(v) for k, v in u.peak_gflops.items()},
@@ -119,7 +125,7 @@ def show(
             u.kind,
             u.host,
             ",".join(map(str, u.cores)) or "-",
-            u.execution_provider,
+            u.execution_provider if u.deployable else f"unavailable ({u.execution_provider or 'no EP'})",
             f"{u.peak_gflops['conv'].value:g}",
             f"{u.peak_gflops['matmul'].value:g}",
             f"{u.memory_bandwidth_gbps.value:g}",
@@ -127,6 +133,10 @@ def show(
             "all" if not u.supported_ops else f"{len(u.supported_ops)} types",
         )
     out.print(pus)
+    for u in p.undeployable():
+        why = u.runtime.cite if u.runtime else ""
+        out.print(f"  {u.name}: no onnxruntime drives it ({why}); plans use it only with --include-unavailable",
+                  highlight=False, markup=False)  # fmt: skip
     links = Table("link", "GB/s", "latency us", "conversion us/MB")
     for link in (*p.links, *([p.default_link] if p.default_link else [])):
         ends = "any two PUs (default)" if link is p.default_link else f"{link.a} <-> {link.b}"

@@ -97,6 +97,7 @@ def profile(
             "memories": [
                 {"memory": m, "bandwidth_gbps": round(gbps, 3), "measured": how} for m, gbps, how in summary.memories
             ],
+            "skipped": list(summary.skipped),
         }
     )
     if as_json:
@@ -141,6 +142,9 @@ def _print_profile(result: dict) -> None:
         f"entries) in {result['seconds']:.1f}s; energy is {result['energy_source']}",
         highlight=False,
     )
+    for what in result.get("skipped", []):
+        out.print(f"not measured (its unit's EP could not load it; calibration only): {what}",
+                  highlight=False, markup=False)  # fmt: skip
     for m in result.get("memories", []):
         out.print(
             f"shared memory {m['memory']}: {m['bandwidth_gbps']:.2f} GB/s for this model ({m['measured']})",
