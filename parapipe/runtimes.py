@@ -11,6 +11,7 @@ goes through that agent. On real boards the agent uses the board's own onnxrunti
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -112,6 +113,13 @@ def install(name: str, say: Callable[[str], None] | None = None) -> tuple[Path, 
     say = say or (lambda _m: None)
     root = runtimes_root()
     root.mkdir(parents=True, exist_ok=True)
+    with open(root / f".{name}.lock", "w") as lock:  # one install at a time; a second finds it done
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _install(kind, root, say)
+
+
+def _install(kind: RuntimeKind, root: Path, say: Callable[[str], None]) -> tuple[Path, Runtime]:
+    name = kind.name
     target = root / name
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
     try:

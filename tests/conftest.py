@@ -34,6 +34,8 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "parapipe/test_cli_plan_run.py": ("agent",),
     "parapipe/test_deploy_ssh.py": ("ssh", "agent"),
     "parapipe/test_deploy_providers.py": ("ssh",),
+    "parapipe/test_openvino.py": ("runtime", "agent", "corpus"),
+    "parapipe/test_gpu.py": ("gpu", "agent", "corpus"),
     "parapipe/test_deploy_systemd.py": ("systemd", "ssh", "agent"),
     "parapipe/test_fleet.py": ("ssh", "agent"),
     "parapipe/test_known_hosts.py": ("ssh",),

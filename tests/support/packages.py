@@ -21,6 +21,11 @@ _OFFLINE = re.compile(
 )
 
 
+def index_unreachable(text: str) -> bool:
+    """Whether pip's output says the package index could not be reached (the tests skip then)."""
+    return bool(_OFFLINE.search(text))
+
+
 def installed(name: str, *requirements: str, no_deps: bool = False) -> Path:
     """The folder ``requirements`` are installed in (made the first time); put it first on PYTHONPATH."""
     target = CACHE / name
