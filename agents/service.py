@@ -37,7 +37,14 @@ from agents.peers import EPOCH_KEY, SENDER_KEY, Peer, PeerError, PeerLinks
 from agents.proto import parapipe_agent_pb2 as pb
 from agents.tensors import from_message
 from profiler.energy import PowerModel
-from profiler.runtime import CPU_PROVIDER, ProviderUnavailable, available_providers, missing_providers, open_session
+from profiler.runtime import (
+    CPU_PROVIDER,
+    ProviderUnavailable,
+    available_providers,
+    missing_providers,
+    open_session,
+    own_threads,
+)
 
 AGENT_VERSION = "0.2.0"
 log = logging.getLogger("parapipe.agent")
@@ -718,7 +725,13 @@ def profile_ops(request: pb.ProfileRequest) -> pb.ProfileReply:
         provider_options=tuple(sorted(request.provider_options.items())),
     )
     repeats, warmup = max(3, request.repeats or 10), request.warmup or 3
-    if request.per_op:
+    if own_threads(provider):
+        # its thread pool keeps to the unit's cores only as a process's affinity: timed in a process of its own,
+        # as the executor runs it (``agents.isolated``); it compiles the graph into its own kernels, so it has no
+        # per-node times
+        outputs = [o.name for o in session.get_outputs()]
+        timings = {} if request.per_op else {"": _time_isolated(request.model, feeds, outputs, cfg, warmup, repeats)}
+    elif request.per_op:
         timings = op_profile(request.model, feeds, cfg, warmup, repeats)
     else:
         timings = {"": time_model(request.model, feeds, cfg, warmup, repeats)}
@@ -731,6 +744,31 @@ def profile_ops(request: pb.ProfileRequest) -> pb.ProfileReply:
         ],
         ort_version=ort.__version__,
     )
+
+
+def _time_isolated(model: bytes, feeds: dict, names: list[str], cfg, warmup: int, repeats: int):  # type: ignore[no-untyped-def]
+    """``time_model`` for a unit whose EP runs its own threads: the session in a child pinned to the unit's cores."""
+    import tempfile
+
+    from agents.isolated import IsolatedUnit
+    from profiler.measure import Timing
+
+    with tempfile.TemporaryDirectory(prefix="parapipe-profile-") as tmp:
+        path = Path(tmp) / "model.onnx"
+        path.write_bytes(model)
+        unit = IsolatedUnit(cfg.cores, cfg.pu, 100.0)
+        try:
+            session = unit.session(path, cfg.provider, cfg.threads, cfg.pu, dict(cfg.provider_options))
+            for _ in range(warmup):
+                session.run(names, feeds)
+            samples = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                session.run(names, feeds)
+                samples.append((time.perf_counter() - start) * 1e3)
+        finally:
+            unit.close()
+    return Timing.of(samples)
 
 
 def _np_type(ort_type: str) -> str:
