@@ -34,7 +34,7 @@ from device_profiles.schema import (
 )
 
 SHIPPED_DIR = Path(__file__).parent / "boards"
-RUNTIME_PROFILES = ("local", "local-biglittle", "local-edge-cloud", "local-openvino")
+RUNTIME_PROFILES = ("local", "local-biglittle", "local-edge-cloud", "local-openvino", "local-gpu")
 
 
 def shipped_names() -> list[str]:
@@ -51,6 +51,7 @@ def load_profile(name_or_path: str | Path) -> DeviceProfile:
             biglittle=text == "local-biglittle",
             edge_cloud=text == "local-edge-cloud",
             openvino=text == "local-openvino",
+            gpu=text == "local-gpu",
         )
     shipped = SHIPPED_DIR / f"{text}.toml"
     path = shipped if shipped.is_file() else Path(text)

@@ -87,7 +87,49 @@ def throttling_available() -> str | None:
 OPENVINO = "OpenVINOExecutionProvider"
 
 
-def build_local_profile(biglittle: bool = False, edge_cloud: bool = False, openvino: bool = False) -> DeviceProfile:
+NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
+
+
+def cuda_gpu() -> str | None:
+    """The model name of this machine's first NVIDIA GPU (the driver's /proc entry), or None without one."""
+    entries = sorted(NVIDIA_GPUS.glob("*/information")) if NVIDIA_GPUS.is_dir() else []
+    if not entries:
+        return None
+    text = _read(entries[0]) or ""
+    return next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("Model")), "NVIDIA GPU")
+
+
+def _gpu_unit(model: str, host: str) -> ProcessingUnit:
+    """This machine's CUDA GPU as a unit: every figure an order-of-magnitude estimate that `parapipe profile`
+    replaces with measured times (the GPU is not identified beyond its name)."""
+    why = f"{model}: order of magnitude for a recent NVIDIA GPU, not this one's data sheet; profile measures it"
+    peaks = {
+        "conv": 8000.0,
+        "matmul": 10000.0,
+        "depthwise": 800.0,
+        "elementwise": 300.0,
+        "pooling": 300.0,
+        "other": 50.0,
+    }
+    return ProcessingUnit(
+        name="gpu",
+        kind="gpu",
+        host=host,
+        cores=(),
+        execution_provider="CUDAExecutionProvider",
+        ep_options=(("device_id", "0"),),
+        peak_gflops={cls: Quantity(v, "estimate", why) for cls, v in peaks.items()},
+        memory_bandwidth_gbps=Quantity(500.0, "estimate", why),
+        memory_bytes=Quantity(8.0e9, "estimate", why),
+        launch_overhead_us=Quantity(20.0, "estimate", "CUDA kernel launch plus onnxruntime's CUDA EP dispatch"),
+        active_power_w=Quantity(250.0, "estimate", why),
+        idle_power_w=Quantity(30.0, "estimate", why),
+    )
+
+
+def build_local_profile(
+    biglittle: bool = False, edge_cloud: bool = False, openvino: bool = False, gpu: bool = False
+) -> DeviceProfile:
     cores = sorted(os.sched_getaffinity(0))
     ghz, per_cycle, how = _cpuinfo()
     import psutil
@@ -185,6 +227,16 @@ def build_local_profile(biglittle: bool = False, edge_cloud: bool = False, openv
             "local-openvino",
             f"this host's core {cores[0]} on onnxruntime's CPU EP, core {cores[1]} on OpenVINO",
         )
+    elif gpu:
+        model = cuda_gpu()
+        if model is None:
+            raise ProfileError(f"local-gpu needs a CUDA GPU; none is visible here ({NVIDIA_GPUS} lists none)")
+        pus = (*(pu(cname, ccores) for cname, ccores in detect_clusters(cores).items()), _gpu_unit(model, "local"))
+        notes.append(
+            "unit gpu runs onnxruntime's CUDA EP (its agent runs in the gpu runtime's environment: `parapipe runtimes "
+            "install gpu`); tensors between it and the cores cross PCIe, priced by the cpu-gpu link"
+        )
+        name, desc = "local-gpu", f"this host: {len(cores)} core(s) and {model}"
     else:
         pus = tuple(pu(cname, ccores) for cname, ccores in detect_clusters(cores).items())
         name, desc = "local", f"this host: {len(cores)} core(s), clusters {', '.join(p.name for p in pus)}"
@@ -195,6 +247,20 @@ def build_local_profile(biglittle: bool = False, edge_cloud: bool = False, openv
         latency_us=Quantity(2.0, "estimate", "queue handoff between worker threads"),
         conversion_us_per_mb=Quantity(0.0, "estimate", "same memory layout on every CPU core"),
     )
+    links: tuple[Link, ...] = ()
+    if gpu:
+        pcie = "PCIe 4.0 x16 host<->device copy, order of magnitude (pinned memory ~25 GB/s; pageable less)"
+        links = tuple(
+            Link(
+                a=p.name,
+                b="gpu",
+                bandwidth_gbps=Quantity(12.0, "estimate", pcie),
+                latency_us=Quantity(15.0, "estimate", "cudaMemcpy launch and synchronisation"),
+                conversion_us_per_mb=Quantity(0.0, "estimate", "same NCHW layout on both sides"),
+            )
+            for p in pus
+            if p.kind == "cpu"
+        )
     memories: tuple[SharedMemory, ...] = ()
     if not edge_cloud:
         # Units running at once slow each other (DRAM, caches and, on a virtual machine, the host's cores):
@@ -202,7 +268,7 @@ def build_local_profile(biglittle: bool = False, edge_cloud: bool = False, openv
         memories = (
             SharedMemory(
                 "dram",
-                tuple(p.name for p in pus),
+                tuple(p.name for p in pus if p.kind == "cpu"),
                 Quantity(
                     100.0,
                     "estimate",
@@ -217,7 +283,7 @@ def build_local_profile(biglittle: bool = False, edge_cloud: bool = False, openv
         description=desc,
         hosts=hosts,
         pus=pus,
-        links=(),
+        links=links,
         network=network,
         default_link=shared_memory,
         origin="built at run time",

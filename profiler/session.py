@@ -104,11 +104,16 @@ def pu_configs(profile: DeviceProfile, pu_names: Iterable[str] | None = None) ->
     configs = []
     for name in names:
         pu = profile.pu(name)
+        if pu.kind == "gpu" and pu.execution_provider in ("CUDAExecutionProvider", "TensorrtExecutionProvider"):
+            # one config: the GPU fed by one host thread on the first core of its host's first CPU PU
+            feeder = next((p.cores[:1] for p in profile.pus if p.kind == "cpu" and p.host == pu.host), ())
+            configs.append(PuConfig(pu.name, tuple(feeder), 1, pu.execution_provider, None, pu.ep_options))
+            continue
         if pu.kind != "cpu":
             raise ProfilingError(
-                f"PU {name!r} is a {pu.kind} using {pu.execution_provider}; parapipe profiles the units that run on "
-                "CPU cores only (onnxruntime's CPU EP or OpenVINO's CPU device, here or on a board through its "
-                "agent). Leave it out with --pu for those units; the planner uses the profile's figures for it."
+                f"PU {name!r} is a {pu.kind} using {pu.execution_provider}; parapipe profiles units on CPU cores "
+                "(onnxruntime's CPU EP, OpenVINO's CPU device) and CUDA GPUs, here or on a board through its agent. "
+                "Leave it out with --pu for those units; the planner uses the profile's figures for it."
             )
         for threads in range(1, len(pu.cores) + 1):
             throttle = pu.throttle.quota_percent if pu.throttle else None
