@@ -37,7 +37,10 @@ KINDS = {
     "openvino": RuntimeKind(
         "openvino", ("onnxruntime-openvino",), "OpenVINOExecutionProvider", "OpenVINO's CPU, GPU and NPU devices"
     ),
-    "gpu": RuntimeKind("gpu", ("onnxruntime-gpu",), "CUDAExecutionProvider", "CUDA and TensorRT on an NVIDIA GPU"),
+    # the extras bring CUDA and cuDNN from PyPI (onnxruntime-gpu 1.19 and newer), as onnxruntime documents
+    "gpu": RuntimeKind(
+        "gpu", ("onnxruntime-gpu[cuda,cudnn]",), "CUDAExecutionProvider", "CUDA and TensorRT on an NVIDIA GPU"
+    ),
 }
 # what the agent imports besides onnxruntime (pyproject's ranges)
 AGENT_PACKAGES = ("grpcio>=1.63.2", "protobuf>=5.26.1,<8", "numpy>=1.26", "psutil>=5.9")
