@@ -123,9 +123,8 @@ def _stop(record: dict) -> bool:
 
 def several_hosts(what: str, hosts: list[str] | tuple[str, ...], device: str, plan: str = "PLAN") -> str:
     """Why a plan over several hosts is not deployed here, and what to do instead."""
-    from parapipe.reach import LOCAL_BOARDS
-
-    single = " or ".join(f"--device {b}" for b in LOCAL_BOARDS if b != "local-edge-cloud")
+    # the embedded boards of one host that need no runtime environment (local-openvino, local-gpu do)
+    single = " or ".join(f"--device {b}" for b in ("local", "local-biglittle"))
     pairs = " ".join(f"--board {h}=BOARD" for h in hosts)
     return (
         f"{what} runs over hosts {', '.join(hosts)}; a deploy to this machine serves a plan of one host. "

