@@ -41,6 +41,7 @@ from profiler.runtime import (
     CPU_PROVIDER,
     ProviderUnavailable,
     available_providers,
+    check_options,
     missing_providers,
     open_session,
     own_threads,
@@ -338,6 +339,8 @@ def start_pipeline(
     check_file_names(manifest)
     for p in manifest.local_partitions():  # before onnxruntime reads any of them
         check_external_data(folder / p.file, folder, f"partition file {p.file}")
+    for p in manifest.local_partitions():
+        check_options(p.provider_options, f"partition {p.name}")
     check_manifest_providers(manifest)
     peers = list(peers)
     given = {p.host: p for p in peers}
@@ -687,6 +690,7 @@ def check_profile_request(request: pb.ProfileRequest) -> None:
         raise ValueError(f"cores {unknown} are not among this agent's cores {usable}")
     if not 0.0 <= request.throttle_percent <= 100.0:
         raise ValueError(f"throttle_percent must be within 0..100, got {request.throttle_percent}")
+    check_options(request.provider_options, "the profile request")
 
 
 def profile_ops(request: pb.ProfileRequest) -> pb.ProfileReply:

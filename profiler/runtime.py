@@ -119,6 +119,19 @@ def own_threads(provider: str) -> bool:
     return provider == "OpenVINOExecutionProvider"
 
 
+def check_options(options: Mapping[str, str], where: str) -> None:
+    """Refuse (ValueError) provider options that name a file or folder (``cache_dir``, ``*_path``, ``load_config``,
+    ...): from a bundle or a request they would let the sender make the EP read or write anywhere the agent may.
+    The agent picks its EPs' cache folders itself (``cache_options``)."""
+    for key in options:
+        k = key.lower()
+        if k in ("cache_dir", "load_config") or k.endswith(("_path", "_dir", "_file", "_prefix")):
+            raise ValueError(
+                f"{where}: provider option {key!r} names a path on the board; leave it out (the agent keeps "
+                "compiled models in its own workdir)"
+            )
+
+
 def cache_options(provider: str, folder: str) -> dict[str, str]:
     """Provider options that keep an EP's compiled model in ``folder`` (OpenVINO's blobs, TensorRT's engines), so
     a restart or redeploy of the same bundle loads it instead of compiling again; {} for providers without one."""

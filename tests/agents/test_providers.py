@@ -67,3 +67,25 @@ def test_the_agent_refuses_a_bundle_whose_unit_needs_a_provider_it_lacks(tmp_pat
         assert MISSING not in client.status().providers
         client.start(client.load_bundle(good).bundle_sha256)  # and the agent serves on
         assert np.array_equal(client.infer(frame(TABLE_ROWS - 1))["t1"], expected(TABLE_ROWS - 1, 2))
+
+
+@pytest.mark.agent
+def test_provider_options_naming_paths_are_refused(tmp_path) -> None:
+    """A bundle or a profile request may not point an EP's cache or config at a path of its choosing."""
+    from agents.proto import parapipe_agent_pb2 as pb
+    from tests.support.tiny import stage_model
+
+    escaped = tmp_path / "escaped"
+    folder = with_provider(write_tiny_bundle(tmp_path / "b", stages=2), 1, "CPUExecutionProvider",
+                           {"cache_dir": str(escaped)})  # fmt: skip
+    with LocalAgent() as agent:
+        client = agent.client
+        with pytest.raises(AgentError) as info:
+            client.start(client.load_bundle(folder).bundle_sha256)
+        assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT and "'cache_dir' names a path" in str(info.value)
+        request = pb.ProfileRequest(model=stage_model(1), threads=1, repeats=3, warmup=1,
+                                    provider_options={"trt_engine_cache_path": str(escaped)})  # fmt: skip
+        with pytest.raises(AgentError) as info:
+            client.profile_ops(request)
+        assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT and "trt_engine_cache_path" in str(info.value)
+        assert not escaped.exists()

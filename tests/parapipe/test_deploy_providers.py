@@ -111,7 +111,6 @@ def test_run_deploy_and_tune_refuse_a_unit_whose_provider_the_board_lacks(sshd, 
         ("run", str(plan_file), "--board", "gpubox", "--model", str(model)),
         ("deploy", str(plan_file), "--board", "gpubox", "--model", str(model)),
         ("tune", str(model), "--board", "gpubox", "--rounds", "1"),
-        ("tune", str(model), "--board", "gpubox", "--rounds", "1", "--exclude-pus", "cpu"),
     ):
         done = run_cli(*command, home=home)
         assert done.returncode == 2, (command, done.stdout, done.stderr)

@@ -26,7 +26,7 @@ from parapipe.local_agent import LocalAgent
 TABLE_ROWS = 4
 
 
-def _stage_model(stage: int) -> bytes:
+def stage_model(stage: int) -> bytes:
     if stage == 0:
         table = numpy_helper.from_array(np.arange(TABLE_ROWS * 8, dtype=np.float32).reshape(TABLE_ROWS, 8), "table")
         node = helper.make_node("Gather", ["table", "idx"], ["t0"], axis=0)
@@ -66,7 +66,7 @@ def _manifest(stages: int, max_inflight: int, host: str, hosts: tuple[str, ...],
     cores = sorted(os.sched_getaffinity(0))
     parts = []
     for s in range(stages):
-        data = _stage_model(s)
+        data = stage_model(s)
         on = ("a" if s == 0 else "b") if hosts else ""
         local = not host or on == host
         parts.append(
@@ -106,9 +106,9 @@ def write_tiny_bundle(folder: Path, stages: int = 2, max_inflight: int = 2, host
     manifest = _manifest(stages, max_inflight, host, hosts, plan_bundle)
     folder.mkdir(parents=True, exist_ok=True)
     for p in manifest.local_partitions():
-        (folder / p.file).write_bytes(_stage_model(p.stage))
+        (folder / p.file).write_bytes(stage_model(p.stage))
     (folder / MANIFEST).write_text(manifest.text())
-    onnx.checker.check_model(onnx.load_from_string(_stage_model(0)))
+    onnx.checker.check_model(onnx.load_from_string(stage_model(0)))
     return folder
 
 
