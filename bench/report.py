@@ -6,7 +6,7 @@ the page then shows every results file, the machine and versions, and plots draw
 the results: the ILP's solve time against model size (from the planner bench), the
 prediction error per tune round (from the tune bench) and a Pareto front.
 
-Run: .venv/bin/python bench/report.py [--run graph costmodel contention planner agent tune precision paper] [--time-limit 30]
+Run: .venv/bin/python bench/report.py [--run graph costmodel contention planner agent tune precision paper openvino gpu] [--time-limit 30]
 """
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ ORDER = (
     "throttle_stall",
     "tune",
     "precision",
+    "openvino",
+    "gpu",
     "soak",
 )
 
