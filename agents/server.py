@@ -474,6 +474,66 @@ def exposure_problem(host: str, token: bool, tls: bool, insecure: bool) -> tuple
     return None, None
 
 
+class WorkdirBusy(RuntimeError):
+    """Another agent serves this workdir."""
+
+
+WORKDIR_LOCK = "agent.lock"
+
+
+def lock_workdir(workdir: Path):  # -> the open lock file (keep it open)
+    """Take the workdir's lock (flock on ``agent.lock``, the holder's pid written in it) for this process's life:
+    a second agent on the same workdir would delete the first's upload in progress and run its pipeline on the
+    same cores. ``WorkdirBusy`` names the holder."""
+    import fcntl
+
+    if workdir.exists() and not workdir.is_dir():
+        raise NotADirectoryError(f"--workdir {workdir} is a file, not a folder")
+    workdir.mkdir(parents=True, exist_ok=True)
+    handle = open(workdir / WORKDIR_LOCK, "a+")  # held open for the process's life
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "unknown"
+        handle.close()
+        raise WorkdirBusy(
+            f"another agent (pid {holder}) serves workdir {workdir}; stop it first or give another --workdir"
+        ) from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"{os.getpid()}\n")
+    handle.flush()
+    return handle
+
+
+def read_token(path: Path) -> str:
+    """The bearer token in ``path``: printable ASCII (gRPC metadata carries nothing else), not empty."""
+    data = path.read_bytes()
+    try:
+        token = data.decode("ascii").strip()
+    except UnicodeDecodeError:
+        raise ValueError(f"token file {path} holds bytes that are not ASCII; a token is printable ASCII") from None
+    if not token:
+        raise ValueError(f"token file {path} is empty")
+    if not token.isprintable():
+        raise ValueError(f"token file {path} holds control characters; a token is printable ASCII")
+    return token
+
+
+def _argument_problem(args: argparse.Namespace) -> str:
+    """What is wrong with the command line, before anything starts ("" if nothing)."""
+    for name in ("port", "metrics_port"):
+        value = getattr(args, name)
+        if value is not None and not 0 <= value <= 65535:
+            return f"--{name.replace('_', '-')} {value}: a port is 0 to 65535 (0 picks a free one)"
+    for name in ("port_file", "metrics_port_file", "pid_file"):
+        path = getattr(args, name)
+        if path is not None and not path.parent.is_dir():
+            return f"--{name.replace('_', '-')} {path}: the folder {path.parent} does not exist"
+    return ""
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="parapipe-agent", description="The parapipe board agent (gRPC).")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
@@ -523,6 +583,10 @@ def main(argv: list[str] | None = None) -> int:
         "also $PARAPIPE_LOG_FORMAT",
     )
     args = parser.parse_args(argv)
+    problem = _argument_problem(args)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     from agents.logs import configure
 
     try:
@@ -533,12 +597,9 @@ def main(argv: list[str] | None = None) -> int:
     token = None
     if args.token_file:
         try:
-            token = args.token_file.read_text().strip()
-        except OSError as exc:
-            print(f"error: cannot read token file: {exc}", file=sys.stderr)
-            return 2
-        if not token:
-            print(f"error: token file {args.token_file} is empty", file=sys.stderr)
+            token = read_token(args.token_file)
+        except (OSError, ValueError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
             return 2
     tls = None
     if args.tls_cert or args.tls_key:
@@ -573,7 +634,13 @@ def main(argv: list[str] | None = None) -> int:
         from agents.debug import MemoryReports
 
         MemoryReports(args.debug_memory).install()
+    try:
+        workdir_lock = lock_workdir(args.workdir)  # held for the agent's life; the kernel lets go when it ends
+    except (OSError, WorkdirBusy) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     state = service.AgentState(args.workdir, max_bundle_bytes=args.max_bundle_bytes)
+    state.workdir_lock = workdir_lock
     if json_logs is not None:
         json_logs.state = state
     metrics_port = None

@@ -100,6 +100,7 @@ class AgentState:
     max_bundle_bytes: int = MAX_BUNDLE_BYTES
     started: float = field(default_factory=time.time)
     boots: int = 0  # how many times an agent started on this workdir, this time included
+    workdir_lock: object = None  # the open file holding the workdir's flock (``server.lock_workdir``)
     resumed: bool = False  # the running pipeline was brought back after a restart, not started by a call
     generation: int = 0  # bumped by every StartPipeline/StopPipeline call: a resume in progress gives way
     # told of every pipeline once it started, before it takes frames (pipeline, resumed): metrics

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agents.client import AgentClient, AgentError
+from agents.server import WORKDIR_LOCK
 from agents.service import MIN_ORT_VERSION
 from parapipe.agent_wheel import ORT_REQUIREMENT, build_wheel
 from parapipe.availability import PROBE, Runtime, accelerated, parse_probe, refuse_missing
@@ -831,6 +832,6 @@ def undeploy(board: Board) -> list[str]:
         removed = [e for e in entries if e.startswith(wd + "/")]
         if removed:
             conn.run(["rm", "-rf", "--", *removed])
-        conn.run(["rm", "-f", f"{wd}/{RECORD}"], check=False)
+        conn.run(["rm", "-f", f"{wd}/{RECORD}", f"{wd}/{WORKDIR_LOCK}"], check=False)  # the stopped agent's lock
         conn.run(["rmdir", wd], check=False)  # only if deploy left it empty
         return removed
