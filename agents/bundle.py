@@ -27,6 +27,14 @@ MANIFEST = "manifest.json"
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 
 
+_PLAIN = re.compile(r"^[A-Za-z0-9_.+-]{1,128}$")  # a file name, or a unit spanning clusters ("big+little")
+
+
+def plain_name(name: str) -> bool:
+    """Whether ``name`` can become one path component safely: no separator, not ``.`` or ``..``, bounded."""
+    return bool(_PLAIN.match(name)) and name not in (".", "..")
+
+
 class BundleError(ValueError):
     """A bundle is malformed, incomplete or does not match its hashes."""
 
@@ -227,6 +235,10 @@ def parse_manifest(text: str) -> Manifest:
             elsewhere = bool(this_host) and str(p.get("host", "")) != this_host
             if not (elsewhere and p["file"] == "") and not _SAFE_NAME.match(str(p["file"])):
                 raise BundleError(f"partition file name {p['file']!r} is not a plain file name")
+            # names that reach paths on the board (a throttled unit's cgroup is named after them) pass the same check
+            for what, name in (("partition name", p["name"]), ("unit name", p["pu"])):
+                if not plain_name(str(name)):
+                    raise BundleError(f"{what} {name!r} is not a plain name (letters, digits, _ . - +; not . or ..)")
             parts.append(
                 PartitionSpec(
                     name=str(p["name"]),

@@ -7,6 +7,7 @@ this host at run time (``device_profiles.local``).
 
 from __future__ import annotations
 
+import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -130,6 +131,8 @@ def parse_quantity(raw: Any, path: str, *, positive: bool = False) -> Quantity:
 def _pu(raw: Any, path: str, hosts: list[str]) -> ProcessingUnit:
     r = _Reader(raw, path)
     name = r.get("name", str)
+    if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", name) or name in (".", ".."):  # it names partitions and cgroups
+        raise ProfileError(f"{path}.name: {name!r} is not a plain unit name (letters, digits, _ . -)")
     kind = r.get("kind", str)
     if kind not in PU_KINDS:
         raise ProfileError(f"{path}.kind: {kind!r} is not one of {', '.join(PU_KINDS)}")

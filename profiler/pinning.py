@@ -50,6 +50,8 @@ def throttle_current_thread(name: str, quota_percent: float) -> Path:
 
     A real-time thread (SCHED_FIFO, SCHED_RR) is put under SCHED_OTHER first (a quota throttles CFS
     threads only, and the group refuses real-time ones); ``release_current_thread`` gives it back."""
+    if not name or "/" in name or name in (".", "..") or "\0" in name:  # one folder under parapipe's, no other
+        raise PinningError(f"cannot throttle a thread as {name!r}: a cgroup name is one plain folder name")
     group = CGROUP_CPU / "parapipe" / name
     period, quota = cfs_settings(quota_percent)
     try:

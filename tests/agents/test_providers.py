@@ -89,3 +89,23 @@ def test_provider_options_naming_paths_are_refused(tmp_path) -> None:
             client.profile_ops(request)
         assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT and "trt_engine_cache_path" in str(info.value)
         assert not escaped.exists()
+
+
+@pytest.mark.parametrize("name", ["../../../escaped", "..", "a/b", "", "x" * 200])
+def test_names_that_would_become_paths_are_refused(tmp_path, name: str) -> None:
+    """A partition or unit name reaches the board's filesystem (a throttled unit's cgroup is named after it):
+    the manifest refuses any that is not a plain name, and the throttle refuses it again."""
+    import json
+
+    from agents.bundle import BundleError
+    from profiler.pinning import PinningError, throttle_current_thread
+
+    folder = write_tiny_bundle(tmp_path / "b", stages=2)
+    for key in ("name", "pu"):
+        data = json.loads((folder / MANIFEST).read_text())
+        data["partitions"][1][key] = name
+        with pytest.raises(BundleError, match="is not a plain name"):
+            parse_manifest(json.dumps(data))
+    if "/" in name or name in ("", ".."):  # the names that leave parapipe's cgroup folder
+        with pytest.raises(PinningError, match="one plain folder name"):
+            throttle_current_thread(name, 50.0)
