@@ -10,6 +10,7 @@ prefix. Tensors travel as ``raw_*_contents`` (what tritonclient sends) or as typ
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 from collections import deque
@@ -24,6 +25,7 @@ from agents.executor import DeadlineExceeded, FrameFuture, Pipeline, PipelineErr
 from agents.proto import inference_pb2 as kpb
 from agents.proto import inference_pb2_grpc as krpc
 
+log = logging.getLogger("parapipe.agent")
 SERVICE = "inference.GRPCInferenceService"
 MODEL_ALIAS = "parapipe"
 PLATFORM = "onnxruntime_onnx"
@@ -142,6 +144,10 @@ def decode_inputs(request: kpb.ModelInferRequest) -> dict[str, np.ndarray]:
             raise ValueError(f"input {t.name!r}: negative dimension in {list(t.shape)}")
         dtype = np.dtype(NUMPY[t.datatype])
         count = math.prod(t.shape)  # Python ints: no overflow however large the shape claims to be
+        if raw and _has_contents(t):
+            raise ValueError(
+                f"input {t.name!r} has both raw_input_contents and typed contents; send its values one way only"
+            )
         if raw:
             if len(raw[i]) != count * dtype.itemsize:
                 raise ValueError(
@@ -157,9 +163,26 @@ def decode_inputs(request: kpb.ModelInferRequest) -> dict[str, np.ndarray]:
                     f"input {t.name!r}: {len(values)} values in contents for shape {list(t.shape)} "
                     f"({count} expected); send them as contents or raw_input_contents"
                 )
+            _check_range(t.name, t.datatype, dtype, values)
             value = np.fromiter(values, dtype=dtype, count=count)  # not asarray: [2**63 + 1, 0] would become float64
         arrays[t.name] = value.reshape(tuple(t.shape))
     return arrays
+
+
+def _has_contents(t: kpb.ModelInferRequest.InferInputTensor) -> bool:
+    """Whether a tensor carries typed ``contents`` values (any field)."""
+    return any(len(values) for _, values in t.contents.ListFields())
+
+
+def _check_range(name: str, datatype: str, dtype: np.dtype, values: Sequence) -> None:
+    """Typed integer contents travel in wider fields (UINT8 in uint32s): each value must fit its datatype."""
+    if dtype.kind not in "iu" or not len(values):
+        return
+    info = np.iinfo(dtype)
+    low, high = min(values), max(values)
+    if low < info.min or high > info.max:
+        bad = low if low < info.min else high
+        raise ValueError(f"input {name!r}: value {bad} does not fit {datatype} ({info.min} to {info.max})")
 
 
 def encode_outputs(
@@ -282,6 +305,9 @@ class InferenceServicer(krpc.GRPCInferenceServiceServicer):
                         item = (req, _submit(pipeline, req, context), "")
                     except (service.NotFound, PipelineError, DeadlineExceeded, ValueError) as exc:
                         item = (req, None, str(exc))
+                    except Exception as exc:  # anything else one request trips on is its own error, too
+                        log.exception("a stream request failed")
+                        item = (req, None, f"the request failed ({type(exc).__name__}); the agent's log has why")
                     with cond:
                         pending.append(item)
                         cond.notify()
