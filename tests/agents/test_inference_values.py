@@ -69,6 +69,12 @@ def test_one_bad_value_on_a_stream_is_its_own_error_and_the_stream_goes_on(tmp_p
         with pytest.raises(grpc.RpcError) as info:
             stub.ModelInfer(_request([1, 300, 2, 3], "unary"), timeout=30)
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "does not fit UINT8" in info.value.details()
+        twice = _request([1, 2, 3, 4], "twice")
+        for _ in range(200):
+            twice.outputs.add(name="y")
+        with pytest.raises(grpc.RpcError) as info:
+            stub.ModelInfer(twice, timeout=30)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "more than once" in info.value.details()
         sent = [_request([1, 2, 3, 4], "0"), _request([1, 300, 2, 3], "1"), _request([5, 6, 7, 8], "2"),
                 _request([9, 10, 11, 12], "3")]  # fmt: skip
         answers = list(stub.ModelStreamInfer(iter(sent), timeout=60))
