@@ -12,7 +12,6 @@ Board side: onnxruntime, numpy and the stdlib only (the agent imports it).
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -78,32 +77,12 @@ def available_providers() -> list[str]:
     return list(ort.get_available_providers())
 
 
-def known_providers() -> list[str]:
-    """Every execution provider name onnxruntime knows (in any build)."""
-    import onnxruntime as ort
-
-    return list(ort.get_all_providers())
-
-
-def close_provider(name: str, known: Iterable[str]) -> str:
-    """The known provider name closest to ``name`` (case-insensitive), or ""."""
-    known = list(known)
-    lowered = {k.lower(): k for k in known}
-    if name.lower() in lowered:
-        return lowered[name.lower()]
-    match = difflib.get_close_matches(name.lower(), list(lowered), n=1, cutoff=0.6)
-    return lowered[match[0]] if match else ""
-
-
 @dataclass(frozen=True)
 class Missing:
     """A unit whose provider a runtime does not offer."""
 
     unit: str
     provider: str
-
-    def advice(self, available: Iterable[str], where: str = "") -> str:
-        return provider_advice(self.unit, self.provider, available, where)
 
 
 def missing_providers(needed: Mapping[str, str], available: Iterable[str]) -> list[Missing]:
