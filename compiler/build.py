@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import uuid
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ from agents.bundle import MANIFEST, Manifest, PartitionSpec, TensorSpec
 from compiler.targets import board_power, unit_target
 from device_profiles.schema import DeviceProfile
 from models.errors import PartitionError
+from models.files import locked
 from models.graph import OpGraph
 from models.inputs import InputSpec
 from models.onnx_io import LoadedModel
@@ -170,24 +172,34 @@ def write_bundles(compiled: Compiled, folder: Path) -> dict[str, Path]:
     if "" in parts:
         return {"": write_bundle(compiled, folder)}
     folder = Path(folder)
-    tmp = folder.with_name(f".{folder.name}.hosts-{os.getpid()}")
-    if tmp.exists():
-        shutil.rmtree(tmp)
+    tmp = _scratch(folder, "hosts")
     tmp.mkdir(parents=True)
-    for host, part in parts.items():
-        write_bundle(part, tmp / host)
-    _swap(tmp, folder)
+    try:
+        for host, part in parts.items():
+            write_bundle(part, tmp / host)
+        _swap(tmp, folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return {host: folder / host for host in parts}
 
 
+def _scratch(folder: Path, what: str) -> Path:
+    """A folder name beside ``folder`` that no other writer (process or thread) picks."""
+    return folder.with_name(f".{folder.name}.{what}-{os.getpid()}-{uuid.uuid4().hex[:12]}")
+
+
 def _swap(tmp: Path, folder: Path) -> None:
-    if folder.exists():
-        old = folder.with_name(f".{folder.name}.old-{os.getpid()}")
-        os.replace(folder, old)
-        os.replace(tmp, folder)
-        shutil.rmtree(old)
-    else:
-        os.replace(tmp, folder)
+    """Put ``tmp`` in ``folder``'s place. Writers of the same folder take turns (a lock beside it): two at once
+    failed with ENOTEMPTY and left their scratch folders behind."""
+    with locked(folder):
+        if folder.exists():
+            old = _scratch(folder, "old")
+            os.replace(folder, old)
+            os.replace(tmp, folder)
+            shutil.rmtree(old)
+        else:
+            os.replace(tmp, folder)
 
 
 def run_chained(
@@ -273,14 +285,16 @@ def write_bundle(compiled: Compiled, folder: Path) -> Path:
     """Write files and manifest to a temporary folder, then rename it into place."""
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
-    if tmp.exists():
-        shutil.rmtree(tmp)
+    tmp = _scratch(folder, "tmp")
     tmp.mkdir()
-    for name, data in compiled.files.items():
-        (tmp / name).write_bytes(data)
-    (tmp / MANIFEST).write_text(compiled.manifest.text())
-    _swap(tmp, folder)
+    try:
+        for name, data in compiled.files.items():
+            (tmp / name).write_bytes(data)
+        (tmp / MANIFEST).write_text(compiled.manifest.text())
+        _swap(tmp, folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return folder
 
 
