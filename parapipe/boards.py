@@ -64,8 +64,8 @@ def load_boards() -> dict[str, Board]:
     if not path.exists():
         return {}
     try:
-        data = tomllib.loads(path.read_text())
-    except (tomllib.TOMLDecodeError, OSError) as exc:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, OSError, UnicodeDecodeError) as exc:
         raise BoardError(f"{path} is not valid TOML ({exc}); fix or remove it") from None
     table = data.get("boards", {})
     if not isinstance(table, dict):
@@ -163,12 +163,24 @@ def read_secret(path: str) -> bytes:
         raise BoardError(f"cannot read {path}: {exc.strerror}") from None
 
 
+def read_token(path: str) -> str:
+    """A bearer token file's token: printable ASCII (gRPC metadata carries nothing else)."""
+    data = read_secret(path)
+    try:
+        token = data.decode("ascii")
+    except UnicodeDecodeError:
+        raise BoardError(f"token file {path} holds bytes that are not ASCII; a token is printable ASCII") from None
+    if not token or not token.isprintable():
+        raise BoardError(f"token file {path} is empty or holds control characters; a token is printable ASCII")
+    return token
+
+
 @contextmanager
 def direct_client(board: Board, timeout: float = 60.0) -> Iterator[AgentClient]:
     """A client of a board's agent at its ``agent_address`` (TLS, token); checks it answers first."""
     from agents.client import AgentClient, AgentError
 
-    token = read_secret(board.token_file).decode()
+    token = read_token(board.token_file)
     ca = read_secret(board.tls_ca)
     with AgentClient(board.agent_address, token=token, tls=(ca, None, None), timeout=timeout) as client:
         try:

@@ -94,11 +94,11 @@ def open_board(name: str) -> Iterator[BoardSession]:
             assert agent.client is not None
             yield BoardSession(name, name, "local", agent.client, Peer("", f"127.0.0.1:{agent.port}"))
         return
-    from parapipe.boards import direct_client, get_board, read_secret
+    from parapipe.boards import direct_client, get_board, read_secret, read_token
 
     board = get_board(name)
     if board.agent_address:
-        token = read_secret(board.token_file).decode() if board.token_file else ""
+        token = read_token(board.token_file) if board.token_file else ""
         ca = read_secret(board.tls_ca) if board.tls_ca else b""
         with direct_client(board) as client:
             yield BoardSession(name, board.device, "direct", client, Peer("", board.agent_address, token, ca))

@@ -195,10 +195,10 @@ def agent_status(
 ) -> None:
     """Health, readiness, loaded bundles, cores and versions of an agent."""
     from agents.client import AgentClient, AgentError
-    from parapipe.boards import read_secret
+    from parapipe.boards import read_token
     from parapipe.local_agent import DeployError
 
-    token = read_secret(str(token_file)).decode() if token_file else None
+    token = read_token(str(token_file)) if token_file else None
     with AgentClient(address, token, timeout=5) as client:
         try:
             live = client.health()

@@ -59,3 +59,17 @@ def test_a_second_agent_on_the_same_workdir_is_refused_and_the_first_serves_on(t
         assert first.client.status().workdir == str(workdir)
     with LocalAgent(workdir=workdir) as again:  # the lock went with the first agent
         assert again.client.status().boots == 2
+
+
+def test_host_side_commands_refuse_unreadable_inventory_and_token_files(tmp_path) -> None:
+    from tests.support.cli import run_cli
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "boards.toml").write_bytes(b"[boards.x]\nhost = '\xff\xfe'\n")
+    listed = run_cli("boards", "list", home=home)
+    assert listed.returncode == 2 and "not valid TOML" in listed.stderr and "Traceback" not in listed.stderr
+    token = tmp_path / "token"
+    token.write_bytes(b"\xff\xfe\x00binary")
+    status = run_cli("agent", "status", "--address", "127.0.0.1:1", "--token-file", str(token), home=home)
+    assert status.returncode == 2 and "not ASCII" in status.stderr and "Traceback" not in status.stderr
