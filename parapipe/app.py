@@ -19,9 +19,10 @@ from rich.markup import escape
 from device_profiles.schema import ProfileError
 from models.errors import ParapipeError
 from profiler.pinning import PinningError
+from profiler.runtime import ProviderUnavailable
 
 # Errors parts raise on purpose; each carries a message that says what to do.
-USER_ERRORS = (ParapipeError, ProfileError, PinningError)
+USER_ERRORS = (ParapipeError, ProfileError, PinningError, ProviderUnavailable)
 
 app = typer.Typer(
     help="Plan and run DNN inference across the processing units of edge boards.",

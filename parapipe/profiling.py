@@ -51,7 +51,11 @@ def profile_on_board(
         ) from None
     profile = load_profile(device)
     configs = pu_configs(profile, pus)
-    if board in LOCAL_BOARDS and local_runtime_of(board)[0] is None:  # this process runs its units
+    if board in LOCAL_BOARDS:
+        python, runtime = local_runtime_of(board)
+        if not runtime.version:  # a unit needs a runtime environment that is not installed
+            raise ProfilingError(f"board {board}: {runtime.where}")
+    if board in LOCAL_BOARDS and python is None:  # this process runs its units
         summary = run_profile(loaded, graph, profile, table, path, configs, options)
         return BoardProfile(summary, profile, configs)
     from parapipe.remote_profile import RemoteTimer

@@ -148,3 +148,11 @@ def test_cli_plans_leave_out_units_no_onnxruntime_drives(tmp_path, device: str, 
         break
     refused = run_cli("plan", str(model), "--device", device, "--pus", "npu", home=tmp_path / "home")
     assert refused.returncode == 2 and "--include-unavailable" in refused.stderr and "Traceback" not in refused.stderr
+
+
+def test_a_board_whose_runtime_is_not_installed_says_how_to_install_it(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("PARAPIPE_RUNTIMES", str(tmp_path / "no-runtimes"))
+    model = _branchy_model(tmp_path / "branchy.onnx")
+    done = run_cli("profile", str(model), "--board", "local-openvino", home=tmp_path / "home")
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert "`parapipe runtimes install openvino`" in done.stderr
