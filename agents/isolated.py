@@ -275,3 +275,28 @@ def serve(fd: int, setup_json: str) -> None:
                 conn.send(("error", f"unknown request {kind!r}"))
         except Exception as exc:
             conn.send(("error", f"{type(exc).__name__}: {exc}"))
+
+
+def time_isolated(
+    model: bytes, feeds: Mapping[str, np.ndarray], names: list[str], cfg: Any, warmup: int, repeats: int
+) -> Any:
+    """``profiler.measure.time_model`` for a unit whose EP runs threads of its own (OpenVINO): the session in a
+    child pinned to the unit's cores (``cfg``: a ``PuConfig``), as the executor runs it, hand-off included."""
+    from profiler.measure import Timing
+
+    with tempfile.TemporaryDirectory(prefix="parapipe-profile-") as tmp:
+        path = Path(tmp) / "model.onnx"
+        path.write_bytes(model)
+        unit = IsolatedUnit(cfg.cores, cfg.pu, 100.0)
+        try:
+            session = unit.session(path, cfg.provider, cfg.threads, cfg.pu, dict(cfg.provider_options))
+            for _ in range(warmup):
+                session.run(names, feeds)
+            samples = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                session.run(names, feeds)
+                samples.append((time.perf_counter() - start) * 1e3)
+        finally:
+            unit.close()
+    return Timing.of(samples)

@@ -32,6 +32,7 @@ from agents.benchmark import BenchmarkResult, run_benchmark
 from agents.bundle import MANIFEST, BundleError, Manifest, file_sha256, parse_manifest, verify_bundle
 from agents.executor import PeerAway, Pipeline, PipelineError
 from agents.external_data import check_external_data
+from agents.isolated import time_isolated
 from agents.memory import give_back_free_memory
 from agents.peers import EPOCH_KEY, SENDER_KEY, Peer, PeerError, PeerLinks
 from agents.proto import parapipe_agent_pb2 as pb
@@ -735,7 +736,7 @@ def profile_ops(request: pb.ProfileRequest) -> pb.ProfileReply:
         # as the executor runs it (``agents.isolated``); it compiles the graph into its own kernels, so it has no
         # per-node times
         outputs = [o.name for o in session.get_outputs()]
-        timings = {} if request.per_op else {"": _time_isolated(request.model, feeds, outputs, cfg, warmup, repeats)}
+        timings = {} if request.per_op else {"": time_isolated(request.model, feeds, outputs, cfg, warmup, repeats)}
     elif request.per_op:
         timings = op_profile(request.model, feeds, cfg, warmup, repeats)
     else:
@@ -749,31 +750,6 @@ def profile_ops(request: pb.ProfileRequest) -> pb.ProfileReply:
         ],
         ort_version=ort.__version__,
     )
-
-
-def _time_isolated(model: bytes, feeds: dict, names: list[str], cfg, warmup: int, repeats: int):  # type: ignore[no-untyped-def]
-    """``time_model`` for a unit whose EP runs its own threads: the session in a child pinned to the unit's cores."""
-    import tempfile
-
-    from agents.isolated import IsolatedUnit
-    from profiler.measure import Timing
-
-    with tempfile.TemporaryDirectory(prefix="parapipe-profile-") as tmp:
-        path = Path(tmp) / "model.onnx"
-        path.write_bytes(model)
-        unit = IsolatedUnit(cfg.cores, cfg.pu, 100.0)
-        try:
-            session = unit.session(path, cfg.provider, cfg.threads, cfg.pu, dict(cfg.provider_options))
-            for _ in range(warmup):
-                session.run(names, feeds)
-            samples = []
-            for _ in range(repeats):
-                start = time.perf_counter()
-                session.run(names, feeds)
-                samples.append((time.perf_counter() - start) * 1e3)
-        finally:
-            unit.close()
-    return Timing.of(samples)
 
 
 def _np_type(ort_type: str) -> str:

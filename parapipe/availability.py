@@ -16,12 +16,17 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from device_profiles.schema import DeviceProfile
 from parapipe.local_agent import DeployError
 from planner.plan import Plan
 from planner.unitname import UnitName
 from profiler.runtime import CPU_PROVIDER, install_hint, missing_providers, provider_advice
+
+if TYPE_CHECKING:
+    from parapipe.ssh import BoardConnection
 
 # prints {"version": ..., "providers": [...]} of the onnxruntime a Python imports (exit 3 without one)
 PROBE = (
@@ -90,3 +95,42 @@ def parse_probe(code: int, out: str, where: str) -> Runtime | None:
         return Runtime(str(data["version"]), tuple(str(p) for p in data["providers"]), where)
     except (ValueError, KeyError, IndexError, TypeError):
         return None
+
+
+def board_runtime(conn: BoardConnection, wd: str) -> Runtime:
+    """The onnxruntime the agent runs (or would run) on the board: the agent's venv's, else the board Python's."""
+    venv = f"{wd}/venv/bin/python"  # where deploy makes the agent's environment
+    py = conn.board.python
+    for python, where in ((venv, "the agent's virtual environment"), (py, f"{py} on the board")):
+        code, out, _ = conn.run([python, "-c", PROBE], check=False, timeout=120)
+        found = parse_probe(code, out, where)
+        if found is not None and found.version:
+            return found
+    return Runtime("", (), f"neither the agent's virtual environment nor {py} imports onnxruntime")
+
+
+def check_board_runtime(conn: BoardConnection, wd: str, needed: Mapping[str, str]) -> None:
+    """Refuse (DeployError, before anything is installed) units whose provider the board's onnxruntime lacks.
+    Only plans with accelerator units ask the board: deploy installs a CPU onnxruntime where there is none."""
+    if accelerated(needed):
+        refuse_missing(needed, board_runtime(conn, wd), conn.board.name)
+
+
+def bundle_units(bundle: Path) -> dict[str, str]:
+    """unit -> execution provider of the partitions a bundle runs on its host."""
+    from agents.bundle import MANIFEST, parse_manifest
+
+    manifest = parse_manifest((Path(bundle) / MANIFEST).read_text())
+    return {p.pu: p.provider for p in manifest.local_partitions()}
+
+
+def refuse_cpu_wheel(needed: Mapping[str, str], oldest: tuple[int, ...]) -> None:
+    """DeployError: the board's Python lacks a usable onnxruntime, and the index's CPU-only wheel would not run
+    ``needed``'s accelerator units; the board's own (JetPack's on a Jetson) must be installed first."""
+    unit, provider = next(iter(accelerated(needed).items()))
+    version = ".".join(map(str, oldest))
+    raise DeployError(
+        f"unit {unit} needs {provider}, and the board's Python has no onnxruntime {version} or newer with "
+        f"grpcio, numpy and psutil beside it; deploy would install the CPU-only wheel, so install the "
+        f"board's own ({install_hint(provider)}; onnxruntime {version} or newer) first"
+    )

@@ -43,12 +43,11 @@ from agents.client import AgentClient, AgentError
 from agents.server import WORKDIR_LOCK
 from agents.service import MIN_ORT_VERSION
 from parapipe.agent_wheel import ORT_REQUIREMENT, build_wheel
-from parapipe.availability import PROBE, Runtime, accelerated, parse_probe, refuse_missing
+from parapipe.availability import accelerated, bundle_units, check_board_runtime, refuse_cpu_wheel
 from parapipe.boards import Board
 from parapipe.home import parapipe_home
 from parapipe.local_agent import DeployError
 from parapipe.ssh import BoardConnection
-from profiler.runtime import install_hint
 
 RECORD = ".parapipe-deployed.json"
 # the runtime packages, with an onnxruntime the agent runs (not older than MIN_ORT_VERSION)
@@ -231,39 +230,11 @@ class _Creations:
         self.absent -= now
 
 
-def board_runtime(conn: BoardConnection, wd: str) -> Runtime:
-    """The onnxruntime the agent runs (or would run) on the board: the agent's venv's, else the board Python's."""
-    venv = f"{_paths(wd)['venv']}/bin/python"
-    py = conn.board.python
-    for python, where in ((venv, "the agent's virtual environment"), (py, f"{py} on the board")):
-        code, out, _ = conn.run([python, "-c", PROBE], check=False, timeout=120)
-        found = parse_probe(code, out, where)
-        if found is not None and found.version:
-            return found
-    return Runtime("", (), f"neither the agent's virtual environment nor {py} imports onnxruntime")
-
-
-def check_board_runtime(conn: BoardConnection, wd: str, needed: Mapping[str, str]) -> None:
-    """Refuse (DeployError, before anything is installed) units whose provider the board's onnxruntime lacks.
-    Only plans with accelerator units ask the board: deploy installs a CPU onnxruntime where there is none."""
-    if accelerated(needed):
-        refuse_missing(needed, board_runtime(conn, wd), conn.board.name)
-
-
-def bundle_units(bundle: Path) -> dict[str, str]:
-    """unit -> execution provider of the partitions a bundle runs on its host."""
-    from agents.bundle import MANIFEST, parse_manifest
-
-    manifest = parse_manifest((Path(bundle) / MANIFEST).read_text())
-    return {p.pu: p.provider for p in manifest.local_partitions()}
-
-
 def ensure_agent_installed(
     conn: BoardConnection, wd: str, progress=None, needed: Mapping[str, str] | None = None
 ) -> bool:
     """Install the board-side wheel into ``<wd>/venv`` unless the same version is there; True if it uploaded.
-    Where ``needed`` names accelerator units, the onnxruntime must be the board's own (one with their
-    providers): the index's CPU-only wheel is never installed for such a plan."""
+    For accelerator units in ``needed`` only the board's own onnxruntime will do (``refuse_cpu_wheel``)."""
     name, data = build_wheel()
     p = _paths(wd)
     code, out, _ = conn.run(["cat", p["version"]], check=False)
@@ -290,13 +261,7 @@ def ensure_agent_installed(
             pth = f"{site.strip()}/parapipe-board-python.pth"
             conn.run(["sh", "-c", f"cat > {shlex.quote(pth)}"], stdin=("\n".join(json.loads(out)) + "\n").encode())
         elif accelerated(needed or {}):
-            unit, provider = next(iter(accelerated(needed or {}).items()))
-            oldest = ".".join(map(str, MIN_ORT_VERSION))
-            raise DeployError(
-                f"unit {unit} needs {provider}, and the board's Python has no onnxruntime {oldest} or newer with "
-                f"grpcio, numpy and psutil beside it; deploy would install the CPU-only wheel, so install the "
-                f"board's own ({install_hint(provider)}; onnxruntime {oldest} or newer) first"
-            )
+            refuse_cpu_wheel(needed or {}, MIN_ORT_VERSION)
         else:
             conn.run(
                 [vpy, "-m", "pip", "install", "--quiet", ORT_REQUIREMENT, "grpcio", "numpy", "psutil"], timeout=1800
@@ -750,11 +715,7 @@ def agent_client(conn: BoardConnection) -> Iterator[AgentClient]:
 
 
 def _install_and_start(
-    conn: BoardConnection,
-    wd: str,
-    progress=None,
-    metrics_port: int | None = None,
-    needed: Mapping[str, str] | None = None,
+    conn: BoardConnection, wd: str, progress=None, metrics_port: int | None = None, needed: Mapping[str, str] = {}
 ) -> tuple[bool, bool, str]:
     """(wheel uploaded, agent restarted, supervision); records each managed path once deploy has created it.
     The agent is restarted when the wheel changed, it is not running, or its command line changes

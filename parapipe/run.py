@@ -200,7 +200,7 @@ def check_board_units(needed: Mapping[str, str], board: str) -> None:
         runtime = Runtime(status.ort_version, tuple(status.providers), f"its agent at {inventory.agent_address}")
         refuse_missing(needed, runtime, board)
         return
-    from parapipe.deploy import check_board_runtime
+    from parapipe.availability import check_board_runtime
     from parapipe.ssh import BoardConnection
 
     with BoardConnection(inventory) as conn:

@@ -160,7 +160,8 @@ def _units_report(board, providers: list[str]) -> dict:
 
 def board_info(board) -> dict:
     """What ``boards check`` reports of one board."""
-    from parapipe.deploy import _paths, agent_running, board_runtime
+    from parapipe.availability import board_runtime
+    from parapipe.deploy import _paths, agent_running
     from parapipe.ssh import BoardConnection
 
     name = board.name
