@@ -1,9 +1,10 @@
 """OpenVINO beside onnxruntime's CPU EP on this machine, side by side in one run.
 
-On ``local-openvino`` (core 0: onnxruntime's CPU EP, unit ``cpu``; core 1: OpenVINO's CPU device through
-onnxruntime-openvino, unit ``ov``; ``parapipe runtimes install openvino`` first):
+On ``local-openvino`` (two cores, each runtime offered on both: onnxruntime's CPU EP as unit ``cpu``, OpenVINO's
+CPU device through onnxruntime-openvino as unit ``ov``; ``parapipe runtimes install openvino`` first):
   * per block: its time under each runtime, as ``parapipe profile`` measured them (one core each);
-  * the throughput plan (the ILP chooses each block's runtime: one per partition) run on the agent;
+  * the throughput plan (the planner plans on each runtime and keeps the better; one runtime per core set) run
+    on the agent;
   * the bar: the better of the two whole-model runtimes, one session per core in a process of its own on
     each core (OpenVINO's threads keep to a core only as a process's affinity), the same onnxruntime 1.x
     of the openvino runtime for both;

@@ -49,7 +49,8 @@ def unit_target(pu: str, core_ids: tuple[int, ...], profile: DeviceProfile) -> U
 
 def board_power(profile: DeviceProfile) -> tuple[float, float, int]:
     """Average per-core (active W, idle W) of the board's CPU PUs and their core count, for modelled energy."""
-    cpus = [p for p in profile.pus if p.kind == "cpu" and p.cores]
+    # each piece of hardware once (PUs that offer another runtime on the same cores are one)
+    cpus = list({p.shares or p.name: p for p in reversed(profile.pus) if p.kind == "cpu" and p.cores}.values())
     cores = sum(len(p.cores) for p in cpus) or 1
     active = sum(p.active_power_w.value for p in cpus) / cores
     idle = sum(p.idle_power_w.value for p in cpus) / cores

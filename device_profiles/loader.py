@@ -201,9 +201,31 @@ def _pu(raw: Any, path: str, hosts: list[str]) -> ProcessingUnit:
         precisions=precisions,
         fp16_peak_ratio=fp16_ratio,
         runtime=runtime,
+        shares=r.get("shares", str, ""),
     )
     r.finish()
     return pu
+
+
+def _check_shares(pus: list[ProcessingUnit], by_name: Mapping[str, ProcessingUnit]) -> None:
+    """``shares = "cpu0"``: another runtime on PU cpu0's hardware, which must be a PU of its own (not itself one
+    that shares) on the same host, of the same kind, with the same cores."""
+    for i, p in enumerate(pus):
+        if not p.shares:
+            continue
+        base = by_name.get(p.shares)
+        where = f"pus[{i}].shares"
+        if base is None or base is p:
+            raise ProfileError(
+                f"{where}: {p.shares!r} is no other PU of the profile; name the PU whose hardware {p.name} runs on"
+            )
+        if base.shares:
+            raise ProfileError(f"{where}: {base.name} itself shares {base.shares}'s hardware; name {base.shares}")
+        if (base.host, base.kind, base.cores) != (p.host, p.kind, p.cores):
+            raise ProfileError(
+                f"{where}: {p.name} runs on {base.name}'s hardware, so its host, kind and cores are {base.name}'s "
+                f"({base.host}, {base.kind}, cores {list(base.cores)}); it says {p.host}, {p.kind}, cores {list(p.cores)}"
+            )
 
 
 def check_provider(name: str, path: str) -> None:
@@ -331,10 +353,11 @@ def parse_profile(data: Mapping[str, Any], origin: str = "") -> DeviceProfile:
         if p.name in by_name:
             raise ProfileError(f"pus[{i}].name: PU name {p.name!r} repeats")
         by_name[p.name] = p
+    _check_shares(pus, by_name)
     owner: dict[tuple[str, int], str] = {}
     for i, p in enumerate(pus):
         for c in p.cores:
-            if p.kind != "cpu":
+            if p.kind != "cpu" or p.shares:  # another runtime on its hardware's cores
                 continue
             if (p.host, c) in owner:
                 raise ProfileError(f"pus[{i}].cores: core {c} on host {p.host!r} is also in PU {owner[(p.host, c)]!r}")

@@ -5,14 +5,15 @@ Cores come from the process's affinity mask; clusters from sysfs ``cpu_capacity`
 frequency form one cluster). Peak throughput and power are estimates derived from
 what /proc/cpuinfo says; the profiler's measurements replace them. ``local-biglittle``
 splits two cores into a fast PU and a PU throttled to a share of each CFS period.
-``local-openvino`` runs its first core on onnxruntime's CPU EP and its second on OpenVINO's CPU
-device (onnxruntime-openvino, in a runtime environment of its own). ``local-edge-cloud`` makes this host two hosts, an ``edge`` (first core) and a ``cloud``
+``local-openvino`` offers two runtimes on two cores, onnxruntime's CPU EP (unit ``cpu``) and OpenVINO's CPU
+device (unit ``ov``) (onnxruntime-openvino, in a runtime environment of its own). ``local-edge-cloud`` makes this host two hosts, an ``edge`` (first core) and a ``cloud``
 (second core), each served by its own agent process on 127.0.0.1, joined by a network
 link that is gRPC over loopback: plans over it exercise agent-to-agent streaming.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -212,20 +213,22 @@ def build_local_profile(
     elif openvino:
         if len(cores) < 2:
             raise ProfileError(f"local-openvino needs two cores; this process may use {len(cores)}")
-        # two runtimes, each on a core of its own (the same core is never counted twice): the planner chooses per
-        # block between onnxruntime's CPU EP and OpenVINO's CPU device, one runtime per partition
+        # two runtimes on the same cores: onnxruntime's CPU EP (unit cpu) and OpenVINO's CPU device (unit ov, which
+        # shares cpu's cores); a plan uses one of them (planner.search plans each and keeps the better), so the
+        # cores are never counted twice and identical units of either can replicate a stage
+        ov = (("device_type", "CPU"),)  # its threads: one per core of the unit (``open_session``)
         pus = (
-            pu("cpu", [cores[0]]),
-            pu("ov", [cores[1]], provider=OPENVINO, options=(("device_type", "CPU"), ("num_of_threads", "1"))),
+            pu("cpu", cores[:2]),
+            dataclasses.replace(pu("ov", cores[:2], provider=OPENVINO, options=ov), shares="cpu"),
         )
         notes.append(
-            f"unit ov runs OpenVINO's CPU device through onnxruntime-openvino on core {cores[1]} (its agent runs in "
-            "the openvino runtime's environment: `parapipe runtimes install openvino`); unit cpu runs onnxruntime's "
-            f"CPU EP on core {cores[0]}"
+            f"unit ov runs OpenVINO's CPU device through onnxruntime-openvino on cores {cores[0]} and {cores[1]} (its "
+            "agent runs in the openvino runtime's environment: `parapipe runtimes install openvino`); unit cpu runs "
+            "onnxruntime's CPU EP on the same cores; a plan uses one of the two runtimes"
         )
         name, desc = (
             "local-openvino",
-            f"this host's core {cores[0]} on onnxruntime's CPU EP, core {cores[1]} on OpenVINO",
+            f"this host's cores {cores[0]} and {cores[1]}, on onnxruntime's CPU EP or on OpenVINO",
         )
     elif gpu:
         model = cuda_gpu()

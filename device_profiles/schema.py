@@ -8,6 +8,7 @@ TOML files validated on load; errors name the file and the field.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 from collections.abc import Iterable
@@ -97,6 +98,9 @@ class ProcessingUnit:
     # time is derived from where none is measured); None: fp16 blocks are not offered without measured times
     fp16_peak_ratio: Quantity | None = None
     runtime: Runtime | None = None  # None: onnxruntime drives it (its execution provider is in a released package)
+    # another runtime on PU ``shares``'s hardware (the same cores, or the same device): a plan uses one of the two,
+    # never both (``DeviceProfile.runtime_choices``); "": hardware of its own
+    shares: str = ""
 
     @property
     def deployable(self) -> bool:
@@ -183,6 +187,26 @@ class DeviceProfile:
                 return p
         raise ProfileError(f"profile {self.name!r} has no PU {name!r}; it has {', '.join(p.name for p in self.pus)}")
 
+    def hardware(self, pu: str) -> str:
+        """The PU whose hardware ``pu`` runs on: itself, or the PU it offers another runtime for."""
+        return self.pu(pu).shares or pu
+
+    def runtime_choices(self) -> list[tuple[str, ...]]:
+        """Every way to pick one runtime for each piece of hardware (PUs that share it: ``shares``), as the PU names
+        a plan may use together; the first keeps each hardware's own PU. One choice where no PU shares."""
+        groups: dict[str, list[str]] = {}
+        for p in self.pus:
+            groups.setdefault(p.shares or p.name, []).append(p.name)
+        for hardware, names in groups.items():  # the hardware's own PU first, so the first choice is the plain one
+            names.sort(key=lambda n: n != hardware)
+        order = {p.name: i for i, p in enumerate(self.pus)}
+        return [tuple(sorted(combo, key=order.__getitem__)) for combo in itertools.product(*groups.values())]
+
+    def idle_w(self) -> float:
+        """All PUs idle, each piece of hardware counted once (PUs that share it are one)."""
+        first = {p.shares or p.name: p for p in reversed(self.pus)}
+        return sum(p.idle_power_w.value for p in first.values())
+
     def undeployable(self) -> list[ProcessingUnit]:
         """The PUs no onnxruntime release can drive (``runtime = "unavailable"``)."""
         return [p for p in self.pus if not p.deployable]
@@ -239,6 +263,8 @@ class DeviceProfile:
                 pu.pop("fp16_peak_ratio", None)
             if pu.get("runtime") is None:
                 pu.pop("runtime", None)
+            if not pu.get("shares"):
+                pu.pop("shares", None)
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
 
     def quantities(self) -> list[tuple[str, Quantity]]:

@@ -83,6 +83,16 @@ class CostModel:
     def recalibrated(self, calibration: Calibration) -> CostModel:
         return CostModel(self.profile, self.graph, calibration)
 
+    def restricted(self, pus: Iterable[str]) -> CostModel:
+        """This cost model on the profile's PUs ``pus`` only (the same calibration)."""
+        return CostModel(self.profile.restricted(pus), self.graph, self.calibration)
+
+    def runtime_choices(self) -> list[CostModel]:
+        """One cost model per way to pick a runtime for each unit's hardware (``DeviceProfile.runtime_choices``):
+        this one where every unit offers one runtime."""
+        choices = self.profile.runtime_choices()
+        return [self] if len(choices) == 1 else [self.restricted(c) for c in choices]
+
     @property
     def profile(self) -> DeviceProfile:
         return self._roofline.profile

@@ -497,14 +497,15 @@ def _check_pu(
     if a.pu not in pu_names:
         raise PlanError(f"{where}.pu: unknown PU {a.pu!r}; {profile.name} has {', '.join(sorted(pu_names))}")
     pu = profile.pu(a.pu)
+    hardware = profile.hardware(a.pu)  # PUs that are runtimes on the same hardware take turns for its cores
     if pu.kind != "cpu":
         if a.cores != 1:
             raise PlanError(f"{where}.cores: {a.pu!r} is a {pu.kind}; it takes cores = 1")
-        if (a.pu, -1) in taken:
+        if (hardware, -1) in taken:
             raise PlanError(
-                f"{where}.pu: {a.pu!r} is also used by {taken[(a.pu, -1)]}; a {pu.kind} runs one assignment"
+                f"{where}.pu: {a.pu!r} is also used by {taken[(hardware, -1)]}; a {pu.kind} runs one assignment"
             )
-        taken[(a.pu, -1)] = where
+        taken[(hardware, -1)] = where
         return
     if len(ids) != a.cores:
         raise PlanError(
@@ -514,9 +515,9 @@ def _check_pu(
     for c in ids:
         if c not in pu.cores:
             raise PlanError(f"{where}.core_ids: core {c} is not in PU {a.pu!r} (cores {list(pu.cores)})")
-        if (a.pu, c) in taken:
-            raise PlanError(f"{where}.core_ids: core {c} of {a.pu!r} is also used by {taken[(a.pu, c)]}")
-        taken[(a.pu, c)] = where
+        if (hardware, c) in taken:
+            raise PlanError(f"{where}.core_ids: core {c} of {a.pu!r} is also used by {taken[(hardware, c)]}")
+        taken[(hardware, c)] = where
 
 
 def _check_supported(a: Assignment, where: str, plan: Plan, graph: OpGraph, pu: ProcessingUnit) -> None:
@@ -609,20 +610,26 @@ def memory_use(plan: Plan, graph: OpGraph) -> dict[str, int]:
 
 def core_ids(plan: Plan, profile: DeviceProfile) -> dict[tuple[int, int, int], tuple[int, ...]]:
     """Cores of every CPU assignment: as written, or the next free ones of its PU in plan order."""
-    free: dict[str, list[int]] = {p.name: list(p.cores) for p in profile.pus if p.kind == "cpu"}
+    # free cores per piece of hardware (PUs that are runtimes on the same cores draw from one list)
+    hardware = {p.name: p.shares or p.name for p in profile.pus if p.kind == "cpu"}
+    free: dict[str, list[int]] = {p.name: list(p.cores) for p in profile.pus if p.kind == "cpu" and not p.shares}
+    for p in profile.pus:
+        if p.kind == "cpu":
+            free.setdefault(hardware[p.name], list(p.cores))
     for _, _, a in plan.assignments():
         for c in a.core_ids:
-            if a.pu in free and c in free[a.pu]:
-                free[a.pu].remove(c)
+            if a.pu in hardware and c in free[hardware[a.pu]]:
+                free[hardware[a.pu]].remove(c)
     out: dict[tuple[int, int, int], tuple[int, ...]] = {}
     for s, stage in enumerate(plan.stages):
         for g, group in enumerate(stage.groups):
             for i, a in enumerate(group):
-                if a.core_ids or a.pu not in free:
+                if a.core_ids or a.pu not in hardware:
                     out[(s, g, i)] = a.core_ids
                 else:
-                    out[(s, g, i)] = tuple(free[a.pu][: a.cores])
-                    del free[a.pu][: a.cores]
+                    mine = free[hardware[a.pu]]
+                    out[(s, g, i)] = tuple(mine[: a.cores])
+                    del mine[: a.cores]
     return out
 
 
@@ -640,7 +647,7 @@ def _check_spanning(a: Assignment, where: str, profile: DeviceProfile, taken: di
     if len(ids) != a.cores or any(c not in allowed for c in ids):
         raise PlanError(f"{where}.core_ids: {a.pu!r} needs {a.cores} of the cores {allowed}")
     for c in ids:
-        owner = next(part for part in parts if c in names[part].cores)
+        owner = profile.hardware(next(part for part in parts if c in names[part].cores))
         if (owner, c) in taken:
             raise PlanError(f"{where}.core_ids: core {c} of {owner!r} is also used by {taken[(owner, c)]}")
         taken[(owner, c)] = where

@@ -293,6 +293,11 @@ def build_problem(
     on a PU that computes int8 only (an NPU), only the blocks ``int8`` validated run, in int8."""
     if max_stages < 1:
         raise PlanError("--max-stages must be at least 1")
+    if len(cost.profile.runtime_choices()) > 1:  # the same cores would be counted once per runtime
+        raise PlanError(
+            f"{cost.profile.name} offers several runtimes on one unit's hardware: plan one choice at a time "
+            "(planner.search does; restrict with --pus)"
+        )
     units = candidate_units(cost, max_stages)
     names = [b.name for b in blocks.nodes]
     index = {n: i for i, n in enumerate(names)}
@@ -327,7 +332,7 @@ def build_problem(
         sustained={ui: f for ui, u in enumerate(units) if (f := cost.sustained_factor(u.pu)) != 1.0},
         burst={ui: b for ui, u in enumerate(units) if (b := cost.burst_ms(u.pu)) is not None},
         alone={ui: f for ui, u in enumerate(units) if (f := cost.alone_factor(u.pu)) != cost.sustained_factor(u.pu)},
-        idle_w=sum(p.idle_power_w.value for p in cost.profile.pus) * cost.calibration.power_idle_scale,
+        idle_w=cost.profile.idle_w() * cost.calibration.power_idle_scale,
         independent=tuple(_independent_pairs(succ)),
         regions=tuple(_fork_join_regions(succ)),
         max_stages=max_stages,

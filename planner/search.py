@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from device_profiles.schema import DeviceProfile
 from models.graph import OpGraph
@@ -41,6 +42,7 @@ from planner.select import Constraints, meets
 from planner.unitname import UnitName
 
 Progress = Callable[[str], None]
+T = TypeVar("T")
 UNBOUNDED = Constraints()
 # The baselines whose plans lie inside the ILP's search space (the ILP may never lose to them).
 IN_ILP_SPACE = ("pipe-only", "para-only", "single-pu", "layer-switched", "heft", "cpop")
@@ -147,7 +149,10 @@ def baselines(
     frames: int = 240,
 ) -> dict[str, Plan]:
     """Every baseline as an evaluated Plan (same type as solved plans), simulated over ``frames`` frames (0: the
-    analytic prediction only)."""
+    analytic prediction only). Where units offer several runtimes, on each unit's own (the first choice)."""
+    choices = cost.runtime_choices()
+    if len(choices) > 1:
+        return baselines(blocks, graph, choices[0], max_stages, None, frames)
     problem = problem or build_problem(blocks, graph, cost, max_stages)
     cached = f"baselines@{frames}"
     if cached not in problem.derived:
@@ -347,7 +352,15 @@ def best_plan(
     frames: int = 240,
 ) -> Plan:
     """The ILP's plan for ``objective`` under the bounds, never worse than the best in-space baseline; with
-    its simulation over ``frames`` frames (0: the analytic prediction only)."""
+    its simulation over ``frames`` frames (0: the analytic prediction only). Where units offer several runtimes
+    (``DeviceProfile.runtime_choices``), the best over every choice, each solved on its own (``problem`` is
+    ignored: no one problem holds them all without counting shared cores twice)."""
+    choices = cost.runtime_choices()
+    if len(choices) > 1:
+        return min(
+            _each_choice(choices, lambda c: best_plan(blocks, graph, c, objective, search, bounds, None, frames)),
+            key=lambda p: key(p, objective),
+        )
     goal = _Goal(
         blocks, graph, cost, objective, bounds, problem or build_problem(blocks, graph, cost, search.max_stages)
     )
@@ -574,6 +587,34 @@ def signature(plan: Plan) -> tuple:
     )
 
 
+def shared_problem(blocks: OpGraph, graph: OpGraph, cost: CostModel, max_stages: int) -> Problem | None:
+    """The problem ``baselines``, ``best_plan`` and ``pareto_set`` can share; None where units offer several
+    runtimes (each choice is a problem of its own, built where it is solved)."""
+    return build_problem(blocks, graph, cost, max_stages) if len(cost.runtime_choices()) == 1 else None
+
+
+def _each_choice(choices: list[CostModel], solve: Callable[[CostModel], T]) -> list[T]:
+    """``solve`` on each runtime choice; the choices no plan fits left out (the first refusal raised if all are)."""
+    out: list[T] = []
+    refused: PlanError | None = None
+    for c in choices:
+        try:
+            out.append(solve(c))
+        except PlanError as exc:
+            refused = refused or exc
+    if not out:
+        assert refused is not None
+        raise refused
+    return out
+
+
+def _unnumbered(name: str) -> str:
+    """A Pareto plan's name without its ``pareto-N-`` prefix."""
+    head, _, rest = name.partition("-")
+    number, _, tail = rest.partition("-")
+    return tail if head == "pareto" and number.isdigit() else name
+
+
 def pareto_front(plans: list[Plan]) -> list[Plan]:
     """Non-dominated plans, duplicates (same placement) removed, ordered by latency."""
     unique: dict[tuple, Plan] = {}
@@ -594,7 +635,13 @@ def pareto_set(
     """Epsilon-constraint sweep: the three single-objective optima, then latency-optimal plans under
     throughput floors between them, and energy-optimal plans under latency ceilings. The single-objective
     solves get ``search.time_limit`` each, the sweep's bounded ones a third of it; only the plans on the
-    front are simulated."""
+    front are simulated. Where units offer several runtimes, the front of every choice's sets."""
+    choices = cost.runtime_choices()
+    if len(choices) > 1:
+        found = [p for ps in _each_choice(choices, lambda c: pareto_set(blocks, graph, c, search, steps)) for p in ps]
+        return [
+            dataclasses.replace(p, name=f"pareto-{i}-{_unnumbered(p.name)}") for i, p in enumerate(pareto_front(found))
+        ]
     problem = problem or build_problem(blocks, graph, cost, search.max_stages)
     sweep = dataclasses.replace(search, time_limit=search.time_limit / 3)
 

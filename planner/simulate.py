@@ -156,7 +156,7 @@ class PlanModel:
         return sum(self.cost.transfer_ms(n, src, dst) for n in parts)
 
     def idle_w(self) -> float:
-        return sum(p.idle_power_w.value for p in self.cost.profile.pus) * self.cost.calibration.power_idle_scale
+        return self.cost.profile.idle_w() * self.cost.calibration.power_idle_scale
 
     def busy_extra_w(self, seg: Segment) -> float:
         return self._busy_extra_w(seg) * self.cost.calibration.power_active_scale

@@ -144,6 +144,9 @@ def open_session(
         # not read (a paddle2onnx classifier's partitions: "Cast@1 node not found in graph cache"), so it gets
         # the graph as written, as OpenVINO's documentation advises
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        if options.intra_op_num_threads > 0 and "num_of_threads" not in (provider_options or {}):
+            # its own thread pool ignores intra_op_num_threads: as many threads as the unit has cores
+            provider_options = {**(provider_options or {}), "num_of_threads": str(options.intra_op_num_threads)}
     providers: list[Any] = [(provider, dict(provider_options))] if provider_options else [provider]
     try:
         session = ort.InferenceSession(model, options, providers=providers)

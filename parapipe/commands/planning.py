@@ -251,8 +251,7 @@ def plan(
     """
     from parapipe.intake import generated_note
     from planner.objective import parse_objective
-    from planner.problem import build_problem
-    from planner.search import SearchOptions, baselines, best_plan, pareto_set
+    from planner.search import SearchOptions, baselines, best_plan, pareto_set, shared_problem
 
     objective, max_stages = flags.objective, flags.max_stages
     parse_objective(objective, allow_pareto=True)
@@ -269,7 +268,7 @@ def plan(
             status.update(msg)
 
         search = SearchOptions(flags.time_limit, max_stages, flags.solver, progress)
-        problem = build_problem(blocks, graph, cost, max_stages)
+        problem = shared_problem(blocks, graph, cost, max_stages)
         progress("baselines")
         base = baselines(blocks, graph, cost, max_stages, problem)
         if request is not None:
@@ -609,7 +608,7 @@ def compare(
     """Our best plan per objective against every baseline, with ratios (>1 means ours is better)."""
     from planner.objective import Objective
     from planner.problem import build_problem
-    from planner.search import SearchOptions, baselines, best_plan
+    from planner.search import SearchOptions, baselines, best_plan, shared_problem
     from planner.select import ratios
 
     request = precision.request()
@@ -617,7 +616,7 @@ def compare(
         model, device, costs, flags.granularity, input_shape, input_data, units
     )
     with err.status("planning") as status:
-        problem = build_problem(blocks, graph, cost, flags.max_stages)
+        problem = shared_problem(blocks, graph, cost, flags.max_stages)
         base = baselines(blocks, graph, cost, flags.max_stages, problem)
         search = SearchOptions(flags.time_limit, flags.max_stages)
         auto = None

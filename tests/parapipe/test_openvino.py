@@ -1,7 +1,7 @@
 """OpenVINO, exercised here: onnxruntime-openvino's runtime environment (``parapipe runtimes install openvino``)
-drives unit ``ov`` of ``local-openvino`` (OpenVINO's CPU device on this machine's second core) beside unit ``cpu``
-(onnxruntime's CPU EP on the first). A real model is profiled, planned with blocks on OpenVINO (forced with
-``--pus ov``, and by choice), run with ``--verify`` and tuned; every partition planned on ``ov`` reports the
+drives unit ``ov`` of ``local-openvino`` (OpenVINO's CPU device), offered on the same two cores as unit ``cpu``
+(onnxruntime's CPU EP); a plan uses one of them. A real model is profiled, planned with blocks on OpenVINO (forced
+with ``--pus ov``, and by choice), run with ``--verify`` and tuned; every partition planned on ``ov`` reports the
 session it ran in as OpenVINO's, and its costs came from OpenVINO runs."""
 
 from __future__ import annotations
@@ -97,6 +97,7 @@ def test_a_real_model_profiled_planned_run_and_tuned_on_openvino(openvino_python
     assert ran["verified"] is True
     want = {"ov": OPENVINO, "cpu": "CPUExecutionProvider"}
     assert all(p["provider"] == want[p["pu"]] for p in ran["partitions"]), ran["partitions"]
+    assert _units(plan) in ({"cpu"}, {"ov"}), "one runtime on the shared cores, never both"
     assert {p["pu"] for p in ran["partitions"]} == _units(plan)
 
     tuned = run_cli("tune", str(model), *shape, "--board", "local-openvino", "--rounds", "1", "--objective",
