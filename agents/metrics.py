@@ -227,13 +227,57 @@ def _in_flight(pipeline: Pipeline | None) -> int:
     return pipeline.in_flight if pipeline is not None else 0
 
 
+# scrapes served at once (a connection beyond is closed at once), and how long a connection may sit silent,
+# TLS handshake included, before it is closed: nobody has shown the token yet, so neither may hold the agent
+MAX_SCRAPES = 16
+IDLE_S = 10.0
+
+
 class _Quiet(WSGIRequestHandler):
+    timeout = IDLE_S  # a silent connection (no request line, a stalled body) is dropped
+
     def log_message(self, format: str, *args: Any) -> None:  # scrapes are not news
         pass
 
 
 class _Server(ThreadingMixIn, WSGIServer):
+    """One thread per scrape, at most ``MAX_SCRAPES`` at once; TLS handshakes run in the scrape's thread with
+    the idle timeout, never in the accepting one."""
+
     daemon_threads = True
+    block_on_close = False
+    request_queue_size = 64  # the listen backlog (5 by default: a burst of connections waited on SYN retries)
+    tls: ssl.SSLContext | None = None
+
+    def server_activate(self) -> None:
+        super().server_activate()
+        self.slots = threading.BoundedSemaphore(MAX_SCRAPES)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.slots.acquire(blocking=False):
+            self.shutdown_request(request)  # over the limit: closed, not queued
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            if self.tls is not None:
+                request.settimeout(IDLE_S)
+                try:
+                    request = self.tls.wrap_socket(request, server_side=True)
+                except (OSError, ValueError):  # a failed or stalled handshake: nothing to answer
+                    self.shutdown_request(request)
+                    return
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # a client that went away or stalled: not the agent's error, and no traceback in its log
 
 
 class _Server6(_Server):
@@ -256,7 +300,9 @@ def serve_metrics(
     expected = f"Bearer {token}" if token else None
 
     def guarded(environ: dict, start_response: Any) -> Any:
-        if expected is not None and not hmac.compare_digest(environ.get("HTTP_AUTHORIZATION", ""), expected):
+        # bytes: a header with non-ASCII characters (which WSGI hands over as latin-1) is a wrong token, not a 500
+        sent = environ.get("HTTP_AUTHORIZATION", "").encode("latin-1", "replace")
+        if expected is not None and not hmac.compare_digest(sent, expected.encode()):
             start_response("401 Unauthorized", [("Content-Type", "text/plain"), ("WWW-Authenticate", "Bearer")])
             return [b"missing or wrong token: send Authorization: Bearer <the agent's token>\n"]
         return app(environ, start_response)
@@ -277,6 +323,6 @@ def serve_metrics(
         if ca is not None:
             context.load_verify_locations(cadata=ca.decode())
             context.verify_mode = ssl.CERT_REQUIRED
-        httpd.socket = context.wrap_socket(httpd.socket, server_side=True)
+        httpd.tls = context  # each connection's handshake in its own thread (_Server.process_request_thread)
     threading.Thread(target=httpd.serve_forever, name="pp-metrics", daemon=True).start()
     return httpd, httpd.server_address[1]
