@@ -35,8 +35,29 @@ def plain_name(name: str) -> bool:
     return bool(_PLAIN.match(name)) and name not in (".", "..")
 
 
+# a frame's tensor travels in one gRPC message (``agents.server.MAX_MESSAGE_BYTES``): no input or output may be
+# larger, and the board never makes one (generated inputs, profile requests) beyond it
+MAX_TENSOR_BYTES = 64 * 1024 * 1024
+MAX_PARTITIONS = 1024  # partitions one manifest may list
+
+
 class BundleError(ValueError):
     """A bundle is malformed, incomplete or does not match its hashes."""
+
+
+def check_tensor(name: str, shape: tuple[int, ...], dtype: str, where: str) -> None:
+    """Refuse (``BundleError``) a tensor whose shape is negative or whose size is over ``MAX_TENSOR_BYTES``, before
+    anything is allocated for it."""
+    import numpy as np
+
+    if any(d < 0 for d in shape):
+        raise BundleError(f"{where}: tensor {name!r} has a negative dimension {list(shape)}")
+    size = math.prod(shape) * np.dtype(dtype).itemsize
+    if size > MAX_TENSOR_BYTES:
+        raise BundleError(
+            f"{where}: tensor {name!r} of shape {list(shape)} ({dtype}) is {size / 2**20:.0f} MiB; this agent takes "
+            f"tensors up to {MAX_TENSOR_BYTES // 2**20} MiB"
+        )
 
 
 @dataclass(frozen=True)
@@ -282,6 +303,10 @@ def parse_manifest(text: str) -> Manifest:
         raise BundleError(f"malformed manifest: {type(exc).__name__}: {exc}") from None
     if not manifest.partitions:
         raise BundleError("the manifest lists no partitions")
+    if len(manifest.partitions) > MAX_PARTITIONS:
+        raise BundleError(f"the manifest lists {len(manifest.partitions)} partitions; at most {MAX_PARTITIONS}")
+    for t in manifest.inputs:  # outputs may have dimensions the model leaves open (-1)
+        check_tensor(t.name, t.shape, t.dtype, "the manifest")
     for p in manifest.partitions:
         if p.stage >= len(manifest.replicas):
             raise BundleError(f"partition {p.name!r} is in stage {p.stage}, the manifest has {len(manifest.replicas)}")

@@ -41,7 +41,7 @@ from typing import Protocol
 
 import numpy as np
 
-from agents.bundle import Manifest, PartitionSpec, TensorSpec
+from agents.bundle import Manifest, PartitionSpec, TensorSpec, check_tensor
 from agents.isolated import IsolatedSession, IsolatedUnit
 from agents.modulo import lags, pick
 from profiler.pinning import pin_current_thread, release_current_thread, throttle_current_thread
@@ -1251,6 +1251,8 @@ class Pipeline:
 def generate_inputs(specs: tuple[TensorSpec, ...], seed: int = 0) -> dict[str, np.ndarray]:
     """Frames made on the board by each input's spec: fixed values where given (a sample rate), integer
     ids in [low, high), random 0/1 booleans, normal floats (the host's ``models.inputs.generate`` alike)."""
+    for t in specs:  # before anything is allocated: a declared [65536, 65536] input would be 16 GiB
+        check_tensor(t.name, t.shape, t.dtype, "a generated input")
     rng = np.random.default_rng(seed)
     out = {}
     for t in specs:

@@ -30,7 +30,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -278,11 +278,17 @@ def serve(fd: int, setup_json: str) -> None:
 
 
 def time_isolated(
-    model: bytes, feeds: Mapping[str, np.ndarray], names: list[str], cfg: Any, warmup: int, repeats: int
+    model: bytes,
+    feeds: Mapping[str, np.ndarray],
+    names: list[str],
+    cfg: Any,
+    warmup: int,
+    repeats: int,
+    stop: Callable[[], bool] | None = None,
 ) -> Any:
     """``profiler.measure.time_model`` for a unit whose EP runs threads of its own (OpenVINO): the session in a
     child pinned to the unit's cores (``cfg``: a ``PuConfig``), as the executor runs it, hand-off included."""
-    from profiler.measure import Timing
+    from profiler.measure import Timing, check_stop
 
     with tempfile.TemporaryDirectory(prefix="parapipe-profile-") as tmp:
         path = Path(tmp) / "model.onnx"
@@ -291,9 +297,11 @@ def time_isolated(
         try:
             session = unit.session(path, cfg.provider, cfg.threads, cfg.pu, dict(cfg.provider_options))
             for _ in range(warmup):
+                check_stop(stop)
                 session.run(names, feeds)
             samples = []
             for _ in range(repeats):
+                check_stop(stop)
                 start = time.perf_counter()
                 session.run(names, feeds)
                 samples.append((time.perf_counter() - start) * 1e3)

@@ -34,6 +34,7 @@ from agents.proto import health_pb2, health_pb2_grpc
 from agents.proto import parapipe_agent_pb2 as pb
 from agents.proto import parapipe_agent_pb2_grpc as rpc
 from agents.tensors import TensorError, frame_arrays, frame_message
+from profiler.measure import Cancelled
 from profiler.runtime import ProviderUnavailable
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -69,7 +70,7 @@ POLL_S = 0.5  # how often blocked calls look whether their caller is still there
 
 def _abort(context: grpc.ServicerContext, exc: BaseException) -> None:
     """Map an error to the gRPC status that says what went wrong; the agent keeps serving."""
-    if isinstance(exc, (DeadlineExceeded, FutureTimeout)):
+    if isinstance(exc, (DeadlineExceeded, FutureTimeout, Cancelled)):
         context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc) or "the deadline passed")
     if isinstance(exc, service.NotFound):
         context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
@@ -317,7 +318,7 @@ class AgentServicer(rpc.AgentServicer):
 
     def ProfileOps(self, request, context):
         try:
-            return service.profile_ops(request)
+            return service.profile_ops(request, stop=lambda: not context.is_active())
         except Exception as exc:
             _abort(context, exc)
 

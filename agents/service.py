@@ -695,7 +695,9 @@ def check_profile_request(request: pb.ProfileRequest) -> None:
     check_options(request.provider_options, "the profile request")
 
 
-def profile_ops(request: pb.ProfileRequest) -> pb.ProfileReply:
+def profile_ops(request: pb.ProfileRequest, stop: Callable[[], bool] | None = None) -> pb.ProfileReply:
+    """Time the request's model (whole, or per node) on the cores it names; ``stop`` is asked before each run, so
+    a caller that went away or whose deadline passed stops it (``profiler.measure.Cancelled``)."""
     import onnxruntime as ort
 
     check_profile_request(request)
@@ -736,11 +738,13 @@ def profile_ops(request: pb.ProfileRequest) -> pb.ProfileReply:
         # as the executor runs it (``agents.isolated``); it compiles the graph into its own kernels, so it has no
         # per-node times
         outputs = [o.name for o in session.get_outputs()]
-        timings = {} if request.per_op else {"": time_isolated(request.model, feeds, outputs, cfg, warmup, repeats)}
+        timings = (
+            {} if request.per_op else {"": time_isolated(request.model, feeds, outputs, cfg, warmup, repeats, stop)}
+        )
     elif request.per_op:
-        timings = op_profile(request.model, feeds, cfg, warmup, repeats)
+        timings = op_profile(request.model, feeds, cfg, warmup, repeats, stop)
     else:
-        timings = {"": time_model(request.model, feeds, cfg, warmup, repeats)}
+        timings = {"": time_model(request.model, feeds, cfg, warmup, repeats, stop=stop)}
     return pb.ProfileReply(
         timings=[
             pb.OpTiming(

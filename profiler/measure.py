@@ -101,6 +101,19 @@ def _session(model: bytes, cfg: PuConfig, opt_level: str, profile_prefix: str | 
     return open_session(model, options, cfg.provider, cfg.pu, dict(cfg.provider_options))
 
 
+class Cancelled(TimeoutError):
+    """Timing stopped because ``stop()`` said so: the caller went away or its deadline passed."""
+
+
+Stop = Callable[[], bool]
+
+
+def check_stop(stop: Stop | None) -> None:
+    """Raise ``Cancelled`` when ``stop`` says so."""
+    if stop is not None and stop():
+        raise Cancelled("timing stopped: the caller went away or its deadline passed")
+
+
 def _cpu_seconds() -> float:
     t = os.times()
     return t.user + t.system
@@ -115,6 +128,7 @@ def time_model(
     opt_level: str = "all",
     min_seconds: float = 0.0,
     meter: Callable[[], AbstractContextManager] | None = None,
+    stop: Stop | None = None,
 ) -> Timing:
     """Latency of whole-model runs on a worker pinned to cfg.cores (fused execution by default).
 
@@ -129,7 +143,8 @@ def time_model(
     first of them 0.76, 0.42 and 0.29 ms). On several threads each timed run starts after one CFS period idle,
     with the quota refilled, and ``pinning.full_speed_ms`` of its time is recorded. Alone, that work is its
     time up to the quota; back to back the cost model takes it times the PU's sustained factor, and alone too
-    where a frame's work there is more than the quota (``CostModel.burst_ms``).
+    where a frame's work there is more than the quota (``CostModel.burst_ms``). ``stop`` is asked before each
+    run; when it says so, timing ends with ``Cancelled``.
     """
     gap = cfs_settings(cfg.throttle_percent)[0] / 1e6 if cfg.throttle_percent and cfg.threads > 1 else 0.0
 
@@ -137,6 +152,7 @@ def time_model(
         session = _session(model, cfg, opt_level)
         names = [o.name for o in session.get_outputs()]
         for _ in range(warmup):
+            check_stop(stop)
             session.run(names, dict(feeds))
         samples: list[float] = []
         energy = meter() if meter is not None else contextlib.nullcontext()
@@ -144,6 +160,7 @@ def time_model(
         with energy:
             start = time.perf_counter()
             while len(samples) < repeats or time.perf_counter() - start < min_seconds:
+                check_stop(stop)
                 if gap:
                     time.sleep(gap)
                 t0, c0 = time.perf_counter(), time.thread_time()
@@ -164,7 +181,12 @@ def time_model(
 
 
 def profile_ops(
-    model: bytes, feeds: Mapping[str, np.ndarray], cfg: PuConfig, warmup: int = 3, repeats: int = 10
+    model: bytes,
+    feeds: Mapping[str, np.ndarray],
+    cfg: PuConfig,
+    warmup: int = 3,
+    repeats: int = 10,
+    stop: Stop | None = None,
 ) -> dict[str, Timing]:
     """Per-node kernel time (ms) from onnxruntime's profiler at ORT_DISABLE_ALL, by ONNX node name."""
 
@@ -173,6 +195,7 @@ def profile_ops(
             session = _session(model, cfg, "disable", os.path.join(tmp, "ort"))
             names = [o.name for o in session.get_outputs()]
             for _ in range(warmup + repeats):
+                check_stop(stop)
                 session.run(names, dict(feeds))
             path = session.end_profiling()
             with open(path) as fh:

@@ -345,3 +345,90 @@ def test_external_locations_are_found_in_subgraphs_and_attributes() -> None:
     model = helper.make_model(graph).SerializeToString()
     assert sorted(external_locations(model)) == [("in_then", "then.bin"), ("w", "w.bin")]
     assert external_locations(helper.make_model(helper.make_graph([], "e", [], [])).SerializeToString()) == []
+
+
+def _declared_input_model(shape: list[int]) -> bytes:
+    """A model of a few bytes that declares an input of ``shape`` (an Identity)."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"])],
+        "huge",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+def test_a_huge_declared_input_is_refused_before_it_is_allocated(tmp_path: Path) -> None:
+    """A model of ~100 bytes declaring a [65536, 65536] float input (16 GiB) made ProfileOps try to allocate it
+    (INTERNAL MemoryError where memory is capped, a stalled board where it is not); a manifest declaring one made
+    Benchmark do the same. Both are refused before anything is allocated, saying the bound."""
+    folder = write_tiny_bundle(tmp_path / "b")
+    manifest = json.loads((folder / MANIFEST).read_text())
+    manifest["inputs"][0]["shape"] = [65536, 65536]
+    (folder / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    with LocalAgent() as agent:
+        before = _rss_mib(agent.process.pid)
+        with pytest.raises(grpc.RpcError) as raw:
+            agent.client.stub.ProfileOps(pb.ProfileRequest(model=_declared_input_model([65536, 65536])), timeout=60)
+        assert raw.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "16384 MiB" in raw.value.details() and "64 MiB" in raw.value.details()
+        text = (folder / MANIFEST).read_text()  # sent as is (the client would refuse it first)
+        chunk = pb.BundleChunk(bundle_sha256=hashlib.sha256(text.encode()).hexdigest(), manifest_json=text)
+        with pytest.raises(grpc.RpcError) as raw:
+            agent.client.stub.LoadBundle(iter([chunk]), timeout=60)
+        assert raw.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "32768 MiB" in raw.value.details()
+        assert _rss_mib(agent.process.pid) - before < 50
+        assert agent.client.profile_ops(pb.ProfileRequest(model=_declared_input_model([1, 8]), repeats=3)).timings
+
+
+def _rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def _slow_model(convs: int = 12) -> bytes:
+    """A chain of 3x3 convolutions on 1x16x96x96: tens of milliseconds a run on one core."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    nodes, weights, x = [], [], "x"
+    for i in range(convs):
+        w = numpy_helper.from_array(rng.standard_normal((16, 16, 3, 3)).astype(np.float32) * 0.1, f"w{i}")
+        weights.append(w)
+        nodes.append(helper.make_node("Conv", [x, f"w{i}"], [f"c{i}"], pads=[1, 1, 1, 1]))
+        x = f"c{i}"
+    graph = helper.make_graph(
+        nodes,
+        "slow",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 96, 96])],
+        [helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, 16, 96, 96])],
+        weights,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.mark.parametrize("per_op", [False, True])
+def test_profiling_stops_when_its_callers_deadline_passes(per_op: bool) -> None:
+    """ProfileOps went on after its caller's deadline (10,000 repeats burning a core) and refused the next call
+    with RESOURCE_EXHAUSTED; now it stops at the next run, and the next call is served."""
+    with LocalAgent() as agent:
+        request = pb.ProfileRequest(model=_slow_model(), threads=1, repeats=10_000, warmup=1, per_op=per_op)
+        with pytest.raises(grpc.RpcError) as raw:
+            agent.client.stub.ProfileOps(request, timeout=1.5)
+        assert raw.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        pid = agent.process.pid
+        time.sleep(1.0)  # a run in progress ends
+        before = _cpu_s(pid)
+        time.sleep(1.0)
+        assert _cpu_s(pid) - before < 0.3, "the agent is still profiling for a caller who left"
+        small = pb.ProfileRequest(model=_declared_input_model([1, 8]), repeats=3)
+        assert agent.client.stub.ProfileOps(small, timeout=30).timings
