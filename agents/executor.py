@@ -695,6 +695,10 @@ class Pipeline:
         self.links = links
         self.replicas = manifest.replicas
         self.max_inflight = max_inflight or manifest.max_inflight or 1
+        # how far ahead of a partition's next frame a peer's tensor may be: the entry host admits at most
+        # max_inflight frames at once, so a peer never sends further (twice that and 8 more, for hosts started
+        # with another max_inflight); beyond it a tensor would be held for a frame that cannot come
+        self.ahead = 2 * self.max_inflight * max(manifest.replicas, default=1) + 8
         self.stopping = False
         self.draining = False  # the agent shuts down: frames in flight finish, new ones are refused
         self.frames_done = 0
@@ -1160,8 +1164,15 @@ class Pipeline:
         """A tensor from another host's agent: hand it to the partitions here that read it."""
         if name not in self.accepts:
             raise InputError(f"no partition on host {self.manifest.host!r} reads tensor {name!r}")
+        consumers = self._consumers[frame % self.period].get(name, [])
+        for w in consumers:
+            if frame >= w.next + self.ahead:
+                raise InputError(
+                    f"frame {frame} is {frame - w.next} frames ahead of partition {w.spec.name} (next: frame "
+                    f"{w.next}); a peer sends at most {self.ahead} ahead"
+                )
         self.enter(frame)  # on a host other than the entry, a frame has entered once a tensor of it arrives
-        for w in self._consumers[frame % self.period].get(name, []):
+        for w in consumers:
             w.deliver(frame, name, value)
         if name in self._outputs and self.entry:
             self._collect(frame, name, value)

@@ -9,6 +9,7 @@ is given); message size limits are set explicitly on both ends.
 from __future__ import annotations
 
 import argparse
+import errno
 import hmac
 import ipaddress
 import logging
@@ -82,6 +83,13 @@ def _abort(context: grpc.ServicerContext, exc: BaseException) -> None:
         context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
     if isinstance(exc, (BundleError, TensorError, InputError, ValueError)):
         context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        log.warning("the disk is full: %s", exc)
+        context.abort(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            "the board's disk is full (nothing was kept of this call's writes): free space on it, for example "
+            "remove bundles it no longer runs from the agent's workdir/bundles",
+        )
     log.exception("internal error")  # the details (paths on the board) stay in the agent's log
     context.abort(grpc.StatusCode.INTERNAL, f"internal error ({type(exc).__name__}); the agent's log has the details")
 
@@ -513,8 +521,10 @@ def lock_workdir(workdir: Path):  # -> the open lock file (keep it open)
         ) from None
     handle.seek(0)
     handle.truncate()
-    handle.write(f"{os.getpid()}\n")
-    handle.flush()
+    try:  # unbuffered: nothing is left in a buffer to fail again at exit
+        os.write(handle.fileno(), f"{os.getpid()}\n".encode())
+    except OSError as exc:  # a full disk: the lock holds without the pid in it
+        log.warning("cannot write this agent's pid into %s (%s)", workdir / WORKDIR_LOCK, exc)
     return handle
 
 

@@ -133,7 +133,10 @@ class AgentState:
             boots = int(path.read_text().strip() or 0) + 1
         except (OSError, ValueError):
             boots = 1
-        _write_atomically(path, f"{boots}\n")
+        try:
+            _write_atomically(path, f"{boots}\n")
+        except OSError as exc:  # a full disk: serve on (the count is not kept) rather than crash-loop
+            log.warning("cannot record this start in %s (%s); serving without counting it", path, exc)
         return boots
 
     def clean_partial(self) -> None:

@@ -73,3 +73,56 @@ def test_host_side_commands_refuse_unreadable_inventory_and_token_files(tmp_path
     token.write_bytes(b"\xff\xfe\x00binary")
     status = run_cli("agent", "status", "--address", "127.0.0.1:1", "--token-file", str(token), home=home)
     assert status.returncode == 2 and "not ASCII" in status.stderr and "Traceback" not in status.stderr
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):
+    """A 4 MiB tmpfs (a board's full SD card, made here): skipped where this process may not mount one."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+def _fill(folder: Path) -> None:
+    """Write until the disk is full."""
+    fd = os.open(folder / "filler", os.O_WRONLY | os.O_CREAT)
+    try:
+        for size in (65536, 4096, 1):
+            try:
+                while True:
+                    os.write(fd, b"\0" * size)
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
+
+
+def test_a_full_disk_neither_stops_the_agent_nor_hides_why_an_upload_failed(small_disk: Path, tmp_path: Path) -> None:
+    """On a full disk the agent crashed while counting its boot (ENOSPC traceback: its supervisor restarted it for
+    ever), and an upload that filled the disk said only INTERNAL (OSError). Now it starts and serves, and the upload
+    is RESOURCE_EXHAUSTED saying the disk is full, with nothing of it left behind."""
+    import grpc
+
+    from agents.client import AgentError
+    from tests.support.tiny import write_tiny_bundle
+
+    workdir = small_disk / "work"
+    (workdir / "bundles").mkdir(parents=True)
+    (workdir / "boots").write_text("3\n")
+    _fill(small_disk)
+    bundle = write_tiny_bundle(tmp_path / "bundle")
+    with LocalAgent(workdir=workdir) as agent:
+        assert agent.client.status().boots == 4  # counted, though not written down
+        with pytest.raises(AgentError) as info:
+            agent.client.load_bundle(bundle)
+        assert info.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED and "disk is full" in str(info.value)
+        assert not [p for p in (workdir / "bundles").iterdir() if p.name.startswith(".")], "no partial upload left"
+        (small_disk / "filler").unlink()  # space again: the same upload goes through
+        assert agent.client.load_bundle(bundle).bytes_received > 0
+        assert "Traceback" not in agent.log_path.read_text()

@@ -22,6 +22,7 @@ import pytest
 from agents.bundle import MANIFEST, parse_manifest
 from agents.client import AgentError
 from agents.proto import parapipe_agent_pb2 as pb
+from agents.proto import parapipe_agent_pb2_grpc as rpc
 from parapipe.local_agent import LocalAgent
 from tests.support.tiny import (
     GUARD_S,
@@ -432,3 +433,29 @@ def test_profiling_stops_when_its_callers_deadline_passes(per_op: bool) -> None:
         assert _cpu_s(pid) - before < 0.3, "the agent is still profiling for a caller who left"
         small = pb.ProfileRequest(model=_declared_input_model([1, 8]), repeats=3)
         assert agent.client.stub.ProfileOps(small, timeout=30).timings
+
+
+def test_a_peer_cannot_make_an_agent_hold_tensors_for_frames_far_ahead(tmp_path: Path) -> None:
+    """300 one-MiB tensors for frames far ahead on an Exchange stream took a peer agent from 83 to 396 MiB with
+    max_inflight 2: each was held for a frame that could never come. Now a tensor more than the pipeline's
+    bound ahead of the partition that reads it ends the stream with INVALID_ARGUMENT, and the plan runs on."""
+    with ExitStack() as stack:
+        a, b = start_two_hosts(stack, tmp_path, stages=2, max_inflight=2)
+        assert np.array_equal(a.client.infer(frame(0))["t1"], expected(0, 2))
+        plan_bundle = parse_manifest((tmp_path / "b" / MANIFEST).read_text()).plan_bundle
+        before = _rss_mib(b.process.pid)
+        big = np.zeros((1 << 18,), np.float32).tobytes()  # 1 MiB
+
+        def handoffs() -> Iterator[pb.Handoff]:
+            for k in range(300):
+                yield pb.Handoff(
+                    plan_bundle=plan_bundle,
+                    frame=1_000 + k,
+                    tensor=pb.Tensor(name="t0", dtype="float32", shape=[1 << 18], data=big),
+                )
+
+        with pytest.raises(grpc.RpcError) as raw:
+            rpc.AgentStub(b.client.channel).Exchange(handoffs(), timeout=GUARD_S)
+        assert raw.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "frames ahead" in raw.value.details()
+        assert _rss_mib(b.process.pid) - before < 60
+        assert np.array_equal(a.client.infer(frame(1))["t1"], expected(1, 2))
