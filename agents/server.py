@@ -30,6 +30,8 @@ from agents import service
 from agents.bundle import BundleError
 from agents.executor import DeadlineExceeded, FrameFuture, InputError, Pipeline, PipelineError
 from agents.memory import bound_arenas, keep_large_buffers
+from agents.metrics import IDLE_S as METRICS_IDLE_S
+from agents.metrics import MAX_SCRAPES
 from agents.peers import AGENT_SERVICE, Peer, PeerError
 from agents.proto import health_pb2, health_pb2_grpc
 from agents.proto import parapipe_agent_pb2 as pb
@@ -50,6 +52,15 @@ log = logging.getLogger("parapipe.agent")
 MAX_CONNECTIONS = 128
 HANDSHAKE_TIMEOUT_MS = 10_000
 IDLE_CONNECTION_MS = 300_000
+# what Status reports of the above (with the service's and the metrics port's bounds)
+SERVER_BOUNDS = {
+    "message_bytes": MAX_MESSAGE_BYTES,
+    "connections": MAX_CONNECTIONS,
+    "handshake_timeout_ms": HANDSHAKE_TIMEOUT_MS,
+    "idle_connection_ms": IDLE_CONNECTION_MS,
+    "metrics_scrapes": MAX_SCRAPES,
+    "metrics_idle_ms": int(METRICS_IDLE_S * 1000),
+}
 CALL_LIMITS: dict[str, int] = {
     "Check": 16,
     "Watch": 16,
@@ -334,6 +345,7 @@ class AgentServicer(rpc.AgentServicer):
         reply = service.status(self.state)
         if self.limits is not None:
             reply.calls.extend(self.limits.stats())
+        reply.bounds.update(SERVER_BOUNDS)
         reply.stream_feeds = self.state.stream_feeds
         return reply
 

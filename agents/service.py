@@ -29,7 +29,16 @@ from pathlib import Path
 from typing import TypeVar
 
 from agents.benchmark import BenchmarkResult, run_benchmark
-from agents.bundle import MANIFEST, BundleError, Manifest, file_sha256, parse_manifest, verify_bundle
+from agents.bundle import (
+    MANIFEST,
+    MAX_PARTITIONS,
+    MAX_TENSOR_BYTES,
+    BundleError,
+    Manifest,
+    file_sha256,
+    parse_manifest,
+    verify_bundle,
+)
 from agents.executor import PeerAway, Pipeline, PipelineError
 from agents.external_data import check_external_data
 from agents.isolated import time_isolated
@@ -676,7 +685,36 @@ def status(state: AgentState) -> pb.StatusReply:
         resumed=state.resumed and pipeline is not None,
         frames_done=pipeline.frames_done if pipeline is not None else 0,
         frames_failed=pipeline.frames_failed if pipeline is not None else 0,
+        bounds=bounds(state),
+        devices=ep_devices(),
     )
+
+
+def bounds(state: AgentState) -> dict[str, int]:
+    """The sizes a client controls and their limits here (the server adds its connections' and messages')."""
+    pipeline = state.pipeline
+    out = {
+        "tensor_bytes": MAX_TENSOR_BYTES,  # any input declared or generated (profile requests, manifests)
+        "partitions": MAX_PARTITIONS,  # per manifest
+        "bundle_bytes": state.max_bundle_bytes,  # one upload, all its chunks
+        "profile_threads": MAX_THREADS,
+        "profile_repeats": MAX_REPEATS,
+        "profile_warmup": MAX_WARMUP,
+    }
+    if pipeline is not None:
+        out["frames_in_flight"] = pipeline.max_inflight  # frames a caller's stream or calls may have at once
+        out["frames_ahead"] = pipeline.ahead  # how far ahead of a partition a peer's tensor may be
+    return out
+
+
+def ep_devices() -> list[str]:
+    """onnxruntime's execution-provider devices, "EP: type vendor" ([] before onnxruntime 1.22)."""
+    import onnxruntime as ort
+
+    get = getattr(ort, "get_ep_devices", None)
+    if get is None:
+        return []
+    return [f"{d.ep_name}: {d.device.type.name.lower()} {d.device.vendor}".strip() for d in get()]
 
 
 def check_profile_request(request: pb.ProfileRequest) -> None:

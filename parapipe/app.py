@@ -132,4 +132,6 @@ def print_info(info: dict[str, object], as_json: bool) -> None:
         print_json(info)
         return
     for k, v in info.items():
+        if isinstance(v, dict):
+            v = ", ".join(f"{a}={b}" for a, b in v.items())
         out.print(f"{k:16} {v}", highlight=False)

@@ -218,7 +218,12 @@ def agent_status(
         "bundles": list(s.bundles),
         "running_bundle": s.running_bundle,
         "providers": list(s.providers),
+        "devices": list(s.devices),
         "workdir": s.workdir,
+        "boots": s.boots,
+        "frames_done": s.frames_done,
+        "frames_failed": s.frames_failed,
+        "bounds": dict(sorted(s.bounds.items())),
     }
     print_info(info, as_json)
 

@@ -123,6 +123,15 @@ def test_agent_status_command() -> None:
     assert result.returncode == 0, result.stderr
     info = json.loads(result.stdout)
     assert info["live"] == "SERVING" and info["ready"] is False and info["cores"]
+    # every size a client controls has its limit in Status (issue 42); the devices onnxruntime sees (issue 41)
+    from agents.bundle import MAX_PARTITIONS, MAX_TENSOR_BYTES
+    from agents.server import MAX_CONNECTIONS, MAX_MESSAGE_BYTES
+
+    bounds = info["bounds"]
+    assert bounds["tensor_bytes"] == MAX_TENSOR_BYTES and bounds["partitions"] == MAX_PARTITIONS
+    assert bounds["message_bytes"] == MAX_MESSAGE_BYTES and bounds["connections"] == MAX_CONNECTIONS
+    assert {"bundle_bytes", "profile_repeats", "handshake_timeout_ms", "metrics_scrapes"} <= set(bounds)
+    assert any(d.startswith("CPUExecutionProvider: cpu") for d in info["devices"])
     down = subprocess.run(
         [PARAPIPE, "agent", "status", "--address", "127.0.0.1:1"], capture_output=True, text=True, timeout=60
     )
