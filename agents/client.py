@@ -170,8 +170,11 @@ class AgentClient:
         try:
             for reply in self.stub.InferStream(requests, timeout=deadline, metadata=self.metadata):
                 if reply.error:
+                    # a frame refused for its own content, or one that failed in the plan
+                    code = grpc.StatusCode.INVALID_ARGUMENT if reply.error.startswith("invalid frame:") else None
                     failed = AgentError(
-                        f"infer stream: frame {reply.id} failed: {reply.error}", grpc.StatusCode.FAILED_PRECONDITION
+                        f"infer stream: frame {reply.id} failed: {reply.error}",
+                        code or grpc.StatusCode.FAILED_PRECONDITION,
                     )
                     yield reply.id, failed
                 else:

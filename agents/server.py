@@ -253,7 +253,8 @@ class AgentServicer(rpc.AgentServicer):
             pipeline = service.require_pipeline(self.state)
         except Exception as exc:
             _abort(context, exc)
-        pending: deque[tuple[int, FrameFuture]] = deque()
+        # each frame's future, or the error that refused it (a malformed frame: answered on its own, in order)
+        pending: deque[tuple[int, FrameFuture | Exception]] = deque()
         cond = threading.Condition()
         error: list[BaseException] = []
         done = [False]
@@ -261,7 +262,11 @@ class AgentServicer(rpc.AgentServicer):
         def feed() -> None:
             try:
                 for frame in request_iterator:
-                    fut = pipeline.submit(frame_arrays(frame), timeout=context.time_remaining())
+                    fut: FrameFuture | Exception
+                    try:
+                        fut = pipeline.submit(frame_arrays(frame), timeout=context.time_remaining())
+                    except (TensorError, InputError) as exc:  # this frame's own fault: the stream goes on
+                        fut = exc
                     with cond:
                         pending.append((frame.id, fut))
                         cond.notify()
@@ -284,6 +289,9 @@ class AgentServicer(rpc.AgentServicer):
                 if not pending:
                     break
                 frame_id, fut = pending.popleft()
+            if isinstance(fut, Exception):
+                yield pb.Frame(id=frame_id, error=f"invalid frame: {fut}")
+                continue
             try:
                 outputs = _wait(pipeline, fut, context)
             except PipelineError as exc:  # this frame failed: say so, the stream goes on

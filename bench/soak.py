@@ -116,13 +116,19 @@ def agent_pid(pid_file: Path) -> int | None:
 class Supervised:
     """One host's agent under deploy's restart loop, on a fixed port."""
 
-    def __init__(self, host: str, work: Path, debug_memory: bool = False) -> None:
+    def __init__(
+        self, host: str, work: Path, token_file: Path, metrics: bool = False, debug_memory: bool = False
+    ) -> None:
         self.host, self.port = host, free_port()
         self.pid_file, sup_file = work / f"{host}.pid", work / f"{host}.supervisor.pid"
         self.log_path = work / f"{host}.log"
         self.reports = work / f"{host}.memory.jsonl" if debug_memory else None
+        self.metrics_port_file = work / f"{host}.metrics-port" if metrics else None
         agent = [sys.executable, "-m", "agents.server", "--host", "127.0.0.1", "--port", str(self.port)]
         agent += ["--workdir", str(work / host), "--pid-file", str(self.pid_file), "--port-file", str(work / f"{host}.port")]  # fmt: skip
+        agent += ["--token-file", str(token_file)]
+        if self.metrics_port_file is not None:  # port 0: a restarted agent may pick another one (read the file)
+            agent += ["--metrics-port", "0", "--metrics-port-file", str(self.metrics_port_file)]
         if self.reports is not None:
             agent += ["--debug-memory", str(self.reports)]
         self.log = open(self.log_path, "w")
@@ -132,10 +138,17 @@ class Supervised:
             stderr=subprocess.STDOUT,
             env=dict(os.environ, PYTHONPATH=str(ROOT)),
         )
-        self.client = AgentClient(f"127.0.0.1:{self.port}", timeout=10)
+        self.client = AgentClient(f"127.0.0.1:{self.port}", token=token_file.read_text().strip(), timeout=10)
 
     def pid(self) -> int | None:
         return agent_pid(self.pid_file)
+
+    def metrics_port(self) -> int | None:
+        """The metrics port the agent wrote last (None: no metrics, or not written yet)."""
+        try:
+            return int(self.metrics_port_file.read_text().split()[0]) if self.metrics_port_file else None
+        except (OSError, ValueError, IndexError):
+            return None
 
     def shutdown(self) -> None:
         self.client.close()

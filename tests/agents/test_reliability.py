@@ -299,6 +299,31 @@ def test_a_stream_reports_failed_frames_one_by_one_and_goes_on(tmp_path: Path) -
         assert (status.frames_done, status.frames_failed) == (6, 4)
 
 
+def test_a_malformed_frame_on_a_stream_is_its_own_error_and_the_stream_goes_on(tmp_path: Path) -> None:
+    """A frame with an unknown tensor, a truncated one or the wrong dtype ended the whole InferStream with
+    INVALID_ARGUMENT, and the frames after it were never answered; now each is answered with its own error."""
+    folder = write_tiny_bundle(tmp_path / "b", stages=1)
+    bad = [
+        {"nope": np.zeros(1, np.int64)},
+        {"idx": np.zeros(1, np.float32)},
+    ]
+    frames = [frame(0), bad[0], frame(1), bad[1], frame(2)]
+    with LocalAgent() as agent:
+        client = agent.client
+        client.start(client.load_bundle(folder).bundle_sha256)
+        results = list(client.infer_stream_results(frames, timeout=GUARD_S))
+        truncated = pb.Frame(id=0, tensors=[pb.Tensor(name="idx", dtype="int64", shape=[1], data=b"\0" * 3)])
+        replies = list(client.stub.InferStream(iter([truncated, frame_message(1, frame(3))]), timeout=GUARD_S))
+    assert [i for i, _ in results] == [0, 1, 2, 3, 4]
+    for k in (1, 3):
+        got = results[k][1]
+        assert isinstance(got, AgentError) and got.code == grpc.StatusCode.INVALID_ARGUMENT, got
+    assert "nope" in str(results[1][1]) and "float32" in str(results[3][1])
+    for k, idx in ((0, 0), (2, 1), (4, 2)):
+        assert np.array_equal(results[k][1]["t0"], expected(idx, 1))
+    assert "3 bytes" in replies[0].error and not replies[1].error and replies[1].tensors
+
+
 # Hang guard for what starts an agent process or brings a plan back: an interpreter importing
 # onnxruntime and grpc, and backoffs of up to 10 s, on a machine whose 2 cores are shared by
 # several test runs (load 15) can take a good part of GUARD_S.
