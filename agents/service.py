@@ -8,6 +8,7 @@ is the folder renamed into place, so a cut-off upload never replaces a good bund
 from __future__ import annotations
 
 import base64
+import dataclasses
 import errno
 import gc
 import hashlib
@@ -746,7 +747,7 @@ def profile_ops(request: pb.ProfileRequest, stop: Callable[[], bool] | None = No
 
     from agents.executor import generate_inputs
     from agents.tensors import arrays_from
-    from profiler.measure import PuConfig, time_model
+    from profiler.measure import PuConfig, declined_in, time_model
     from profiler.measure import profile_ops as op_profile
 
     provider = request.provider or CPU_PROVIDER
@@ -782,6 +783,8 @@ def profile_ops(request: pb.ProfileRequest, stop: Callable[[], bool] | None = No
         timings = (
             {} if request.per_op else {"": time_isolated(request.model, feeds, outputs, cfg, warmup, repeats, stop)}
         )
+        if timings:  # which nodes it declined: one profiled run here (it runs them on the CPU)
+            timings[""] = dataclasses.replace(timings[""], declined=declined_in(request.model, feeds, cfg))
     elif request.per_op:
         timings = op_profile(request.model, feeds, cfg, warmup, repeats, stop)
     else:
@@ -789,7 +792,13 @@ def profile_ops(request: pb.ProfileRequest, stop: Callable[[], bool] | None = No
     return pb.ProfileReply(
         timings=[
             pb.OpTiming(
-                node=k, median_ms=t.median_ms, mean_ms=t.mean_ms, p10_ms=t.p10_ms, p90_ms=t.p90_ms, repeats=t.repeats
+                node=k,
+                median_ms=t.median_ms,
+                mean_ms=t.mean_ms,
+                p10_ms=t.p10_ms,
+                p90_ms=t.p90_ms,
+                repeats=t.repeats,
+                declined=t.declined,
             )
             for k, t in timings.items()
         ],

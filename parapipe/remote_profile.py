@@ -68,4 +68,4 @@ class RemoteTimer:
     ) -> Timing:
         reply = self._profile(self._request(model, feeds, cfg, warmup, repeats, False), cfg)
         t = reply.timings[0]
-        return Timing(t.median_ms, t.mean_ms, t.p10_ms, t.p90_ms, t.repeats, 0.0)
+        return Timing(t.median_ms, t.mean_ms, t.p10_ms, t.p90_ms, t.repeats, 0.0, declined=tuple(t.declined))

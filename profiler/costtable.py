@@ -115,6 +115,8 @@ class CostEntry:
     energy_source: str = "modelled"  # measured | modelled
     flops: int = 0
     measured_at: float = 0.0
+    # nodes the PU's execution provider declined, which onnxruntime ran on the CPU in this measurement
+    declined: tuple[str, ...] = ()
 
     @classmethod
     def from_timing(
@@ -144,6 +146,7 @@ class CostEntry:
             energy_source=t.energy_source or "none",
             flops=flops,
             measured_at=time.time(),
+            declined=t.declined,
         )
 
     @property
@@ -308,6 +311,21 @@ class CostTable:
             and (board is None or e.conditions.board == board)
             and (precision is None or e.conditions.precision == precision)
         ]
+
+    def declined(self, model_sha256: str, board: str, pu: str, members: Iterable[str]) -> tuple[str, ...] | None:
+        """Of ``members`` (a partition's nodes on ``pu``), those the PU's execution provider declined in any
+        measurement of them or of a part of them (onnxruntime ran them on the CPU); None where nothing of them
+        was measured on ``pu``."""
+        members = list(members)
+        mine = set(members)
+        seen, out = False, set()
+        for e in self.entries.values():
+            c = e.conditions
+            if e.model_sha256 != model_sha256 or c.board != board or c.pu != pu or not mine.intersection(e.members):
+                continue
+            seen = True
+            out.update(n for n in e.declined if n in mine)
+        return tuple(n for n in members if n in out) if seen else None
 
     def learnt(self, model_sha256: str | None = None, board: str | None = None) -> list[CalibrationRecord]:
         """The calibration values for this model and board (None: any)."""

@@ -13,6 +13,7 @@ the two relate.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import statistics
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from profiler.pinning import cfs_settings, full_speed_ms, run_pinned
-from profiler.runtime import open_session
+from profiler.runtime import CPU_PROVIDER, declined_nodes, open_session
 
 # "Latency at rate" is measured (on the agent) and predicted (by the simulator) with frames arriving at this
 # share of the throughput measured back to back: at exactly that throughput the queue has no slack, any
@@ -45,6 +46,8 @@ class Timing:
     cpu_s_per_run: float
     energy_mj_per_run: float | None = None
     energy_source: str = ""  # "measured" (a sensor) or "modelled" (power model), "" if not asked
+    # nodes the unit's execution provider declined, so onnxruntime ran them on the CPU (``declined_in``)
+    declined: tuple[str, ...] = ()
 
     @staticmethod
     def of(
@@ -114,6 +117,20 @@ def check_stop(stop: Stop | None) -> None:
         raise Cancelled("timing stopped: the caller went away or its deadline passed")
 
 
+def declined_in(model: bytes, feeds: Mapping[str, np.ndarray], cfg: PuConfig) -> tuple[str, ...]:
+    """The nodes of ``model`` that ``cfg``'s execution provider declines (its ``GetCapability``), which onnxruntime
+    then runs on the CPU: read from one profiled run, where each node's event names the provider that ran it.
+    Without graph rewrites, so the names are the model's. () for the CPU provider."""
+    if cfg.provider == CPU_PROVIDER:
+        return ()
+    with tempfile.TemporaryDirectory(prefix="parapipe-declined-") as tmp:
+        session = _session(model, dataclasses.replace(cfg, throttle_percent=None), "disable", os.path.join(tmp, "d"))
+        session.run(None, dict(feeds))
+        with open(session.end_profiling()) as fh:
+            events = json.load(fh)
+    return tuple(declined_nodes(events, cfg.provider))
+
+
 def _cpu_seconds() -> float:
     t = os.times()
     return t.user + t.system
@@ -177,7 +194,10 @@ def time_model(
             return Timing.of(samples, cpu)
         return Timing.of(samples, cpu, reading.joules * 1e3 / len(samples), reading.source)
 
-    return run_pinned(work, cfg.cores, cfg.throttle_percent, name=cfg.label)
+    timing = run_pinned(work, cfg.cores, cfg.throttle_percent, name=cfg.label)
+    return (
+        dataclasses.replace(timing, declined=declined_in(model, feeds, cfg)) if cfg.provider != CPU_PROVIDER else timing
+    )
 
 
 def profile_ops(

@@ -500,9 +500,13 @@ def show(
     device: Annotated[
         str | None, typer.Option("--device", help="Profile to check against (default: the plan's).")
     ] = None,
+    costs: CostsOpt = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """A plan, readable by a person: stages, units, blocks and predicted figures."""
+    """A plan, readable by a person: stages, units, blocks and predicted figures.
+
+    On a unit whose execution provider is not the CPU's, the column "on the CPU" lists the nodes that provider
+    declined when they were profiled (onnxruntime runs those on the CPU), from the cost table."""
     from planner.plan import load_plan, validate
 
     the_plan = load_plan(plan_file)
@@ -513,8 +517,15 @@ def show(
 
         loaded = open_model(model, plan=the_plan)
         validate(the_plan, build_graph(loaded.proto, loaded.sha256), load_profile(device or the_plan.device))
+    declined = _declined(the_plan, device, costs)
     if as_json:
-        print_json(the_plan.to_json())
+        data = the_plan.to_json()
+        if declined:
+            data["declined"] = [
+                {"stage": s, "group": g, "unit": i, "pu": pu, "nodes": None if nodes is None else list(nodes)}
+                for (s, g, i), (pu, nodes) in declined.items()
+            ]
+        print_json(data)
         return
     prov = the_plan.provenance
     out.print(
@@ -537,10 +548,11 @@ def show(
         "blocks",
         "ops",
         *(("int8 blocks", "fp16 blocks") if mixed else ()),
+        *(("on the CPU",) if declined else ()),
     )
     for s, stage in enumerate(the_plan.stages):
         for g, group in enumerate(stage.groups):
-            for a in group:
+            for i, a in enumerate(group):
                 ops = sum(len(the_plan.blocks[b]) for b in a.blocks)
                 shown = ", ".join(a.blocks[:4]) + (f" … (+{len(a.blocks) - 4})" if len(a.blocks) > 4 else "")
                 int8 = sum(b in the_plan.int8 for b in a.blocks)
@@ -554,6 +566,7 @@ def show(
                     shown,
                     str(ops),
                     *((f"{int8}/{len(a.blocks)}", f"{half}/{len(a.blocks)}") if mixed else ()),
+                    *((_declined_cell(declined.get((s, g, i))),) if declined else ()),
                 )
     out.print(t)
     out.print(f"precision: {the_plan.precision_mix()}" + _precision_detail(the_plan), highlight=False)
@@ -569,6 +582,50 @@ def show(
             )
     for note in the_plan.notes:
         out.print(f"note: {note}", highlight=False)
+
+
+def _declined(plan: Any, device: str | None, costs: Path | None) -> dict[tuple[int, int, int], tuple[str, Any]]:
+    """For each assignment on a unit whose provider is not the CPU's: (PU, the nodes of it its provider declined
+    when profiled, or None where none of it was profiled). {} where the plan has no such unit or its profile or
+    cost table cannot be read (show works on a plan alone)."""
+    from device_profiles.loader import load_profile
+    from models.errors import ParapipeError
+    from parapipe.home import default_costs
+    from profiler.costtable import CostTable
+    from profiler.runtime import CPU_PROVIDER
+
+    try:
+        profile = load_profile(device or plan.device)
+    except (ParapipeError, ValueError, OSError):
+        return {}
+    names = {p.name: p for p in profile.pus}
+    units = {
+        (s, g, i): a
+        for s, stage in enumerate(plan.stages)
+        for g, group in enumerate(stage.groups)
+        for i, a in enumerate(group)
+        if a.pu in names and names[a.pu].execution_provider != CPU_PROVIDER
+    }
+    path = costs or default_costs()
+    if not units or not path.exists():
+        return {}
+    table = CostTable.load(path)
+    out = {}
+    for key, a in units.items():
+        members = [m for b in a.blocks for m in plan.blocks[b]]
+        out[key] = (str(a.pu), table.declined(plan.model_sha256, profile.name, a.pu, members))
+    return out
+
+
+def _declined_cell(found: tuple[str, Any] | None) -> str:
+    if found is None:
+        return ""
+    nodes = found[1]
+    if nodes is None:
+        return "not profiled"
+    if not nodes:
+        return "none"
+    return f"{len(nodes)}: " + ", ".join(nodes[:4]) + (f" … (+{len(nodes) - 4})" if len(nodes) > 4 else "")
 
 
 def _precision_detail(plan: Any) -> str:

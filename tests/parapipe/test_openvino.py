@@ -142,3 +142,54 @@ def test_openvinos_compiled_model_is_kept_across_agent_restarts(openvino_python,
     # the same 0.2 s, so the cache pays on devices that compile slowly: GPU, NPU; TensorRT's engines likewise.)
     assert second_hit and second_blobs == first_blobs, "the restart found the first start's blob in the cache"
     print("load s (first, from cache):", seen[0][2], seen[1][2], file=sys.stderr)
+
+
+def _declining_model(path: Path) -> Path:
+    """MatMul, Relu, Hardmax, MatMul, Relu: OpenVINO's ONNX frontend has no Hardmax, so onnxruntime runs it on the
+    CPU inside an OpenVINO partition (checked: Det likewise; Trilu is OpenVINO's)."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.standard_normal((64, 64)).astype(np.float32), f"w{i}") for i in (1, 2)]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["a"], name="mm1"),
+        helper.make_node("Relu", ["a"], ["b"], name="relu1"),
+        helper.make_node("Hardmax", ["b"], ["c"], name="hardmax", axis=-1),
+        helper.make_node("MatMul", ["c", "w2"], ["d"], name="mm2"),
+        helper.make_node("Relu", ["d"], ["y"], name="relu2"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "declines",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])],
+        weights,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8  # onnxruntime-openvino 1.24 reads IR 8
+    onnx.save(model, path)
+    return path
+
+
+def test_show_names_the_nodes_openvino_ran_on_the_cpu(openvino_python, tmp_path) -> None:
+    """Nodes an execution provider declines run on the CPU inside its partition: the profiler reads which from
+    onnxruntime's profiling output (each node's provider), the cost table keeps them, and ``show`` lists them
+    for the partition (here Hardmax, which OpenVINO has no kernel for)."""
+    model = _declining_model(tmp_path / "declines.onnx")
+    home = tmp_path / "home"
+    _json(run_cli("profile", str(model), "--board", "local-openvino", "--repeats", "3", "--warmup", "1", "--json",
+                  home=home))  # fmt: skip
+    entries = json.loads((home / "costs.json").read_text())["entries"]
+    on_ov = [e for e in entries if e["conditions"]["pu"] == "ov" and "hardmax" in e["members"]]
+    assert on_ov and all(e["declined"] == ["hardmax"] for e in on_ov)
+    assert all(not e["declined"] for e in entries if e["conditions"]["pu"] == "cpu")
+    plans = tmp_path / "plans"
+    _json(run_cli("plan", str(model), "--device", "local-openvino", "--pus", "ov", "--objective", "latency",
+                  "--time-limit", "1", "-o", str(plans), "--json", home=home))  # fmt: skip
+    shown = _json(run_cli("show", str(plans / "ilp-latency.json"), "--json", home=home))
+    found = {n for d in shown["declined"] for n in d["nodes"] or ()}
+    assert found == {"hardmax"} and all(d["pu"] == "ov" for d in shown["declined"])
+    table = run_cli("show", str(plans / "ilp-latency.json"), home=home)
+    assert table.returncode == 0 and "on the CPU" in table.stdout and "hardmax" in table.stdout

@@ -272,3 +272,19 @@ def test_a_learnt_frame_overhead_is_the_calibrations_frame_ms(tmp_path: Path) ->
     table.save(path)
     calibration = calibrate(Roofline(load_profile("local"), op), CostTable.load(path))
     assert calibration.frame_ms == 0.55 and calibration.handoff_ms == 0.0
+
+
+def test_declined_nodes_are_kept_and_found_per_partition(tmp_path: Path) -> None:
+    """What an execution provider declined in a measurement is kept in the table (and read back from its file),
+    and found for any partition that holds those nodes; None where nothing of the partition was measured."""
+    cond = Conditions("board", "gpu", 1, 1, "CUDAExecutionProvider", "1.0", "all")
+    table = CostTable()
+    for members, declined in ((("a", "b"), ("b",)), (("c",), ()), (("d", "e"), ("e",))):
+        key = entry_key("sha", "block", members, cond)
+        table.add(CostEntry(key, "block", "sha", members[0], members, cond, 1, 1, 1, 1, 3, declined=declined))
+    table.save(tmp_path / "costs.json")
+    loaded = CostTable.load(tmp_path / "costs.json")
+    assert loaded.declined("sha", "board", "gpu", ["a", "b", "c", "e"]) == ("b", "e")
+    assert loaded.declined("sha", "board", "gpu", ["c"]) == ()
+    assert loaded.declined("sha", "board", "gpu", ["z"]) is None
+    assert loaded.declined("sha", "board", "cpu", ["a"]) is None
