@@ -39,6 +39,14 @@ F = TypeVar("F", bound=Callable[..., Any])
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
 ModelArg = Annotated[Path, typer.Argument(help="The .onnx model.")]
 DeviceOpt = Annotated[str, typer.Option("--device", help="Profile name or TOML path.")]
+PlanDeviceOpt = Annotated[
+    str,
+    typer.Option(
+        "--device",
+        help="Profile name or TOML path, or an inventory board: its profile, on the units recorded for it "
+        "(`boards check --record`).",
+    ),
+]
 CostsOpt = Annotated[Path | None, typer.Option("--costs", help="Cost table (default $PARAPIPE_HOME/costs.json).")]
 ShapeOpt = Annotated[
     list[str] | None,

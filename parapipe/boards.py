@@ -14,7 +14,7 @@ import re
 import tomllib
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -53,6 +53,9 @@ class Board:
     token_file: str = ""
     tls_ca: str = ""  # PEM file of the CA that signed the agent's certificate
     group: str = ""  # a fleet: deploy, undeploy take --group NAME and work on its boards at once
+    # the profile's units this board runs (`boards check --record`, `boards add --units`): plans and tune for it
+    # use only these unless told otherwise; () every unit an onnxruntime release drives
+    units: tuple[str, ...] = ()
 
 
 def inventory_path() -> Path:
@@ -132,12 +135,36 @@ def add_board(board: Board) -> Path:
 
         read_known_hosts(board, adding=True)  # it exists and is a readable text file
     from device_profiles.loader import load_profile
+    from device_profiles.selection import select_units
 
-    load_profile(board.device)  # refuses unknown profiles with the list of known ones
+    profile = load_profile(board.device)  # refuses unknown profiles with the list of known ones
+    if board.units:
+        select_units(profile, board.units)  # units of the profile, each one an onnxruntime drives
     with inventory_lock():
         boards = load_boards()
         boards[board.name] = board
         return save_boards(boards)
+
+
+def record_units(name: str, units: tuple[str, ...]) -> Path:
+    """Keep ``units`` as the units board ``name`` runs (what ``boards check --record`` found there)."""
+    with inventory_lock():
+        boards = load_boards()
+        if name not in boards:
+            raise BoardError(f"no board {name!r} in {inventory_path()}")
+        boards[name] = replace(boards[name], units=tuple(units))
+        return save_boards(boards)
+
+
+def resolve_device(device: str) -> tuple[str, tuple[str, ...]]:
+    """``--device`` as plan and compare take it: a profile (name or TOML path) as given, or else an inventory
+    board's name: its profile and the units recorded for it (() where none are)."""
+    from device_profiles.loader import RUNTIME_PROFILES, shipped_names
+
+    if device in RUNTIME_PROFILES or device in shipped_names() or Path(device).exists():
+        return device, ()
+    board = load_boards().get(device)
+    return (board.device, board.units) if board is not None else (device, ())
 
 
 def _check_direct(board: Board) -> None:

@@ -83,6 +83,16 @@ def board_device(name: str) -> str:
     return get_board(name).device
 
 
+def board_units(name: str) -> tuple[str, ...]:
+    """The units recorded for an inventory board (``boards check --record``); () for the embedded boards and where
+    none are recorded (every unit an onnxruntime drives)."""
+    if name in LOCAL_BOARDS:
+        return ()
+    from parapipe.boards import get_board
+
+    return get_board(name).units
+
+
 @contextmanager
 def open_board(name: str) -> Iterator[BoardSession]:
     """A session with the agent of board ``name`` (see the module docstring for the three kinds)."""

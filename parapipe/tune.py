@@ -59,7 +59,7 @@ from models.onnx_io import LoadedModel
 from parapipe.intake import open_model
 from parapipe.precision_auto import Auto, PrecisionRequest, measure, precision_plans
 from parapipe.profiling import profile_on_board
-from parapipe.reach import LOCAL_BOARDS, board_device
+from parapipe.reach import LOCAL_BOARDS, board_device, board_units
 from parapipe.records import Figures, PartitionMeasurement
 from parapipe.run import RunResult, check_board_units, run_plan
 from planner.costmodel import CostModel
@@ -1160,13 +1160,14 @@ class TuneOptions:
     pus: str | None = None  # comma-separated units to plan on (default: every unit an onnxruntime drives)
     exclude_pus: str | None = None  # comma-separated units to leave out
 
-    def units(self, profile: DeviceProfile) -> DeviceProfile:
-        """The profile restricted to the units tune plans on (``device_profiles.selection``)."""
+    def units(self, profile: DeviceProfile, recorded: tuple[str, ...] = ()) -> DeviceProfile:
+        """The profile restricted to the units tune plans on (``device_profiles.selection``): without ``pus``, the
+        board's ``recorded`` units if any."""
 
         def names(text: str | None) -> list[str]:
             return [n.strip() for n in (text or "").split(",") if n.strip()]
 
-        return select_units(profile, names(self.pus), names(self.exclude_pus))
+        return select_units(profile, names(self.pus) or list(recorded), names(self.exclude_pus))
 
 
 def frames_for(plan: Plan, frames: int, min_seconds: float, measured_fps: Sequence[float] = ()) -> int:
@@ -1203,7 +1204,7 @@ def tune(
     loaded: LoadedModel = open_model(model, input_shape, input_data)
     graph = build_graph(loaded.proto, loaded.sha256, model.stem)
     # the units tune plans on: every one an onnxruntime drives, each checked on the board before anything runs
-    profile = options.units(load_profile(board_device(board)))
+    profile = options.units(load_profile(board_device(board)), board_units(board))
     check_board_units({p.name: p.execution_provider for p in profile.pus}, board)
     table = CostTable.load(costs)
     if not table.select(model_sha256=loaded.sha256, board=profile.name):

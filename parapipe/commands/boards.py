@@ -62,6 +62,14 @@ def add(
     group: Annotated[
         str, typer.Option("--group", help="A fleet the board belongs to (deploy/undeploy --group NAME).")
     ] = "",
+    units: Annotated[
+        str | None,
+        typer.Option(
+            "--units",
+            help="The profile's units this board has (comma-separated); plans and tune for it use only these. "
+            "Default: every unit an onnxruntime drives (`boards check NAME --record` finds them on the board).",
+        ),
+    ] = None,
 ) -> None:
     """Add (or replace) a board: reached over SSH (--host/--user/--key), or directly (--agent-address)."""
     from parapipe.boards import Board, add_board
@@ -82,6 +90,7 @@ def add(
         token_file=_absolute(direct.token_file),
         tls_ca=_absolute(direct.tls_ca),
         group=group,
+        units=tuple(u.strip() for u in (units or "").split(",") if u.strip()),
     )
     path = add_board(board)
     out.print(f"board {name} saved in {path}", highlight=False)
@@ -118,18 +127,37 @@ def list_boards(as_json: JsonFlag = False) -> None:
 def check(
     name: Annotated[str | None, typer.Argument(help="A board of the inventory.")] = None,
     group: Annotated[str | None, typer.Option("--group", help="Every board of this inventory group, at once.")] = None,
+    record: Annotated[
+        bool,
+        typer.Option(
+            "--record",
+            help="Keep the units whose provider the board's onnxruntime offers as the board's units: plans "
+            "(--device BOARD) and tune then use only those.",
+        ),
+    ] = False,
     as_json: JsonFlag = False,
 ) -> None:
-    """Connect and report the board's OS, CPU, cores, Python, onnxruntime and the agent's state."""
-    from parapipe.boards import get_board
+    """Connect and report the board's OS, CPU, cores, Python, onnxruntime, the units it can run and the agent's
+    state; exit 2 when a unit of its profile needs a provider it lacks (unless --record keeps the others)."""
+    from parapipe.boards import BoardError, get_board, record_units
     from parapipe.commands.serving import check_group, one_target
 
     if one_target(name, group) == "group":
+        if record:
+            raise BoardError("--record works on one board at a time; name it")
         check_group(str(group), board_info, as_json)
         return
     board = get_board(str(name))
     info = board_info(board)
     missing = info.get("units_missing_provider") or []
+    if record:
+        lacking = {u["unit"] for u in missing}
+        usable = tuple(u for u in info["unit_names"] if u not in lacking)
+        if not usable:
+            raise BoardError(f"board {board.name}: no unit of {board.device} can run there; nothing recorded")
+        record_units(board.name, usable)
+        info["recorded_units"] = list(usable)
+        missing = []
     shown = dict(info)
     if not as_json:  # lists as one line each, for people
         shown["providers"] = ", ".join(info.get("providers") or []) or "none"
@@ -153,6 +181,7 @@ def _units_report(board, providers: list[str]) -> dict:
     missing = missing_providers(needed, providers)
     return {
         "providers": providers,
+        "unit_names": list(needed),
         "units": ", ".join(f"{u} ({p})" for u, p in needed.items()),
         "units_missing_provider": [{"unit": m.unit, "provider": m.provider} for m in missing],
     }

@@ -16,9 +16,9 @@ from models.names import safe_name
 from parapipe.app import (
     CostsOpt,
     DataOpt,
-    DeviceOpt,
     JsonFlag,
     ModelArg,
+    PlanDeviceOpt,
     ShapeOpt,
     app,
     err,
@@ -53,13 +53,15 @@ class UnitFlags:
         ),
     ] = False
 
-    def select(self, profile: Any) -> Any:
+    def select(self, profile: Any, recorded: tuple[str, ...] = ()) -> Any:
+        """``profile`` restricted to these flags' units; without --pus, to ``recorded`` (a board's units) if any."""
         from device_profiles.selection import select_units
 
         def names(text: str | None) -> list[str]:
             return [n.strip() for n in (text or "").split(",") if n.strip()]
 
-        return select_units(profile, names(self.pus), names(self.exclude_pus), self.include_unavailable)
+        chosen = names(self.pus) or list(recorded)
+        return select_units(profile, chosen, names(self.exclude_pus), self.include_unavailable)
 
 
 def _what_if(plans: list[Any], profile: Any) -> list[Any]:
@@ -96,6 +98,7 @@ def _load_inputs(
     from device_profiles.loader import load_profile
     from models.coarsen import coarsen
     from models.graph import build_graph
+    from parapipe.boards import resolve_device
     from parapipe.home import default_costs
     from parapipe.intake import open_model
     from planner.costmodel import CostModel
@@ -103,7 +106,8 @@ def _load_inputs(
     from planner.plan import PlanError
     from profiler.costtable import CostTable
 
-    profile = (units or UnitFlags()).select(load_profile(device))
+    device, recorded = resolve_device(device)  # a profile, or an inventory board's profile and units
+    profile = (units or UnitFlags()).select(load_profile(device), recorded)
     loaded = open_model(model, input_shape, input_data)
     graph = build_graph(loaded.proto, loaded.sha256, model.stem)
     if costs is not None and not costs.exists():
@@ -235,7 +239,7 @@ def _auto(request, loaded, graph, blocks, cost, costs: Path | None, progress):  
 @option_groups(flags=PlanFlags, precision=PrecisionFlags, units=UnitFlags)
 def plan(
     model: ModelArg,
-    device: DeviceOpt,
+    device: PlanDeviceOpt,
     costs: CostsOpt = None,
     flags: PlanFlags = PlanFlags(),
     precision: PrecisionFlags = PrecisionFlags(),
@@ -283,8 +287,11 @@ def plan(
     import dataclasses
 
     where: dict[str, Any] = {"model_path": str(model.resolve()), "inputs": loaded.inputs}
-    if Path(device).is_file():  # a profile of the user's: compile, run and deploy find it where it was planned
-        where["device"] = str(Path(device).resolve())
+    from parapipe.boards import resolve_device
+
+    profile_path = Path(resolve_device(device)[0])
+    if profile_path.is_file():  # a profile of the user's: compile, run and deploy find it where it was planned
+        where["device"] = str(profile_path.resolve())
     plans = _what_if([dataclasses.replace(p, **where) for p in plans], profile)
     base = dict(zip(base, _what_if([dataclasses.replace(p, **where) for p in base.values()], profile), strict=True))
     from planner.catalog import write_folder
@@ -653,7 +660,7 @@ class CompareFlags:
 @option_groups(flags=CompareFlags, precision=PrecisionFlags, units=UnitFlags)
 def compare(
     model: ModelArg,
-    device: DeviceOpt,
+    device: PlanDeviceOpt,
     costs: CostsOpt = None,
     flags: CompareFlags = CompareFlags(),
     precision: PrecisionFlags = PrecisionFlags(),

@@ -150,3 +150,31 @@ def test_boards_check_reports_the_providers_and_refuses_a_unit_the_board_cannot_
     fine = run_cli("boards", "check", "cpubox", home=home)
     assert fine.returncode == 0, fine.stderr
     assert "units_missing_provider none" in " ".join(fine.stdout.split())
+
+
+def test_boards_check_records_the_units_a_board_has_and_plans_for_it_use_only_those(sshd, tmp_path) -> None:
+    """``boards check --record`` keeps the units whose provider the board's onnxruntime offers; a plan made with
+    ``--device BOARD`` (and tune for it) then uses only those, and a unit it lacks is refused by name."""
+    import json
+
+    home = tmp_path / "home"
+    profile_path = tmp_path / "local-gpu.toml"
+    profile_path.write_text(PROFILE)
+    common = ("--host", "127.0.0.1", "--port", str(sshd.port), "--user", sshd.user, "--key", str(sshd.user_key),
+              "--known-hosts", str(sshd.known_hosts), "--python", sys.executable, "--workdir", str(tmp_path / "w"))  # fmt: skip
+    assert run_cli("boards", "add", "gpubox", *common, "--device", str(profile_path), home=home).returncode == 0
+    recorded = run_cli("boards", "check", "gpubox", "--record", "--json", home=home)
+    assert recorded.returncode == 0, recorded.stderr
+    assert json.loads(recorded.stdout)["recorded_units"] == ["cpu"]
+    listed = json.loads(run_cli("boards", "list", "--json", home=home).stdout)
+    assert [b["units"] for b in listed] == [["cpu"]]
+    model = _branchy_model(tmp_path / "m.onnx")
+    folder = tmp_path / "plans"
+    planned = run_cli("plan", str(model), "--device", "gpubox", "--objective", "latency", "--time-limit", "1",
+                      "-o", str(folder), "--json", home=home)  # fmt: skip
+    assert planned.returncode == 0, planned.stderr
+    plan = json.loads((folder / "ilp-latency.json").read_text())
+    assert {a["pu"] for s in plan["stages"] for g in s["groups"] for a in g} == {"cpu"}
+    assert plan["device"] == str(profile_path.resolve())  # run and deploy find the board's profile
+    bad = run_cli("boards", "add", "other", *common, "--device", str(profile_path), "--units", "cpu,npu", home=home)
+    assert bad.returncode == 2 and "no unit 'npu'" in bad.stderr and "Traceback" not in bad.stderr
