@@ -153,7 +153,7 @@ def steady_inflight(pipeline: Pipeline, latency_s: float, busy_s: dict[str, floa
     """Frames in flight for a steady back-to-back run: ``WINDOW_MARGIN`` times the simulator's saturating
     window (``planner.simulate._saturating_window``: one frame in each unit and one waiting in front of it,
     for every frame the busiest unit finishes during one frame's latency, and one more) plus the largest lag
-    of a unit's partition (``agents.modulo``: a unit runs its later partitions that many frames behind), at
+    of a unit's partition (``profiler.modulo``: a unit runs its later partitions that many frames behind), at
     most the pipeline's ``max_inflight``. ``latency_s`` is one frame's latency alone, ``busy_s`` each local
     partition's busy time over those ``frames``. A plan of many partitions admits hundreds of frames
     (``planner.segments.max_inflight``); a run of fewer frames than that never refills, and is a burst

@@ -7,7 +7,7 @@ session, so onnxruntime's intra-op threads inherit both. Tensors move between wo
 as numpy arrays through per-worker inboxes (no serialisation); a frame enters while
 fewer than ``max_inflight`` frames are in flight, replicated stages take frames
 round-robin, and results are handed back per frame (callers wait on them in order).
-Partitions of one unit (the same cores) take turns (``agents.modulo``): one thread runs them
+Partitions of one unit (the same cores) take turns (``profiler.modulo``): one thread runs them
 one at a time, the one with the smallest frame + lag among those whose turn it is in the
 frame's order.
 Every frame pays these handoffs (``bench/bench_agent.py --overhead`` measures them), so
@@ -43,7 +43,7 @@ import numpy as np
 
 from agents.bundle import Manifest, PartitionSpec, TensorSpec, check_tensor
 from agents.isolated import IsolatedSession, IsolatedUnit
-from agents.modulo import lags, pick
+from profiler.modulo import lags, pick
 from profiler.pinning import pin_current_thread, release_current_thread, throttle_current_thread
 from profiler.runtime import cache_options, open_session, own_threads
 
@@ -365,7 +365,7 @@ class _Worker:
         self.load_s = 0.0  # how long its session took to load, EP compilation included
         self.cache_hit = False  # the EP's compiled model came from the cache folder
         self._inputs = len(spec.inputs)
-        self.lag = 0  # ``agents.modulo``: how many frames behind the entry this partition works
+        self.lag = 0  # ``profiler.modulo``: how many frames behind the entry this partition works
         self.thread = threading.Thread(target=self._run, name=f"pp-{spec.name}", daemon=True)
 
     def queue_depth(self) -> int:
@@ -590,7 +590,7 @@ class _Worker:
 
 
 class _UnitRunner:
-    """One thread for a unit that holds several partitions (``agents.modulo``): it creates their sessions
+    """One thread for a unit that holds several partitions (``profiler.modulo``): it creates their sessions
     (pinned to the unit's cores) and runs them one after the other, no handoff between them. Each turn
     goes, among the partitions whose turn it is in their next frame (a frame's partitions in the unit's
     order) and whose inputs are there, to the smallest frame + lag; a frame given up is passed on in turn.
@@ -786,7 +786,7 @@ class Pipeline:
         self._entry = self._entry_worker()
 
     def _unit_runners(self) -> list[_UnitRunner]:
-        """Each partition's lag (``agents.modulo``, as the planner's simulator has it); a unit holding several
+        """Each partition's lag (``profiler.modulo``, as the planner's simulator has it); a unit holding several
         partitions here gets one thread that runs them in turn."""
         manifest = self.manifest
         place = {p.name: ((p.stage, p.group, p.unit), p.segment) for p in manifest.partitions}

@@ -23,6 +23,7 @@ BOARD_SIDE = [
     "profiler/measure.py",
     "profiler/energy.py",
     "profiler/runtime.py",
+    "profiler/modulo.py",
 ]
 # the protobuf range is pyproject's (the generated code's gencode; a test keeps them equal); onnxruntime from the
 # oldest release the agent runs (older ones may read external data outside a bundle: the agent refuses them)

@@ -260,7 +260,7 @@ def fed_time(
     fits from the measured throughputs; on a CFS-throttled PU, what waiting for its quota costs back to back is
     its sustained factor (``fit_sustained``). Where the profile names no shared memory (and the PU is not
     throttled), the back-to-back time is what throughput needs: a unit runs its partitions in turn
-    (``agents.modulo``), so each one's back-to-back time is its own, not shared with the unit's others."""
+    (``profiler.modulo``), so each one's back-to-back time is its own, not shared with the unit's others."""
     pu = profile.pu(seg.pu)
     if pu.throttle is None and profile.shared_memory(seg.pu) is None and p.busy_per_frame_ms is not None:
         return p.busy_per_frame_ms

@@ -4,7 +4,7 @@ Both use the same lowering (``planner.segments``) and costs. A segment starts fo
 frame when all its inputs have arrived and its unit (a PU, or a set of cores of a
 CPU cluster) is free; a unit runs a frame's segments in its order (``Segment.index``,
 the solver's), and of the frames whose next segment there is ready it picks the one
-with the smallest frame + lag (``agents.modulo``, as the executor does). Data
+with the smallest frame + lag (``profiler.modulo``, as the executor does). Data
 between units on different PUs crosses the profile's link: each tensor reaches its consumer
 its transfer time after its producer ends, without queueing behind the frame's other transfers
 (the executor hands a tensor to every consumer at once), and a link, like a shared memory,
@@ -36,12 +36,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from agents.modulo import lags
 from models.graph import OpGraph
 from planner.costmodel import CostModel
 from planner.plan import Plan, Predicted
 from planner.segments import Segment, block_edges, lower, max_inflight
 from profiler.measure import AT_RATE_LOAD
+from profiler.modulo import lags
 
 # a simulation runs at most this many segments (frames x segments a frame; fewer frames for a plan of many
 # partitions: captcha_crnn's latency plan on ``local`` has ~230 a frame, and 240 frames of it took most of
@@ -188,7 +188,7 @@ class PlanModel:
         return max_inflight(self.plan, self.segments)
 
     def lags(self) -> dict[tuple, int]:
-        """Each segment's lag (``agents.modulo``), over the partition graphs of every replica phase."""
+        """Each segment's lag (``profiler.modulo``), over the partition graphs of every replica phase."""
         place = {s.key: (s.unit_key, s.index) for s in self.segments}
         return lags(place, (e for f in range(self.period) for e in self.frame_flows(f)))
 
@@ -387,7 +387,7 @@ class _Run:
                     t = model.flow_ms(parts, x, y)
                     delay = 0.0 if self.unit_of[src] == self.unit_of[dst] else model.cost.handoff_delay_ms(x, y)
                     sends.append((dst, t, delay, model.cost.transfer_mj(nbytes, x, y) if t else 0.0))
-        # the executor's order on a unit (``agents.modulo``): among the frames whose next segment there is
+        # the executor's order on a unit (``profiler.modulo``): among the frames whose next segment there is
         # ready, the smallest frame + lag
         self.lag = model.lags()
         self.waiting: dict[tuple[int, tuple], int] = {}

@@ -107,7 +107,7 @@ def test_frames_back_to_back_run_on_both_units_at_once(layout: str, two_cores, t
 def test_throughput_is_the_steady_state_a_unit_of_several_hops_can_reach(two_cores, tmp_path) -> None:
     """A plan of many partitions admits more frames than a short benchmark runs (bert_small's energy plan on
     ``local-biglittle``: 135). Sent all at once, they fill the pipeline and drain it, and a unit that runs
-    later hops frames behind (``agents.modulo``) has done the early hops of the last frames long before they
+    later hops frames behind (``profiler.modulo``) has done the early hops of the last frames long before they
     leave: they then leave faster than the unit can work, and such a run read 1.41x what the busiest unit can
     do over 30 frames, 1.10x over 120. Measured in a refilled window instead, the rate is what the busiest
     unit allows: its busy time per frame times the frames a second is at most 1 (the unit runs one partition

@@ -1,4 +1,4 @@
-"""A unit's turns (``agents.modulo``): the lag rule and the order a unit takes turns in; the executor takes its
+"""A unit's turns (``profiler.modulo``): the lag rule and the order a unit takes turns in; the executor takes its
 lags from a bundle exactly as the planner's simulator takes them from the plan, and runs a unit's partitions on
 one thread, one at a time, passing failed frames on."""
 
@@ -10,10 +10,10 @@ import time
 import pytest
 
 from agents.executor import Pipeline, generate_inputs
-from agents.modulo import lags, pick
 from compiler import compile_plan, write_bundle
 from planner.build import priced
 from planner.costmodel import CostModel
+from profiler.modulo import lags, pick
 from tests.support.plans import executor_plans, model_and_graph
 
 

@@ -236,7 +236,7 @@ def test_solver_analytic_and_simulation_are_one_model(case) -> None:
     if handoff == 0:
         # a handoff delay several times the period can make the executor's window of in-flight frames, not a
         # unit or link, set the simulated throughput; the analytic figure has no window. Balanced plans reach
-        # it too: units take frames by frame + lag (``agents.modulo``), not oldest first
+        # it too: units take frames by frame + lag (``profiler.modulo``), not oldest first
         assert simulated.throughput_fps == pytest.approx(predicted.throughput_fps, rel=0.02)
     if calibration is not None and (calibration[1] > 0 or calibration[2] > 0):
         # the solver counts partitions (for their overhead) from a lower bound: it may only be optimistic

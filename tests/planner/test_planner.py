@@ -45,7 +45,7 @@ def test_analytic_and_simulated_throughput_agree(exported) -> None:
     for objective in ("latency", "throughput", "energy"):
         plan = best_plan(blocks, graph, cost, objective, SearchOptions(time_limit=1.0))
         # the analytic figure is the busiest unit's bound; the simulation reaches it within 240 frames even
-        # on a plan that balances five units exactly, as units take frames by frame + lag (``agents.modulo``;
+        # on a plan that balances five units exactly, as units take frames by frame + lag (``profiler.modulo``;
         # oldest first, such a plan saw 6% less). The simulation measures only frames that left before the
         # last one entered (in the drain, frames queued while the window filled leave in a burst, above any
         # steady rate), so the bound holds; checked to 2%.
