@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
-from collections import deque
 from collections.abc import Iterator, Sequence
 
 import grpc
@@ -21,6 +19,7 @@ import numpy as np
 
 from agents import service
 from agents.bundle import TensorSpec
+from agents.calls import Refused, abort, answer_in_order, infer_frame
 from agents.executor import DeadlineExceeded, FrameFuture, Pipeline, PipelineError
 from agents.proto import inference_pb2 as kpb
 from agents.proto import inference_pb2_grpc as krpc
@@ -235,12 +234,10 @@ class InferenceServicer(krpc.GRPCInferenceServiceServicer):
         return kpb.ModelReadyResponse(ready=_ready(pipeline))
 
     def ModelMetadata(self, request, context):
-        from agents.server import _abort
-
         try:
             pipeline = _resolve(self.state, request.name, request.version)
         except Exception as exc:
-            _abort(context, exc)
+            abort(context, exc)
         m = pipeline.manifest
         return kpb.ModelMetadataResponse(
             name=m.plan_name,
@@ -257,15 +254,13 @@ class InferenceServicer(krpc.GRPCInferenceServiceServicer):
         )
 
     def ModelInfer(self, request, context):
-        from agents.server import _abort, _infer
-
         served: list[Pipeline] = []
 
         def run(pipeline: Pipeline) -> dict[str, np.ndarray]:
             served[:] = [pipeline]
             _check_outputs(request, pipeline)
             check_request(request, pipeline.manifest.inputs)
-            return _infer(pipeline, decode_inputs(request), context)
+            return infer_frame(pipeline, decode_inputs(request), context)
 
         try:
             outputs = service.serve_unary(
@@ -276,7 +271,7 @@ class InferenceServicer(krpc.GRPCInferenceServiceServicer):
                 lambda state: _resolve(state, request.model_name, request.model_version),
             )
         except Exception as exc:
-            _abort(context, exc)
+            abort(context, exc)
         return encode_outputs(request, served[0], model_version(served[0]), outputs)
 
     def ModelStreamInfer(self, request_iterator, context) -> Iterator[kpb.ModelStreamInferResponse]:
@@ -285,8 +280,6 @@ class InferenceServicer(krpc.GRPCInferenceServiceServicer):
         ``error_message``, and the stream goes on. When that pipeline stops or is replaced, the
         answers of the requests taken are sent and the stream ends with FAILED_PRECONDITION, which
         also ends its feed thread."""
-        from agents.server import POLL_S, _abort, _wait
-
         pipeline = self.state.pipeline
         try:
             if pipeline is None:
@@ -298,57 +291,34 @@ class InferenceServicer(krpc.GRPCInferenceServiceServicer):
                     f"open the stream to the agent of the entry host {m.entry!r}"
                 )
         except Exception as exc:
-            _abort(context, exc)
-        pending: deque[tuple[kpb.ModelInferRequest, FrameFuture | None, str]] = deque()
-        cond = threading.Condition()
-        done = [False]
+            abort(context, exc)
 
-        def feed() -> None:
+        def submit(req: kpb.ModelInferRequest) -> FrameFuture:
             try:
-                for req in request_iterator:
-                    try:
-                        _match(pipeline, req.model_name, req.model_version)
-                        item = (req, _submit(pipeline, req, context), "")
-                    except (service.NotFound, PipelineError, DeadlineExceeded, ValueError) as exc:
-                        item = (req, None, str(exc))
-                    except Exception as exc:  # anything else one request trips on is its own error, too
-                        log.exception("a stream request failed")
-                        item = (req, None, f"the request failed ({type(exc).__name__}); the agent's log has why")
-                    with cond:
-                        pending.append(item)
-                        cond.notify()
-            except Exception as exc:  # the stream itself broke (cancelled, deadline)
-                with cond:
-                    pending.append((kpb.ModelInferRequest(), None, f"the request stream broke: {exc}"))
-            finally:
-                with cond:
-                    done[0] = True
-                    cond.notify()
-                self.state.feeding(-1)
+                _match(pipeline, req.model_name, req.model_version)
+                return _submit(pipeline, req, context)
+            except (service.NotFound, PipelineError, DeadlineExceeded, ValueError) as exc:
+                raise Refused(str(exc)) from None
+            except Exception as exc:  # anything else one request trips on is its own error, too
+                log.exception("a stream request failed")
+                raise Refused(f"the request failed ({type(exc).__name__}); the agent's log has why") from None
 
-        self.state.feeding(+1)
-        threading.Thread(target=feed, name="pp-kserve-feed", daemon=True).start()
         version = model_version(pipeline)
-        while True:
-            with cond:
-                while not pending and not done[0] and context.is_active() and not pipeline.stopping:
-                    cond.wait(POLL_S)
-                if not pending and pipeline.stopping and not done[0]:  # ends the call, and so its feed
-                    _abort(context, PipelineError(_ended(self.state, pipeline)))
-                if not pending:
-                    break
-                req, fut, error = pending.popleft()
-            if fut is None:
+        answers = answer_in_order(
+            self.state,
+            pipeline,
+            request_iterator,
+            context,
+            submit,
+            lambda: _ended(self.state, pipeline),
+            broken=lambda exc: f"the request stream broke: {exc}",
+            name="pp-kserve-feed",
+        )
+        for req, outputs, error in answers:
+            if outputs is None:
                 yield kpb.ModelStreamInferResponse(error_message=error)
-                continue
-            try:
-                outputs = _wait(pipeline, fut, context)
-            except PipelineError as exc:  # this frame failed: say so, the stream goes on
-                yield kpb.ModelStreamInferResponse(error_message=str(exc))
-                continue
-            except Exception as exc:
-                _abort(context, exc)
-            yield kpb.ModelStreamInferResponse(infer_response=encode_outputs(req, pipeline, version, outputs))
+            else:
+                yield kpb.ModelStreamInferResponse(infer_response=encode_outputs(req, pipeline, version, outputs))
 
 
 def _submit(pipeline: Pipeline, request: kpb.ModelInferRequest, context) -> FrameFuture:

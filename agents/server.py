@@ -9,7 +9,6 @@ is given); message size limits are set explicitly on both ends.
 from __future__ import annotations
 
 import argparse
-import errno
 import hmac
 import ipaddress
 import logging
@@ -18,27 +17,23 @@ import signal
 import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent import futures
-from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 
 import grpc
 
 from agents import service
-from agents.bundle import BundleError
-from agents.executor import DeadlineExceeded, FrameFuture, InputError, Pipeline, PipelineError
+from agents.calls import Refused, abort, answer_in_order, infer_frame
+from agents.executor import FrameFuture, InputError
 from agents.memory import bound_arenas, keep_large_buffers
 from agents.metrics import IDLE_S as METRICS_IDLE_S
 from agents.metrics import MAX_SCRAPES
-from agents.peers import AGENT_SERVICE, Peer, PeerError
+from agents.peers import AGENT_SERVICE, Peer
 from agents.proto import health_pb2, health_pb2_grpc
 from agents.proto import parapipe_agent_pb2 as pb
 from agents.proto import parapipe_agent_pb2_grpc as rpc
 from agents.tensors import TensorError, frame_arrays, frame_message
-from profiler.measure import Cancelled
-from profiler.runtime import ProviderUnavailable
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 CHUNK_BYTES = 1024 * 1024
@@ -77,32 +72,6 @@ _KIND = {"StartPipeline": "Control", "StopPipeline": "Control", "Status": "Contr
 _KIND.update(ModelInfer="Infer", ModelStreamInfer="InferStream")
 _KIND.update(dict.fromkeys(("ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata"), "Check"))
 SPARE_THREADS = 8  # for refusals and anything unknown: never held by a long call
-POLL_S = 0.5  # how often blocked calls look whether their caller is still there
-
-
-def _abort(context: grpc.ServicerContext, exc: BaseException) -> None:
-    """Map an error to the gRPC status that says what went wrong; the agent keeps serving."""
-    if isinstance(exc, (DeadlineExceeded, FutureTimeout, Cancelled)):
-        context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc) or "the deadline passed")
-    if isinstance(exc, service.NotFound):
-        context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
-    if isinstance(exc, service.NotReady):
-        context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
-    if isinstance(exc, (PipelineError, ProviderUnavailable)):
-        context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
-    if isinstance(exc, PeerError):
-        context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
-    if isinstance(exc, (BundleError, TensorError, InputError, ValueError)):
-        context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        log.warning("the disk is full: %s", exc)
-        context.abort(
-            grpc.StatusCode.RESOURCE_EXHAUSTED,
-            "the board's disk is full (nothing was kept of this call's writes): free space on it, for example "
-            "remove bundles it no longer runs from the agent's workdir/bundles",
-        )
-    log.exception("internal error")  # the details (paths on the board) stay in the agent's log
-    context.abort(grpc.StatusCode.INTERNAL, f"internal error ({type(exc).__name__}); the agent's log has the details")
 
 
 class CallLimits(grpc.ServerInterceptor):
@@ -188,27 +157,6 @@ class CallLimits(grpc.ServerInterceptor):
         return handler._replace(stream_stream=self._streaming(kind, handler.stream_stream))
 
 
-def _wait(pipeline: Pipeline, future: FrameFuture, context: grpc.ServicerContext):
-    """A frame's outputs; the frame is given up (and DeadlineExceeded raised) when the call's
-    deadline passes or its caller goes away, so no server thread waits for ever."""
-    while True:
-        left = context.time_remaining()
-        step = POLL_S if left is None else max(0.0, min(POLL_S, left))
-        if pipeline.wait(future, step):  # on the frame's latch: a C-level lock its last worker releases
-            return future.result(0)
-        if not context.is_active() or (left is not None and left <= step):
-            return pipeline.result(future, 0)
-
-
-def _infer(pipeline: Pipeline, tensors: dict, context: grpc.ServicerContext) -> dict:
-    """One unary call's frame: run in the calling thread where the pipeline is one idle partition, else
-    submitted and waited for within the call's deadline."""
-    outputs = pipeline.infer_inline(tensors, context.time_remaining())
-    if outputs is None:
-        outputs = _wait(pipeline, pipeline.submit(tensors, timeout=context.time_remaining()), context)
-    return outputs
-
-
 class AgentServicer(rpc.AgentServicer):
     def __init__(self, state: service.AgentState, limits: CallLimits | None = None) -> None:
         self.state = state
@@ -220,14 +168,14 @@ class AgentServicer(rpc.AgentServicer):
         except grpc.RpcError:
             raise
         except Exception as exc:
-            _abort(context, exc)
+            abort(context, exc)
 
     def StartPipeline(self, request, context):
         try:
             peers = [Peer.from_message(m) for m in request.peers]
             manifest = service.start_pipeline(self.state, request.bundle_sha256, request.max_inflight, peers)
         except Exception as exc:
-            _abort(context, exc)
+            abort(context, exc)
         return pb.StartReply(
             bundle_sha256=request.bundle_sha256, partitions=[p.name for p in manifest.local_partitions()]
         )
@@ -240,74 +188,38 @@ class AgentServicer(rpc.AgentServicer):
             tensors = frame_arrays(request)
             outputs = service.serve_unary(
                 self.state,
-                lambda pipeline: _infer(pipeline, tensors, context),
+                lambda pipeline: infer_frame(pipeline, tensors, context),
                 context.time_remaining,
                 context.is_active,
             )
         except Exception as exc:
-            _abort(context, exc)
+            abort(context, exc)
         return frame_message(request.id, outputs)
 
     def InferStream(self, request_iterator, context) -> Iterator[pb.Frame]:
         try:
             pipeline = service.require_pipeline(self.state)
         except Exception as exc:
-            _abort(context, exc)
-        # each frame's future, or the error that refused it (a malformed frame: answered on its own, in order)
-        pending: deque[tuple[int, FrameFuture | Exception]] = deque()
-        cond = threading.Condition()
-        error: list[BaseException] = []
-        done = [False]
+            abort(context, exc)
 
-        def feed() -> None:
+        def submit(frame: pb.Frame) -> FrameFuture:
             try:
-                for frame in request_iterator:
-                    fut: FrameFuture | Exception
-                    try:
-                        fut = pipeline.submit(frame_arrays(frame), timeout=context.time_remaining())
-                    except (TensorError, InputError) as exc:  # this frame's own fault: the stream goes on
-                        fut = exc
-                    with cond:
-                        pending.append((frame.id, fut))
-                        cond.notify()
-            except Exception as exc:  # handed to the response stream below
-                error.append(exc)
-            finally:
-                with cond:
-                    done[0] = True
-                    cond.notify()
-                self.state.feeding(-1)
+                tensors = frame_arrays(frame)
+                return pipeline.submit(tensors, timeout=context.time_remaining())
+            except (TensorError, InputError) as exc:  # this frame's own fault: the stream goes on
+                raise Refused(f"invalid frame: {exc}") from None
 
-        self.state.feeding(+1)
-        threading.Thread(target=feed, name="pp-stream-feed", daemon=True).start()
-        while True:
-            with cond:
-                while not pending and not done[0] and context.is_active() and not pipeline.stopping:
-                    cond.wait(POLL_S)
-                if not pending and pipeline.stopping and not done[0]:  # ends the call, and so its feed
-                    _abort(context, PipelineError("the pipeline was stopped"))
-                if not pending:
-                    break
-                frame_id, fut = pending.popleft()
-            if isinstance(fut, Exception):
-                yield pb.Frame(id=frame_id, error=f"invalid frame: {fut}")
-                continue
-            try:
-                outputs = _wait(pipeline, fut, context)
-            except PipelineError as exc:  # this frame failed: say so, the stream goes on
-                yield pb.Frame(id=frame_id, error=str(exc))
-                continue
-            except Exception as exc:
-                _abort(context, exc)
-            yield frame_message(frame_id, outputs)
-        if error:
-            _abort(context, error[0])
+        answers = answer_in_order(
+            self.state, pipeline, request_iterator, context, submit, lambda: "the pipeline was stopped"
+        )
+        for frame, outputs, error in answers:
+            yield pb.Frame(id=frame.id, error=error) if outputs is None else frame_message(frame.id, outputs)
 
     def Benchmark(self, request, context):
         try:
             r = service.benchmark(self.state, request.frames or 50, request.warmup, request.seed)
         except Exception as exc:
-            _abort(context, exc)
+            abort(context, exc)
         return pb.BenchmarkReply(
             frames=r.frames,
             latency_p50_ms=r.latency_p50_ms,
@@ -347,7 +259,7 @@ class AgentServicer(rpc.AgentServicer):
         try:
             return service.profile_ops(request, stop=lambda: not context.is_active())
         except Exception as exc:
-            _abort(context, exc)
+            abort(context, exc)
 
     def Status(self, request, context):
         reply = service.status(self.state)
@@ -364,7 +276,7 @@ class AgentServicer(rpc.AgentServicer):
         except grpc.RpcError:
             raise
         except Exception as exc:
-            _abort(context, exc)
+            abort(context, exc)
 
 
 class HealthServicer(health_pb2_grpc.HealthServicer):
