@@ -1,4 +1,4 @@
-"""Measured, side by side in one run: a unit's partitions run in turn by one thread (``agents.modulo``) vs
+"""Measured, side by side in one run: a unit's partitions run in turn by one thread (``profiler.modulo``) vs
 each partition on its own thread, the OS time-slicing those that share cores (the executor before), on plans
 whose units hold several partitions, against the plan's own physical limit.
 
