@@ -18,7 +18,7 @@ the frame latency histogram is fed by the pipeline as each frame completes.
 | ``parapipe_pipeline_starts_total{how}`` | counter | pipelines started by a call (``started``) or brought back after a restart (``resumed``) |
 | ``parapipe_pipeline_ready`` | gauge | 1 while a pipeline runs and can take frames |
 | ``parapipe_agent_boots`` | gauge | times an agent started on this workdir |
-| ``parapipe_energy_joules_total{source,sensor}`` | counter | ``measured`` by RAPL/hwmon, else ``modelled`` from busy CPU time |
+| ``parapipe_energy_joules_total{source,sensor}`` | counter | ``measured`` by RAPL/hwmon (the whole package, idle included), else ``modelled``: the agent's busy CPU time at the power above idle (still while idle) |
 | ``parapipe_agent_info{version,bundle,plan}`` | gauge | 1, labelled with what runs |
 """
 
@@ -79,7 +79,7 @@ class _Energy:
             return "measured", self.rapl.label()
         if self.hwmon.available():
             return "measured", self.hwmon.label()
-        return "modelled", "power model: busy CPU time x the plan's power figures"
+        return "modelled", "power model: busy CPU time x the plan's power above idle"
 
     def update(self, pipeline: Pipeline | None) -> None:
         now, busy = time.monotonic(), _process_cpu_seconds()
@@ -93,9 +93,9 @@ class _Energy:
             self.joules += sum(b - a for a, b in zip(self._last_hw, counters, strict=True)) / 1e6
             self.joules += (watts + self._last_w) / 2 * wall  # sampled power: trapezoid between scrapes
             self._last_hw, self._last_w = counters, watts
-        elif pipeline is not None:
-            active, idle, cores = pipeline.manifest.power
-            self.joules += PowerModel(active, idle).joules(busy_s, wall, int(cores))
+        elif pipeline is not None:  # the agent's work above idle: an idle agent's counter stands still
+            active, idle, _ = pipeline.manifest.power
+            self.joules += PowerModel(active, idle).busy_joules(busy_s)
         self._last_t, self._last_busy = now, busy
 
 

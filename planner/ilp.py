@@ -424,8 +424,10 @@ def solve(
     if timed and warm is not None and start is not None and ordering_rows(problem) > rows_within(time_limit):
         # the scheduling rows alone take longer to write than the limit gives, let alone to solve: the warm
         # start stands, as it would after the solver's time ran out (wide graphs: 10^5 pairs of blocks)
-        status = f"not solved: {ordering_rows(problem)} ordering rows are too many for {time_limit:g} s"
-        return _kept(warm, start, solver, status + " (raise --time-limit)", None, started, objective)
+        rows = ordering_rows(problem)
+        status = f"not solved: {rows} ordering rows are too many for {time_limit:g} s"
+        advice = f" (raise --time-limit: this solve needs at least {limit_for(rows):g} s, or use coarser blocks)"
+        return _kept(warm, start, solver, status + advice, None, started, objective)
     # Big-M of the ordering rows: every block of a plan worth keeping ends by this time. With latency as
     # the objective, the warm start's latency (a better plan is no slower); under a latency bound, the
     # bound; never the warm start's latency when latency is only bounded (that cuts off valid plans).
@@ -629,7 +631,15 @@ def ordering_rows(problem: Problem) -> int:
 def rows_within(time_limit: float) -> float:
     """The scheduling rows worth writing for a solve of ``time_limit`` s: PuLP writes about 10^5 rows a
     second here, and HiGHS needs several times that to solve them."""
-    return max(50_000.0, 20_000.0 * time_limit)
+    return max(50_000.0, ROWS_PER_SECOND * time_limit)
+
+
+ROWS_PER_SECOND = 20_000.0
+
+
+def limit_for(rows: int) -> float:
+    """The shortest time limit (whole seconds) for which ``rows`` scheduling rows are written (``rows_within``)."""
+    return float(math.ceil(rows / ROWS_PER_SECOND))
 
 
 _BANNER = threading.Lock()

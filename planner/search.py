@@ -559,22 +559,24 @@ def _fits(plan: Plan, graph: OpGraph, profile: DeviceProfile) -> bool:
     return all(used <= profile.pu(pu).memory_bytes.value for pu, used in memory_use(plan, graph).items())
 
 
+TIE = 1e-9  # relative difference below which two predicted figures are the same
+
+
 def dominates(a: Plan, b: Plan) -> bool:
     """``a`` is no worse than ``b`` in latency, throughput, energy and accuracy loss (``Plan.accuracy_loss``), and
     better in one of them."""
     pa, pb = a.predicted, b.predicted
     assert pa and pb
-    la, lb = a.accuracy_loss(), b.accuracy_loss()
-    no_worse = (
-        pa.latency_ms <= pb.latency_ms
-        and pa.throughput_fps >= pb.throughput_fps
-        and pa.energy_mj <= pb.energy_mj
-        and la <= lb
-    )
-    better = (
-        pa.latency_ms < pb.latency_ms or pa.throughput_fps > pb.throughput_fps or pa.energy_mj < pb.energy_mj or la < lb
-    )
-    return no_worse and better
+    # lower is better in each; figures within a relative TIE of each other are equal (a plan whose fps was
+    # higher only in the 15th digit was kept beside one that beat it on every other figure)
+    mine = (pa.latency_ms, -pa.throughput_fps, pa.energy_mj, a.accuracy_loss())
+    theirs = (pb.latency_ms, -pb.throughput_fps, pb.energy_mj, b.accuracy_loss())
+
+    def below(x: float, y: float) -> bool:
+        return x < y - TIE * max(abs(x), abs(y))
+
+    no_worse = all(not below(y, x) for x, y in zip(mine, theirs, strict=True))
+    return no_worse and any(below(x, y) for x, y in zip(mine, theirs, strict=True))
 
 
 def signature(plan: Plan) -> tuple:

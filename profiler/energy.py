@@ -120,6 +120,10 @@ class PowerModel:
         busy = min(busy_core_seconds, wall_seconds * cores)
         return busy * self.active_w_per_core + (wall_seconds * cores - busy) * self.idle_w_per_core
 
+    def busy_joules(self, busy_core_seconds: float) -> float:
+        """What busy cores cost above idling: nothing while nothing runs."""
+        return max(0.0, busy_core_seconds) * max(0.0, self.active_w_per_core - self.idle_w_per_core)
+
 
 class EnergyMeter:
     """Measure the energy of a stretch of work: sensors if present, else the power model.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -102,6 +103,10 @@ def test_scraped_counts_are_the_frames_that_flowed(tmp_path: Path, prometheus_en
         (energy,) = [labels for (n, labels), _ in after.items() if n == "parapipe_energy_joules_total"]
         assert dict(energy)["source"] in ("measured", "modelled")
         assert total(after, "parapipe_energy_joules_total") >= 0
+        if dict(energy)["source"] == "modelled":  # an idle agent's modelled energy stands still (it grew 2 J/s)
+            time.sleep(3.0)
+            idle = total(scrape(port), "parapipe_energy_joules_total") - total(after, "parapipe_energy_joules_total")
+            assert idle < 0.5, idle
 
         # a benchmark's frames (it resets the partitions' own counters) and a new start: nothing goes back
         reply = agent.client.benchmark(frames=10, warmup=1)

@@ -31,6 +31,8 @@ from planner.ilp import (
     as_start,
     canonical,
     fits,
+    ordering_rows,
+    rows_within,
     schedule,
     segment_bounds,
     solve,
@@ -369,6 +371,8 @@ def test_a_latency_ilp_too_wide_for_its_time_limit_is_not_written_and_the_warm_s
     warm = Assignment((0,) * n)
     latency = solve(problem, "latency", time_limit=1.0, warm=warm)
     assert latency.status.startswith("not solved") and "raise --time-limit" in latency.status
+    needed = float(latency.status.split("needs at least ")[1].split(" s")[0])  # advice with a number that works
+    assert needed > 1.0 and rows_within(needed) >= ordering_rows(problem) > rows_within(needed - 1)
     assert latency.warm_kept and latency.assignment == warm
     assert latency.figures == schedule(problem, warm)
     throughput = solve(problem, "throughput", time_limit=5.0, warm=warm)  # no ordering rows: solved

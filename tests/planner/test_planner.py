@@ -203,3 +203,28 @@ def test_an_objectives_time_limit_covers_its_warm_start() -> None:
     now = time.perf_counter()
     assert solve_limit(30.0, now - 2.0) == pytest.approx(28.0, abs=0.1)
     assert solve_limit(30.0, now - 25.0) == 15.0
+
+
+def test_a_plan_beaten_on_every_figure_but_a_rounding_error_is_not_on_the_front() -> None:
+    """A layout detector's Pareto set kept pareto-2, which lost to pareto-1 on every figure and was ahead only in
+    its fps's 15th digit: figures within a relative 1e-9 are equal when plans are compared."""
+    import dataclasses
+
+    from device_profiles.loader import load_profile
+    from planner.baselines import flop_pipeline
+    from planner.plan import Predicted
+    from planner.search import pareto_front
+    from tests.support.graphs import dag_graph
+
+    _, blocks = dag_graph([10**6] * 3, [(0, 1), (1, 2)], [1024] * 3)
+    base = flop_pipeline(blocks, load_profile("khadas-vim3"), [("a73", 1)])
+    one = dataclasses.replace(base, name="one", predicted=Predicted(10.0, 100.0, 50.0))
+    two = dataclasses.replace(
+        flop_pipeline(blocks, load_profile("khadas-vim3"), [("a53", 1)]),
+        name="two",
+        predicted=Predicted(12.0, 100.0 * (1 + 1e-14), 60.0),
+    )
+    assert dominates(one, two) and not dominates(two, one)
+    assert [p.name for p in pareto_front([one, two])] == ["one"]
+    twin = dataclasses.replace(two, predicted=Predicted(10.0 * (1 + 1e-13), 100.0, 50.0))
+    assert not dominates(one, twin) and not dominates(twin, one)  # equal within the tie: both kept
