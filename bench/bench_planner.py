@@ -39,11 +39,11 @@ from models.graph import build_graph
 from models.onnx_io import load_onnx
 from planner.build import evaluate, priced, to_plan
 from planner.costmodel import CostModel
-from planner.ilp import schedule
 from planner.plan import Provenance
 from planner.problem import build_problem
 from planner.search import UNBOUNDED, SearchOptions, _candidates, _Goal, pareto_set, solve_objective
 from planner.simulate import simulate
+from planner.timing import schedule
 
 CASES = [
     ("googlenet", "coarse", 2.0),

@@ -37,16 +37,10 @@ import time
 
 import pulp
 
-from planner.ilp import (
-    _latency_bound,
-    _least,
-    _sections,
-    section_paths,
-    segment_bounds,
-    solve_for_bound,
-    twin_branches,
-)
+from planner.highs import solve_for_bound
+from planner.ilp import _latency_bound, _least, section_paths, segment_bounds
 from planner.problem import Problem
+from planner.symmetry import twin_branches
 
 
 def configurations(problem: Problem) -> tuple[frozenset[int], ...]:
@@ -153,16 +147,16 @@ def _chain_span(problem: Problem, chain: tuple[int, ...], units: frozenset[int])
 def load_bound(
     problem: Problem, x: int, y: int, units: frozenset[int], time_limit: float, relaxed: bool = False
 ) -> float | None:
-    """A lower bound on the time from x's start to y's start with only ``units`` (``_sections``' stretch x..y):
+    """A lower bound on the time from x's start to y's start with only ``units`` (``Problem.sections``' stretch x..y):
     x at its fastest, then the proven bound of an assignment MIP: every block between on one unit, the span at
     least each unit's work plus its least idle time before and after (``section_gaps``), a cluster's cores
     delivering at most their number of core-ms per ms. Twin branches (``twin_branches``) are counted per unit,
     not placed one by one (each placement of them is one count). ``relaxed``: its LP relaxation (fast, weaker).
     None: no bound in the time."""
-    sections = {(s[0], s[1]): k for k, s in enumerate(_sections(problem))}
+    sections = {(s[0], s[1]): k for k, s in enumerate(problem.sections())}
     if (x, y) not in sections:
         return None
-    between = _sections(problem)[sections[(x, y)]][2]
+    between = problem.sections()[sections[(x, y)]][2]
     head, tail = section_paths(problem)[sections[(x, y)]]
     inside = set(between)
     twins = [c for c in twin_branches(problem) if c[0][0] in inside]
@@ -253,7 +247,7 @@ def _thresholds(values: set[float], most: int = 8) -> list[float]:
 def big_stretches(problem: Problem) -> tuple[tuple[int, int], ...]:
     """The stretches ``ilp.segment_bounds`` leaves out (more than a quarter of a large model), as (x, y)."""
     n = len(problem.blocks)
-    return tuple((x, y) for x, y, between in _sections(problem) if len(between) + 1 > max(n // 4, 8))
+    return tuple((x, y) for x, y, between in problem.sections() if len(between) + 1 > max(n // 4, 8))
 
 
 def configuration_bound(

@@ -14,11 +14,11 @@ import dataclasses
 from device_profiles.schema import DeviceProfile
 from models.graph import OpGraph
 from planner.costmodel import CostModel
-from planner.ilp import Assignment as UnitAssignment
 from planner.plan import Assignment, Plan, PlanError, PlanPrecision, Provenance, Stage
 from planner.problem import Problem
 from planner.segments import lower, segment_precision
 from planner.simulate import PlanModel, analytic, simulate
+from planner.timing import Assignment as UnitAssignment
 
 
 def to_plan(

@@ -19,9 +19,10 @@ import dataclasses
 import itertools
 from collections.abc import Sequence
 
-from planner.ilp import Assignment, fits, period_loads, relaxed_shares, schedule
+from planner.ilp import relaxed_shares
 from planner.plan import PlanError
 from planner.problem import Problem
+from planner.timing import Assignment, fits, period_loads, schedule
 
 
 def full_units(problem: Problem) -> list[int]:

@@ -34,55 +34,24 @@ partition (``z``), the way the lowering (``planner.segments``) cuts partitions.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import math
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import pulp
 
+from planner.highs import BOUND_GAP, LimitCut, run_solver, solve_for_bound, status_of
 from planner.plan import PlanError
 from planner.problem import BUDGET_SLACK, Problem
+from planner.symmetry import as_start, twin_branches
+from planner.timing import Assignment, Figures, fits, partition_starts, predecessors, schedule
 
 OBJECTIVES = ("latency", "throughput", "energy")
 _TIE = 1e-3  # weight of the secondary objective, breaks ties toward better plans
 _READ_BACK = 0.5  # reading a solution back and checking it takes at most this share of writing the model
-
-
-@dataclass(frozen=True)
-class Assignment:
-    """A solution in problem terms: block index -> unit index, and the order blocks run in (block indices;
-    empty: topological). A unit runs its blocks in this order, one after another."""
-
-    block_unit: tuple[int, ...]
-    order: tuple[int, ...] = ()
-    int8: frozenset[int] = frozenset()  # blocks that run in their unit's reduced precision (the rest in fp32)
-    # of those, the blocks that run in their unit's second one (int8 on a unit of ``Problem.fp16_units``)
-    second: frozenset[int] = frozenset()
-
-    def sequence(self) -> tuple[int, ...]:
-        return self.order or tuple(range(len(self.block_unit)))
-
-    def level(self, b: int) -> int:
-        """Block b's precision level on its unit (``Problem.reduced``): 0 fp32, 1 the unit's reduced, 2 its second."""
-        return 2 if b in self.second else 1 if b in self.int8 else 0
-
-
-@dataclass(frozen=True)
-class Figures:
-    latency_ms: float
-    period_ms: float
-    energy_mj: float
-    starts: tuple[float, ...] = ()  # block start times of one frame (the list schedule)
-    # every resource's time per frame: each unit (by index), links, shared memories; not part of equality
-    # (relabelling identical units permutes it and changes no figure)
-    loads: tuple[float, ...] = field(default=(), compare=False)
-
-    def value(self, objective: str) -> float:
-        return {"latency": self.latency_ms, "throughput": self.period_ms, "energy": self.energy_mj}[objective]
 
 
 @dataclass(frozen=True)
@@ -104,286 +73,6 @@ class Solution:
     def best(self) -> float:
         """The objective value of the returned assignment in the ILP's model."""
         return self.figures.value(self.objective) if self.warm_kept else self.value
-
-
-def predecessors(problem: Problem) -> list[list[tuple[int, int]]]:
-    """For every block, its (producer block, edge index) pairs."""
-    preds: list[list[tuple[int, int]]] = [[] for _ in problem.blocks]
-    for ei, (i, j, _) in enumerate(problem.edges):
-        preds[j].append((i, ei))
-    return preds
-
-
-def _shape(
-    problem: Problem,
-) -> tuple[tuple[tuple[tuple[int, int], ...], ...], tuple[str, ...], tuple[tuple[str, ...], ...]]:
-    """What ``schedule`` and ``partition_starts`` read on every call, from the problem alone (computed once per
-    problem: a warm start's local moves evaluate thousands of assignments): every block's (producer, edge)
-    pairs, every unit's PU, and the shared memories every unit's PU is on."""
-    if "schedule_shape" not in problem.derived:
-        pu_of = tuple(x.pu for x in problem.units)
-        memories = tuple(tuple(m for m, members in problem.shared_memories.items() if pu in members) for pu in pu_of)
-        problem.derived["schedule_shape"] = (tuple(map(tuple, predecessors(problem))), pu_of, memories)
-    return problem.derived["schedule_shape"]
-
-
-def partition_starts(problem: Problem, assignment: Assignment) -> tuple[bool, ...]:
-    """Which blocks start a partition when the plan is lowered (``planner.segments``, the same rule):
-    a block continues the partition its unit ran last only when all its inputs come from it or from
-    partitions of the unit it already waits for, and no block of it sends to another unit."""
-    unit_of = assignment.block_unit
-    exports = [False] * len(problem.blocks)
-    for i, j, _ in problem.edges:
-        if unit_of[i] != unit_of[j]:
-            exports[i] = True
-    preds = _shape(problem)[0]
-    part: dict[int, int] = {}
-    feeds: dict[int, set[int]] = {}
-    last: dict[int, int] = {}  # unit -> the block it ran last
-    closed: set[int] = set()
-    starts = [True] * len(problem.blocks)
-    for b in assignment.sequence():
-        ps = preds[b]
-        u = unit_of[b]
-        current = part.get(last.get(u, -1))
-        joins = bool(ps) and current is not None and current not in closed
-        if joins:
-            fed = feeds[current]
-            for i, _ in ps:
-                if unit_of[i] != u or (part[i] != current and part[i] not in fed):
-                    joins = False
-                    break
-        if joins:
-            part[b] = current
-            starts[b] = False
-        else:
-            part[b] = b
-            feeds[b] = {part[i] for i, _ in ps}
-        last[u] = b
-        if exports[b]:
-            closed.add(part[b])
-    return tuple(starts)
-
-
-def canonical(problem: Problem, assignment: Assignment) -> Assignment:
-    """The same plan with identical units (same PU and cores) relabelled in the order the ILP's symmetry
-    rows ask for: used instances first, ordered by the first block they run."""
-    unit_of = list(assignment.block_unit)
-    groups: dict[tuple[str, int], list[int]] = {}
-    for u, x in enumerate(problem.units):
-        groups.setdefault((x.pu, x.cores), []).append(u)
-    relabel: dict[int, int] = {}
-    for members in groups.values():
-        members = sorted(members, key=lambda u: problem.units[u].instance)
-        first = {u: unit_of.index(u) for u in members if u in unit_of}
-        order = sorted(first, key=first.__getitem__) + [u for u in members if u not in first]
-        relabel.update(zip(order, members, strict=True))
-    return Assignment(tuple(relabel[u] for u in unit_of), assignment.order, assignment.int8, assignment.second)
-
-
-def twin_branches(problem: Problem) -> tuple[tuple[tuple[int, ...], ...], ...]:
-    """Classes of interchangeable branches: within a stretch between articulation blocks (``_sections``), the
-    connected parts that are copies of each other (the same costs, memory, sensitivities and edges, block by
-    block in index order, and the same edges to the same blocks outside). Swapping two of them changes no
-    figure of any plan. Each class lists its branches in index order, each branch its blocks in index order."""
-    if "twin_branches" in problem.derived:
-        return problem.derived["twin_branches"]
-    units = range(len(problem.units))
-    by_edge: dict[int, list[tuple]] = {}
-    for d in (problem.transfer, problem.transfer_mj, problem.handoff_cpu, problem.handoff_delay):
-        for (ei, p, q), v in sorted(d.items()):
-            by_edge.setdefault(ei, []).append((p, q, v))
-    classes = []
-    for _, _, between in _sections(problem):
-        inside = set(between)
-        parent = {b: b for b in between}
-        for i, j, _ in problem.edges:
-            if i in inside and j in inside:
-                parent[_root(parent, j)] = _root(parent, i)
-        parts: dict[int, list[int]] = {}
-        for b in between:
-            parts.setdefault(_root(parent, b), []).append(b)
-        groups: dict[tuple, list[tuple[int, ...]]] = {}
-        for part in parts.values():
-            pos = {b: k for k, b in enumerate(part)}
-            blocks = tuple(
-                (
-                    tuple(problem.cost.get((b, u)) for u in units),
-                    tuple(problem.int8_cost.get((b, u)) for u in units),
-                    tuple(problem.second_cost.get((b, u)) for u in units),
-                    problem.held_bytes(b),
-                    (problem.sensitivity.get(b), problem.fp16_sensitivity.get(b)),
-                    tuple(sorted((m, v) for (c, m), v in problem.traffic.items() if c == b)),
-                )
-                for b in part
-            )
-            edges = tuple(
-                (
-                    pos[i] if i in pos else ("out", i),
-                    pos[j] if j in pos else ("out", j),
-                    nbytes,
-                    tuple(by_edge.get(ei, ())),
-                )
-                for ei, (i, j, nbytes) in enumerate(problem.edges)
-                if i in pos or j in pos
-            )
-            groups.setdefault((blocks, edges), []).append(tuple(part))
-        classes += [tuple(members) for members in groups.values() if len(members) >= 2]
-    problem.derived["twin_branches"] = tuple(classes)
-    return problem.derived["twin_branches"]
-
-
-def _root(parent: dict[int, int], b: int) -> int:
-    while parent[b] != b:
-        b = parent[b]
-    return b
-
-
-def sorted_branches(problem: Problem, assignment: Assignment) -> Assignment:
-    """The same plan with twin branches (``twin_branches``) swapped so that, within each class, their first
-    blocks start in index order (what the ILP's branch symmetry rows ask for). Every figure stays the same."""
-    classes = twin_branches(problem)
-    if not classes:
-        return assignment
-    starts = schedule(problem, assignment).starts
-    where: dict[int, int] = {}  # block -> the block whose place it takes
-    for members in classes:
-        ranked = sorted(members, key=lambda part: (round(starts[part[0]], 9), part[0]))
-        for slot, part in zip(members, ranked, strict=True):
-            where.update(zip(part, slot, strict=True))
-    unit_of = list(assignment.block_unit)
-    for b, to in where.items():
-        unit_of[to] = assignment.block_unit[b]
-    order = tuple(where.get(b, b) for b in assignment.order)
-    return Assignment(
-        tuple(unit_of),
-        order,
-        frozenset(where.get(b, b) for b in assignment.int8),
-        frozenset(where.get(b, b) for b in assignment.second),
-    )
-
-
-def as_start(problem: Problem, warm: Assignment, timed: bool) -> Assignment:
-    """The same plan as the solver is handed it: identical units relabelled (``canonical``) and, when the
-    scheduling part is built, twin branches in start order (``sorted_branches``); else the symmetry rows make
-    it infeasible and HiGHS drops it."""
-    return canonical(problem, sorted_branches(problem, warm) if timed else warm)
-
-
-def fits(problem: Problem, assignment: Assignment) -> bool:
-    """The ILP's memory rows for a fixed assignment: on every PU, weights and activations fit its memory."""
-    held: dict[str, int] = {}
-    for b, u in enumerate(assignment.block_unit):
-        pu = problem.units[u].pu
-        held[pu] = held.get(pu, 0) + problem.held_bytes(b)
-    return all(v <= problem.memory[p] for p, v in held.items())
-
-
-def _block_ms(problem: Problem, assignment: Assignment, pu_of: list[str]) -> tuple[list[float], list[int]]:
-    """Every block's time on its unit in a frame (with its partition's overhead where it starts one, and gRPC's
-    CPU time where it sends to or receives from another host) and its precision level."""
-    n = len(problem.blocks)
-    unit_of = assignment.block_unit
-    overhead = problem.unit_overhead
-    # which blocks start a partition matters for the per-partition overhead only (none on a profile not calibrated:
-    # a third of a call's time, and load balancing makes thousands of calls)
-    starts_part = partition_starts(problem, assignment) if any(overhead.values()) else (False,) * n
-    if assignment.int8 or assignment.second:
-        levels = [assignment.level(b) for b in range(n)]
-        dur = [
-            problem.ms(b, unit_of[b], levels[b]) + (overhead[unit_of[b]] if starts_part[b] else 0.0) for b in range(n)
-        ]
-    else:
-        levels = [0] * n
-        cost = problem.cost
-        dur = [cost[(b, unit_of[b])] + (overhead[unit_of[b]] if starts_part[b] else 0.0) for b in range(n)]
-    if problem.handoff_cpu:  # gRPC between hosts: CPU time on the sender and the receiver
-        for ei, (i, j, _) in enumerate(problem.edges):
-            send, receive = problem.handoff_cpu.get((ei, pu_of[i], pu_of[j]), (0.0, 0.0))
-            dur[i] += send
-            dur[j] += receive
-    return dur, levels
-
-
-def _loads(
-    problem: Problem, assignment: Assignment, pu_of: list[str], dur: list[float], levels: list[int]
-) -> tuple[tuple[float, ...], float]:
-    """Every resource's time per frame (each unit by index, then the links, then the shared memories) and the
-    energy of the bytes a frame moves between PUs."""
-    preds, _, memories_of_unit = _shape(problem)
-    unit_of = assignment.block_unit
-    transfer = problem.transfer
-    link_load: dict[tuple[str, str], float] = {}
-    transfer_mj = 0.0
-    for b in assignment.sequence():  # the list schedule's order: the same sums, to the last bit
-        q = pu_of[b]
-        for i, ei in preds[b]:
-            p = pu_of[i]
-            if p != q:
-                link_load[(p, q)] = link_load.get((p, q), 0.0) + transfer[(ei, p, q)]
-                transfer_mj += problem.transfer_mj[(ei, p, q)]
-    load: dict[int, float] = {}
-    factors = [problem.factor(u) for u in range(len(problem.units))]
-    for b in range(len(problem.blocks)):
-        u = unit_of[b]
-        load[u] = load.get(u, 0.0) + dur[b] * factors[u]
-    traffic: dict[str, float] = {}  # per shared memory: the time a frame's bytes occupy it
-    if problem.shared_memories:
-        for b in range(len(problem.blocks)):
-            for m in memories_of_unit[unit_of[b]]:
-                share = problem.traffic_share(b, unit_of[b], levels[b]) if levels[b] else 1.0
-                traffic[m] = traffic.get(m, 0.0) + problem.traffic[(b, m)] * share
-    loads = (*(load.get(u, 0.0) for u in range(len(problem.units))), *link_load.values(), *traffic.values())
-    return loads, transfer_mj
-
-
-def period_loads(problem: Problem, assignment: Assignment) -> tuple[float, tuple[float, ...]]:
-    """``schedule``'s period and loads alone, without the list schedule (load balancing's thousands of calls)."""
-    pu_of_unit = _shape(problem)[1]
-    pu_of = [pu_of_unit[u] for u in assignment.block_unit]
-    dur, levels = _block_ms(problem, assignment, pu_of)
-    loads, _ = _loads(problem, assignment, pu_of, dur, levels)
-    return max(loads), loads
-
-
-def schedule(problem: Problem, assignment: Assignment) -> Figures:
-    """The ILP's model evaluated for a fixed assignment: every block as early as its inputs and its unit
-    allow, each unit running its blocks in the assignment's order (topological unless given).
-
-    A block that starts a partition carries its unit's per-partition overhead, in latency, load and energy. On
-    a CFS-throttled unit, a frame's work past one period's quota (``Problem.stalled``) takes the unit's factor
-    times its time in latency (its load and energy are its work)."""
-    unit_of = assignment.block_unit
-    preds, pu_of_unit, _ = _shape(problem)
-    pu_of = [pu_of_unit[u] for u in unit_of]
-    dur, levels = _block_ms(problem, assignment, pu_of)
-    # a frame's work on a throttled unit past one period's quota: at the unit's share (latency only)
-    span = problem.stalled(unit_of, dur, assignment.sequence())
-    transfer, handoff_delay = problem.transfer, problem.handoff_delay
-    free: dict[int, float] = {}
-    finish = [0.0] * len(problem.blocks)
-    starts = [0.0] * len(problem.blocks)
-    for b in assignment.sequence():
-        u = unit_of[b]
-        q = pu_of[b]
-        start = free.get(u, 0.0)
-        for i, ei in preds[b]:
-            p = pu_of[i]
-            comm = transfer[(ei, p, q)] if p != q else 0.0
-            delay = handoff_delay.get((ei, p, q), 0.0) if handoff_delay and unit_of[i] != u else 0.0
-            ready = finish[i] + comm + delay
-            if ready > start:
-                start = ready
-        starts[b] = start
-        finish[b] = start + span[b]
-        free[u] = finish[b]
-    loads, transfer_mj = _loads(problem, assignment, pu_of, dur, levels)
-    busy_w = problem.busy_extra_w
-    busy_mj = 0.0
-    for b in range(len(problem.blocks)):
-        busy_mj += dur[b] * busy_w[unit_of[b]]
-    period = max(loads)
-    return Figures(max(finish), period, busy_mj + transfer_mj + period * problem.idle_w, tuple(starts), loads)
 
 
 @dataclass(frozen=True)
@@ -459,9 +148,9 @@ def solve(
     # khadas-vim3-armcl 511 instead of 441 (in less time). Shifting on too took a quarter off the 24 throughput rows'
     # seconds but pushed bert_small on khadas-vim3 past its gap in 30 s (``bench/results_planner.txt``, 12-04)
     effort = 0.3 if objective == "throughput" and not timed else None
-    backend = _run_solver(lp, solver, remaining, time_limit, gap, warm is not None, effort, deadline, cut)
+    backend = run_solver(lp, solver, remaining, time_limit, gap, warm is not None, effort, deadline, cut)
     seconds = time.perf_counter() - started
-    status, mip_gap, bound = _status(lp, backend)
+    status, mip_gap, bound = status_of(lp, backend)
     floor = None
     if objective == "latency" and status != "optimal" and status != "infeasible" and not (cut and cut.stopped):
         known = [x for x in (start.latency_ms if start is not None else None, _value(v["L"])) if x is not None]
@@ -508,17 +197,11 @@ def solve(
 
 # the memory rows count MiB: in bytes (coefficients to 2e6, right-hand sides to 8e9) HiGHS warned of bad scaling
 MIB = float(2**20)
-# HiGHS's presolve rules switched off (bit 15: probing). Probing the binaries of a latency model with thousands of
-# ordering rows took all of bert_small's 19 s on bst-a1000 (interrupted in presolve, no bound at all); with it off
-# and the shorter symmetry rows that solve closes at the root, and bench_planner's 72 rows took 506 s instead of 583
-# with probing (655 s before both; ``bench/results_planner.txt``)
-PROBING_OFF = 1 << 15
 # a latency solve's segment bounds stop at half its own gap: a bound that much under the segment's optimum still
 # closes the solve at its root. inception_v3's latency objective on the three boards (one run each, a noisy VM):
 # 5.5-6.5 s with the segments proven to 0.01% from no start, 4.7-5.4 s from the warm start, 3.6-4.4 s from it to half
 # the gap (``bench/results_planner.txt``, 12-06)
 SEGMENT_GAP_SHARE = 0.5
-BOUND_GAP = 1e-4  # the proven gap a problem solved only for its bound stops at, unless told otherwise
 FLOOR_MIN_S = 0.25  # a bound computed in less time proves little
 FLOOR_SHARE = 1 / 8  # of a latency solve's limit, kept for the bound from outside the solver
 
@@ -568,37 +251,6 @@ def _value(var: pulp.LpVariable) -> float | None:
     return None if var.varValue is None else float(var.varValue)
 
 
-def _run_solver(
-    lp: pulp.LpProblem,
-    solver: str,
-    remaining: float,
-    time_limit: float,
-    gap: float,
-    warm: bool,
-    effort: float | None = None,
-    deadline: float | None = None,
-    cut: LimitCut | None = None,
-):
-    """Solve ``lp`` in place; returns the backend (its status is read from it). Solver crashes are PlanErrors.
-    With a ``deadline`` (``time.perf_counter()``), HiGHS stops by then, however long handing it the model took;
-    with a ``cut``, earlier by what the caller takes off while it runs."""
-    backend = _solver(solver, remaining, gap, warm, effort, deadline, cut)
-    try:
-        with _quiet():
-            lp.solve(backend)
-    except pulp.PulpSolverError as exc:
-        if solver != "cbc" or not warm:
-            raise PlanError(f"the solver failed: {exc}; try --solver cbc") from None
-        # CBC 2.10 can crash reading a MIP start: solve without it (the warm start is still kept if better)
-        backend = _solver(solver, time_limit, gap, False)
-        try:
-            with _quiet():
-                lp.solve(backend)
-        except pulp.PulpSolverError as again:
-            raise PlanError(f"the solver failed: {again}; try --solver highs") from None
-    return backend
-
-
 def _within(figures: Figures, bounds: Bounds) -> bool:
     """Whether a plan's figures meet the bounds (to the solver's tolerance)."""
     pairs = (
@@ -640,29 +292,6 @@ ROWS_PER_SECOND = 20_000.0
 def limit_for(rows: int) -> float:
     """The shortest time limit (whole seconds) for which ``rows`` scheduling rows are written (``rows_within``)."""
     return float(math.ceil(rows / ROWS_PER_SECOND))
-
-
-_BANNER = threading.Lock()
-_banner_shown = False
-
-
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """HiGHS prints its banner from C++ to fd 1, even with output off, once per process: at the first instance
-    that logs anything. That first instance is made here, once, with console logging off (HiGHS marks the banner
-    written all the same), so no solve prints it and fd 1 is never touched: a solve may run beside another
-    thread's output (``LimitCut``), and pointing fd 1 away even for a moment would swallow that thread's lines."""
-    global _banner_shown
-    with _BANNER:
-        if not _banner_shown:
-            from highspy.highs import _Highs
-
-            first = _Highs()
-            first.setOptionValue("log_to_console", False)
-            first.setOptionValue("log_file", "")
-            first.setCallback(None, None)  # the first call that logs: the banner, to nowhere
-            _banner_shown = True
-    yield
 
 
 @dataclass
@@ -1128,25 +757,15 @@ def _region_rows(m: _Model, dur: dict[int, pulp.LpAffineExpression]) -> None:
                 lp += m.t[y] >= m.t[x] + dur[x] + work, f"region_{x}_{y}_{u}"
 
 
-def _sections(problem: Problem) -> tuple[tuple[int, int, tuple[int, ...]], ...]:
-    """The stretches between consecutive articulation blocks (x, y, the blocks strictly between them): every
-    block between runs after x ends and ends before y starts. x = -1 stands for the frame's arrival, y = n for
-    its departure; only stretches with blocks that may run beside each other."""
-    n = len(problem.blocks)
-    cuts = problem.articulations()
-    ends = [-1, *cuts, n]
-    return tuple((x, y, tuple(range(x + 1, y))) for x, y in itertools.pairwise(ends) if y - x > 2)
-
-
 def section_gaps(problem: Problem) -> tuple[tuple[tuple[float, float], ...], ...]:
-    """Per stretch (``_sections``) and unit u: the least time from the stretch's start (x's end) before any
+    """Per stretch (``Problem.sections``) and unit u: the least time from the stretch's start (x's end) before any
     block of it can start on u, and from any block's end on u to the stretch's end (y's start, the frame's
     departure): the least of ``section_paths`` over the stretch's blocks. Computed once per problem."""
     if "section_gaps" in problem.derived:
         return problem.derived["section_gaps"]
     units = range(len(problem.units))
     out = []
-    for (_, _, between), (head, tail) in zip(_sections(problem), section_paths(problem), strict=True):
+    for (_, _, between), (head, tail) in zip(problem.sections(), section_paths(problem), strict=True):
         out.append(
             tuple(
                 (min((head[b][u] for b in between), default=0.0), min((tail[b][u] for b in between), default=0.0))
@@ -1158,7 +777,7 @@ def section_gaps(problem: Problem) -> tuple[tuple[tuple[float, float], ...], ...
 
 
 def section_paths(problem: Problem) -> tuple[tuple[dict[int, list[float]], dict[int, list[float]]], ...]:
-    """Per stretch (``_sections``), per block b of it and unit u (inf where u cannot run b): the least time from
+    """Per stretch (``Problem.sections``), per block b of it and unit u (inf where u cannot run b): the least time from
     the stretch's start (x's end) before b can start on u (head), and from b's end on u to the stretch's end
     (y's start, the frame's departure; tail): shortest paths within the stretch as in ``path_bounds``, each
     block on the unit that serves the bound best, a transfer wherever the path changes PU. An input from
@@ -1176,7 +795,7 @@ def section_paths(problem: Problem) -> tuple[tuple[dict[int, list[float]], dict[
         succs[i].append((j, ei))
     ms = {b: [_least(problem, b, u) for u in units] for b in range(n)}
     out = []
-    for x, y, between in _sections(problem):
+    for x, y, between in problem.sections():
         inside = set(between)
         head: dict[int, list[float]] = {}
         for b in between:
@@ -1211,7 +830,7 @@ def _section_rows(m: _Model, dur: dict[int, pulp.LpAffineExpression]) -> None:
     ms of it (units of one cluster have cores of their own). Fork/join regions say the first within a module;
     this says both for the stretches no fork opens (the independent sources of a multi-view model)."""
     problem, lp = m.problem, m.lp
-    for (x, y, between), gaps in zip(_sections(problem), section_gaps(problem), strict=True):
+    for (x, y, between), gaps in zip(problem.sections(), section_gaps(problem), strict=True):
         early = (m.t[x] + dur[x]) if x >= 0 else 0
         late = m.t[y] if y < m.n else m.L
         work: dict[int, pulp.LpAffineExpression] = {}
@@ -1459,22 +1078,6 @@ def _latency_bound(
     return bound if status != "infeasible" else None
 
 
-def solve_for_bound(
-    lp: pulp.LpProblem, time_limit: float, gap: float = BOUND_GAP, warm: bool = False
-) -> tuple[str, float | None] | None:
-    """Solve a problem that is only there for its bound with HiGHS, quietly, within ``time_limit`` seconds, to a
-    proven ``gap`` (from the variables' initial values with ``warm``): (status, proven bound), or None where the
-    solver failed."""
-    backend = _solver("highs", max(time_limit, 0.05), gap, warm)
-    try:
-        with _quiet():
-            lp.solve(backend)
-    except pulp.PulpSolverError:
-        return None
-    status, _, bound = _status(lp, backend)
-    return status, bound
-
-
 def relaxed_shares(
     problem: Problem, unit_sets: Sequence[Sequence[int]], time_limit: float
 ) -> list[dict[tuple[int, int], float] | None]:
@@ -1623,189 +1226,6 @@ def _set_warm_start(problem: Problem, v: dict, warm: Assignment) -> None:
     v["L"].setInitialValue(figures.latency_ms)
     v["P"].setInitialValue(figures.period_ms)
     v["E"].setInitialValue(figures.energy_mj)
-
-
-# One HiGHS run at a time in the process: a solve may run in a thread beside Python work (HiGHS lets go of the
-# GIL while it runs), never beside another solve (HiGHS's thread scheduler is not safe to restart under a run)
-_HIGHS_RUN = threading.Lock()
-
-
-class LimitCut:
-    """Seconds taken off a solve's time limit while it runs, from another thread: the caller learns, beside the
-    solve, that what follows it needs more time (``planner.search.solve_objective`` times the simulation of the
-    warm start's plan while HiGHS runs). A cut made before HiGHS starts shortens its limit; one made while it runs
-    stops it (``_interrupt``: it reports its incumbent as after a time limit) when the shortened limit is up.
-    Never below a tenth of the limit, as a deadline already passed leaves the solve."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._seconds = 0.0
-        self._run: tuple[object, float, float] | None = None  # (the Highs instance, when it started, its limit)
-        self._timer: threading.Timer | None = None
-        self._stopped = False
-        self.started = threading.Event()  # HiGHS has started running (the model is written)
-
-    @property
-    def seconds(self) -> float:
-        """The seconds taken off so far."""
-        return self._seconds
-
-    @property
-    def stopped(self) -> bool:
-        return self._stopped
-
-    @property
-    def running(self) -> bool:
-        """HiGHS is running the solve now."""
-        return self._run is not None
-
-    def shorten(self, seconds: float) -> None:
-        with self._lock:
-            self._seconds += max(seconds, 0.0)
-            if self._run is not None:
-                run = self._run
-                _, began, limit = run
-                if self._timer is not None:
-                    self._timer.cancel()
-                self._timer = threading.Timer(
-                    max(began + self._limit(limit) - time.perf_counter(), 0.0), self._stop, (run,)
-                )
-                self._timer.daemon = True
-                self._timer.start()
-
-    def stop(self) -> None:
-        """End the solve now (the caller was interrupted): HiGHS stops at once, and a run still to come at once."""
-        with self._lock:
-            self._stopped = True
-            if self._run is not None:
-                _interrupt(self._run[0])
-
-    def _limit(self, limit: float) -> float:
-        return 0.0 if self._stopped else max(limit - self._seconds, 0.1 * limit)
-
-    def _stop(self, run: tuple[object, float, float]) -> None:
-        with self._lock:
-            if self._run is run:  # still the run the timer was set for
-                _interrupt(run[0])
-
-    @contextlib.contextmanager
-    def run(self, highs: object, limit: float) -> Iterator[float]:
-        """While ``highs`` runs with ``limit`` seconds: the limit less what was cut so far."""
-        with self._lock:
-            self._run = (highs, time.perf_counter(), limit)
-            shortened = self._limit(limit)
-            self.started.set()
-        try:
-            yield shortened
-        finally:
-            with self._lock:
-                self._run = None
-                if self._timer is not None:
-                    self._timer.cancel()
-                    self._timer = None
-
-
-def _interrupt(highs) -> None:
-    """Stop a running HiGHS from another thread: its interrupt callbacks are switched on now, not for the whole
-    run (they take the GIL each time HiGHS checks them, which costs a solve beside busy Python a fifth of its
-    speed), and the next check stops it with its incumbent."""
-    highs.HandleUserInterrupt = True
-    highs.cancelSolve()
-
-
-class _WarmHiGHS(pulp.HiGHS):
-    """PuLP's HiGHS interface, handing the variables' initial values to HiGHS as a start solution."""
-
-    def __init__(self, warm: bool, deadline: float | None = None, cut: LimitCut | None = None, **kwargs) -> None:
-        super().__init__(**kwargs)
-        self.warm = warm
-        self.deadline = deadline
-        self.cut = cut
-
-    def callSolver(self, lp) -> None:
-        import highspy
-
-        limit = self.timeLimit
-        if self.deadline is not None:  # what is left now that the model is built, never below a tenth of the limit
-            limit = min(max(self.deadline - time.perf_counter(), 0.1 * self.timeLimit), self.timeLimit)
-        if self.warm:
-            values = [v.varValue if v.varValue is not None else 0.0 for v in lp.variables()]
-            start = highspy.HighsSolution()
-            start.col_value = values
-            start.value_valid = True
-            lp.solverModel.setSolution(start)
-        running = self.cut.run(lp.solverModel, limit) if self.cut else contextlib.nullcontext(limit)
-        with _HIGHS_RUN, running as left:
-            lp.solverModel.setOptionValue("time_limit", left)
-            if lp.solverModel.run() == highspy.HighsStatus.kError and (
-                lp.solverModel.getModelStatus() == highspy.HighsModelStatus.kNotset
-            ):
-                # HiGHS's thread scheduler is global to the process: one started with another thread count (a
-                # solve elsewhere in the process) refuses this one at once; start it again with this solve's
-                highspy.Highs.resetGlobalScheduler(True)
-                lp.solverModel.run()
-            if lp.solverModel.getModelStatus() == highspy.HighsModelStatus.kSolveError:
-                # HiGHS checks its incumbent on the model as given after solving the presolved one, and where
-                # the two disagree by more than its tolerance (3e-6 against 1e-6 on a 4-block problem with an
-                # int8-only unit and throttled cores) reports a solve error, not the plan: solve again at a tighter
-                # feasibility tolerance (1e-8), within what is left of the limit
-                lp.solverModel.setOptionValue("mip_feasibility_tolerance", 1e-8)
-                lp.solverModel.setOptionValue("time_limit", max(left - lp.solverModel.getRunTime(), 0.1 * left))
-                lp.solverModel.run()
-
-
-def _solver(
-    name: str,
-    time_limit: float,
-    gap: float,
-    warm: bool,
-    effort: float | None = None,
-    deadline: float | None = None,
-    cut: LimitCut | None = None,
-):
-    """The backend; ``effort``: HiGHS's share of its time for primal heuristics (None: its default); ``deadline``:
-    HiGHS's limit is what is left of it once the model is built (``time.perf_counter()``; at most ``time_limit``);
-    ``cut``: less what the caller takes off (HiGHS only; CBC runs to its limit)."""
-    if name == "highs":
-        solver = _WarmHiGHS(warm, deadline, cut, msg=False, timeLimit=time_limit, gapRel=gap, threads=1)
-        if effort is not None:
-            solver.optionsDict["mip_heuristic_effort"] = effort
-        solver.optionsDict["presolve_rule_off"] = PROBING_OFF
-        solver.name = "highs"
-        return solver
-    if name == "cbc":
-        solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, gapRel=gap, warmStart=warm)
-        solver.name = "cbc"
-        return solver
-    raise PlanError(f"unknown solver {name!r}; choose highs or cbc")
-
-
-def _status(lp: pulp.LpProblem, solver) -> tuple[str, float | None, float | None]:
-    """Honest status: after a time limit PuLP may say Optimal, so ask the solver itself."""
-    if getattr(solver, "name", "") == "highs" and getattr(lp, "solverModel", None) is not None:
-        import highspy
-
-        h = lp.solverModel
-        model_status = h.getModelStatus()
-        info = h.getInfo()
-        has_solution = info.primal_solution_status == 2  # kSolutionStatusFeasible
-        bound = info.mip_dual_bound if math.isfinite(info.mip_dual_bound) else None
-        mip_gap = info.mip_gap if has_solution and math.isfinite(info.mip_gap) else None
-        if model_status == highspy.HighsModelStatus.kOptimal:
-            return "optimal", mip_gap, bound
-        if model_status == highspy.HighsModelStatus.kInfeasible:
-            return "infeasible", None, None
-        if model_status in (highspy.HighsModelStatus.kTimeLimit, highspy.HighsModelStatus.kInterrupt):
-            return ("time-limit" if has_solution else "no solution"), mip_gap, bound
-        return (h.modelStatusToString(model_status).lower() if has_solution else "no solution"), mip_gap, bound
-    # PuLP's status says Optimal after CBC stops on its time limit with a solution; sol_status tells them apart
-    if lp.status == pulp.LpStatusInfeasible or lp.sol_status == pulp.LpSolutionInfeasible:
-        return "infeasible", None, None
-    if lp.sol_status == pulp.LpSolutionOptimal:
-        return "optimal", None, None
-    if lp.sol_status == pulp.LpSolutionIntegerFeasible:
-        return "time-limit", None, None
-    return "no solution", None, None
 
 
 def _extract(problem: Problem, v: dict) -> Assignment:

@@ -18,18 +18,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from planner.ilp import (
-    NO_BOUNDS,
-    Assignment,
-    Bounds,
-    Figures,
-    fits,
-    partition_starts,
-    path_bounds,
-    predecessors,
-    schedule,
-)
+from planner.ilp import NO_BOUNDS, Bounds, path_bounds
 from planner.problem import Problem
+from planner.timing import Assignment, Figures, fits, partition_starts, predecessors, schedule
 
 _EPS = 1e-9
 # a kick whose descent ends within this share of the latency of the plan it kicked is walked to (the search

@@ -9,6 +9,7 @@ figures, memory. Everything after this is a pure function of these arrays.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -207,6 +208,14 @@ class Problem:
         Between two of them the blocks form a contiguous run of indices (topological order)."""
         beside = {b for pair in self.independent for b in pair}
         return tuple(b for b in range(len(self.blocks)) if b not in beside)
+
+    def sections(self) -> tuple[tuple[int, int, tuple[int, ...]], ...]:
+        """The stretches between consecutive articulation blocks (x, y, the blocks strictly between them): every
+        block between runs after x ends and ends before y starts. x = -1 stands for the frame's arrival, y = n for
+        its departure; only stretches with blocks that may run beside each other."""
+        n = len(self.blocks)
+        ends = [-1, *self.articulations(), n]
+        return tuple((x, y, tuple(range(x + 1, y))) for x, y in itertools.pairwise(ends) if y - x > 2)
 
     def segment(self, lo: int, hi: int, sink: bool = False) -> Problem:
         """The sub-problem of blocks lo..hi (re-indexed from 0), for bounds: a relaxation of what those

@@ -21,17 +21,14 @@ from models.graph import OpGraph
 from planner import heuristics as H
 from planner.build import evaluate, frame_overhead_ms, replicate, to_plan
 from planner.costmodel import CostModel
+from planner.highs import LimitCut
 from planner.ilp import (
     NO_BOUNDS,
     OBJECTIVES,
-    Assignment,
     Bounds,
-    LimitCut,
     Solution,
-    fits,
     ordering_rows,
     rows_within,
-    schedule,
     segment_cuts,
     solve,
 )
@@ -39,6 +36,7 @@ from planner.local_search import polish
 from planner.plan import Plan, PlanError, Provenance, memory_use
 from planner.problem import Problem, build_problem
 from planner.select import Constraints, meets
+from planner.timing import Assignment, fits, schedule
 from planner.unitname import UnitName
 
 Progress = Callable[[str], None]

@@ -15,11 +15,12 @@ from models.zoo import CORE as ZOO
 from planner import heuristics as H
 from planner.build import priced
 from planner.costmodel import CostModel
-from planner.ilp import Assignment, period_loads, relaxed_shares
+from planner.ilp import relaxed_shares
 from planner.plan import validate
 from planner.problem import Unit, build_problem, toy_problem
 from planner.search import SearchOptions, baselines, best_plan, key, shared_problem
 from planner.simulate import simulate
+from planner.timing import Assignment, period_loads
 from profiler.costtable import Conditions, CostEntry, CostTable, entry_key
 
 PROFILES = [n for n in shipped_names() if n != "local-biglittle"] + ["local-biglittle"]

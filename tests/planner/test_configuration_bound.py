@@ -12,11 +12,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from planner import bounds, ilp
-from planner.ilp import _sections, schedule, solve
+from planner.ilp import solve
 from planner.problem import Problem, Unit, toy_problem
+from planner.timing import schedule
 from tests.support.toy_problems import UNITS, every_plan, orders, small_problems, twins
 
-_STATUS = ilp._status
+_STATUS = ilp.status_of
 
 
 def _unclosed(lp, solver) -> tuple[str, float | None, float | None]:
@@ -26,7 +27,7 @@ def _unclosed(lp, solver) -> tuple[str, float | None, float | None]:
 
 
 def _every_stretch_big(problem: Problem) -> set[tuple[int, int]]:
-    return {(x, y) for x, y, _ in _sections(problem)}
+    return {(x, y) for x, y, _ in problem.sections()}
 
 
 def _optimum(problem: Problem) -> float:
@@ -53,7 +54,7 @@ def test_reporting_the_bound_leaves_the_solvers_plan_as_it_was(problem) -> None:
     that stopped on its time limit with half its bound, and every stretch counted as large) returns the plan and
     value it returns without it, and a bound no lower than the solver's own (which bounds latency plus the
     tie-break); where it is higher, no higher than the optimum, with the gap it proves."""
-    unclosed = mock.patch.object(ilp, "_status", _unclosed)
+    unclosed = mock.patch.object(ilp, "status_of", _unclosed)
     with unclosed, mock.patch.object(bounds, "big_stretches", lambda p: ()):
         plain = solve(dataclasses.replace(problem, derived={}), "latency", time_limit=20, gap=1e-9)
     # every stretch counted as large; where there is none, a stand-in that switches the bound on all the same
@@ -94,7 +95,7 @@ def test_a_plan_cuts_the_cluster_once_for_the_whole_frame() -> None:
 def _all_plans(problem: Problem):
     import itertools
 
-    from planner.ilp import Assignment
+    from planner.timing import Assignment
 
     allowed = orders(problem)
     for units in itertools.product(range(len(problem.units)), repeat=len(problem.blocks)):

@@ -27,11 +27,12 @@ from models.graph import OpGraph
 from planner.build import analytic, evaluate, frame_overhead_ms, priced, to_plan
 from planner.costmodel import CostModel, Fit
 from planner.heuristics import _unit_sets
-from planner.ilp import Assignment, schedule, solve
+from planner.ilp import solve
 from planner.plan import Plan, Provenance, validate
 from planner.problem import build_problem
 from planner.segments import block_edges, lower
 from planner.simulate import MIN_SIM_FRAMES, _steady, simulate
+from planner.timing import Assignment, schedule
 from tests.support.graphs import dag_graph
 
 

@@ -22,25 +22,13 @@ from models.onnx_io import load_onnx
 from planner import heuristics as H
 from planner.baselines import single_pu
 from planner.costmodel import Calibration, CostModel, Fit
-from planner.ilp import (
-    Assignment,
-    Bounds,
-    Cuts,
-    _formulate,
-    _set_warm_start,
-    as_start,
-    canonical,
-    fits,
-    ordering_rows,
-    rows_within,
-    schedule,
-    segment_bounds,
-    solve,
-)
+from planner.ilp import Bounds, Cuts, _formulate, _set_warm_start, ordering_rows, rows_within, segment_bounds, solve
 from planner.plan import PlanError
 from planner.problem import Problem, Unit, build_problem, toy_problem
 from planner.search import SearchOptions, _candidates, best_plan, key
 from planner.simulate import PlanModel, analytic
+from planner.symmetry import as_start, canonical
+from planner.timing import Assignment, fits, schedule
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -271,7 +259,7 @@ def test_an_infeasible_verdict_against_a_feasible_warm_start_keeps_the_start(exp
     graph, blocks = _load(exported, "googlenet")
     problem = build_problem(blocks, graph, CostModel(load_profile("khadas-vim3"), graph), 4)
     warm = Assignment(tuple(0 for _ in problem.blocks))
-    monkeypatch.setattr(ilp, "_status", lambda lp, backend: ("infeasible", None, None))
+    monkeypatch.setattr(ilp, "status_of", lambda lp, backend: ("infeasible", None, None))
     kept = solve(problem, "latency", time_limit=1, warm=warm)
     assert "warm start kept" in kept.status and kept.assignment.block_unit == warm.block_unit
     with pytest.raises(PlanError, match="no plan meets --max-latency-ms"):

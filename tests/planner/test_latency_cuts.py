@@ -12,21 +12,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planner.ilp import (
-    _TIE,
-    Assignment,
-    Cuts,
-    _formulate,
-    _set_warm_start,
-    as_start,
-    chain_spans,
-    path_bounds,
-    schedule,
-    solve,
-    sorted_branches,
-    twin_branches,
-)
+from planner.ilp import _TIE, Cuts, _formulate, _set_warm_start, chain_spans, path_bounds, solve
 from planner.problem import Problem, Unit, toy_problem
+from planner.symmetry import as_start, sorted_branches, twin_branches
+from planner.timing import Assignment, schedule
 from tests.support.toy_problems import UNITS, every_plan, small_problems, twins
 
 

@@ -19,21 +19,12 @@ from models.graph import build_graph
 from models.onnx_io import load_onnx
 from planner import search as S
 from planner.costmodel import CostModel
-from planner.ilp import (
-    NO_BOUNDS,
-    Assignment,
-    Bounds,
-    LimitCut,
-    Solution,
-    _WarmHiGHS,
-    fits,
-    predecessors,
-    schedule,
-    solve,
-)
+from planner.highs import LimitCut, WarmHiGHS
+from planner.ilp import NO_BOUNDS, Bounds, Solution, solve
 from planner.local_search import _Latency, polish
 from planner.problem import Problem, Unit, toy_problem
 from planner.search import Candidate, polished
+from planner.timing import Assignment, fits, predecessors, schedule
 from tests.support.toy_problems import NPU, UNITS, branchy_problems
 
 
@@ -166,7 +157,7 @@ def test_highs_gets_what_is_left_of_the_deadline_once_the_model_is_built() -> No
     for deadline, most in ((5.0, 5.0), (-1.0, 2.0)):  # past the deadline: a tenth of its limit
         # threads=1 as the planner's solves have it: HiGHS's thread scheduler is global to the process, and one
         # started with more threads made every later solve in it fail at once (status not set)
-        lp.solve(_WarmHiGHS(False, time.perf_counter() + deadline, msg=False, timeLimit=20.0, threads=1))
+        lp.solve(WarmHiGHS(False, time.perf_counter() + deadline, msg=False, timeLimit=20.0, threads=1))
         _, limit = lp.solverModel.getOptionValue("time_limit")
         assert 0 < limit <= most
 

@@ -10,12 +10,13 @@ from models.coarsen import coarsen
 from models.graph import build_graph
 from models.onnx_io import load_onnx
 from planner.costmodel import CostModel
-from planner.ilp import Assignment, schedule, solve
+from planner.ilp import solve
 from planner.plan import PlanError, validate
 from planner.problem import build_problem
 from planner.search import SearchOptions, best_plan, dominates, pareto_set
 from planner.segments import lower
 from planner.select import Constraints
+from planner.timing import Assignment, schedule
 
 PROFILES = [n for n in shipped_names() if n != "local-biglittle"] + ["local-biglittle"]
 
@@ -141,8 +142,8 @@ def test_latency_of_the_solver_and_of_the_lowered_plan_agree_on_googlenet(export
     35.67 ms in the ILP's model and 37.03 ms predicted while the prediction queued them on the NPU's link.)"""
     from planner.build import evaluate, to_plan
     from planner.heuristics import _unit_sets, heft, upward_rank
-    from planner.ilp import predecessors
     from planner.plan import Provenance
+    from planner.timing import predecessors
 
     graph, blocks = _load(exported, "googlenet")
     profile = load_profile("khadas-vim3")

@@ -17,9 +17,10 @@ from models.coarsen import coarsen
 from models.graph import build_graph
 from models.onnx_io import load_onnx
 from planner.costmodel import CostModel
-from planner.ilp import _TIE, OBJECTIVES, Assignment, schedule, solve
+from planner.ilp import _TIE, OBJECTIVES, solve
 from planner.plan import PlanError
 from planner.problem import BUDGET_SLACK, Int8Choice, Problem, Unit, build_problem, toy_problem
+from planner.timing import Assignment, schedule
 
 # a 2-core CPU cluster (one 2-core unit, or two 1-core units) and an NPU that computes int8 only
 UNITS = [Unit("cpu", "cpu", 2, 0), Unit("cpu", "cpu", 1, 0), Unit("cpu", "cpu", 1, 1), Unit("npu", "npu", 1, 0)]

@@ -19,9 +19,10 @@ from device_profiles.schema import (
 )
 from planner.build import evaluate, to_plan
 from planner.costmodel import CostModel
-from planner.ilp import Assignment, fits, schedule, solve
+from planner.ilp import solve
 from planner.plan import ACTIVATION_FRAMES, PlanError, Provenance, memory_use, validate
 from planner.problem import build_problem
+from planner.timing import Assignment, fits, schedule
 from tests.support.graphs import dag_graph
 
 

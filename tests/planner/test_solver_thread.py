@@ -17,8 +17,10 @@ from models.coarsen import coarsen
 from models.graph import build_graph
 from models.onnx_io import load_onnx
 from planner.costmodel import CostModel
-from planner.ilp import Assignment, LimitCut, schedule, solve
+from planner.highs import LimitCut
+from planner.ilp import solve
 from planner.problem import Problem, build_problem
+from planner.timing import Assignment, schedule
 
 ROOT = Path(__file__).resolve().parents[2]
 LIMIT = 40.0  # yolo_det's latency ILP does not close in 30 s on khadas-vim3 (bench/results_planner.txt)

@@ -10,9 +10,9 @@ from models.onnx_io import load_onnx
 from planner.baselines import flop_pipeline, single_pu
 from planner.build import to_plan
 from planner.costmodel import CostModel
-from planner.ilp import Assignment as UnitAssignment
 from planner.plan import Assignment, Plan, Provenance, Stage
 from planner.problem import build_problem
+from planner.timing import Assignment as UnitAssignment
 
 
 def model_and_graph(exported, name: str):

@@ -9,8 +9,8 @@ import itertools
 
 from hypothesis import strategies as st
 
-from planner.ilp import Assignment
 from planner.problem import Problem, Unit, toy_problem
+from planner.timing import Assignment
 
 # a 2-core CPU cluster (one 2-core unit or two 1-core units), a GPU, and an NPU that computes int8 only
 UNITS = [
