@@ -14,7 +14,7 @@ spans being
 - a run of consecutive articulation blocks: the shortest path through it over the units, a transfer (and
   handoff delay) wherever two consecutive blocks change PU (no other edge, no unit busy with anything else);
 - a stretch with blocks between two articulation blocks: the proven bound of the latency ILP of that stretch
-  alone (``ilp._latency_bound``: no partition overhead, no gRPC CPU time); for the stretches that bound leaves
+  alone (``ilp.latency_bound``: no partition overhead, no gRPC CPU time); for the stretches that bound leaves
   out (more than a quarter of a large model: the camera branches, a detector's neck and heads) a load bound
   (``load_bound``: the articulation block before it at its fastest, then each block on one unit, every unit's
   blocks one after the other between the least time before each can start and after each ends: an assignment
@@ -38,7 +38,7 @@ import time
 import pulp
 
 from planner.highs import solve_for_bound
-from planner.ilp import _latency_bound, _least, section_paths, segment_bounds
+from planner.ilp import latency_bound, least_ms, section_paths, segment_bounds
 from planner.problem import Problem
 from planner.symmetry import twin_branches
 
@@ -119,15 +119,15 @@ def _chain_span(problem: Problem, chain: tuple[int, ...], units: frozenset[int])
     edge = {(i, j): ei for ei, (i, j, _) in enumerate(problem.edges)}
     pu = [x.pu for x in problem.units]
     order = sorted(units)
-    arrive = {u: 0.0 for u in order if _least(problem, chain[0], u) < math.inf}
+    arrive = {u: 0.0 for u in order if least_ms(problem, chain[0], u) < math.inf}
     for prev, b in itertools.pairwise(chain):
-        done = {u: a + _least(problem, prev, u) for u, a in arrive.items()}
+        done = {u: a + least_ms(problem, prev, u) for u, a in arrive.items()}
         if b == n:
             return min(done.values(), default=math.inf)
         ei = edge[(prev, b)]
         arrive = {}
         for v in order:
-            if _least(problem, b, v) == math.inf:
+            if least_ms(problem, b, v) == math.inf:
                 continue
             arrive[v] = min(
                 (
@@ -170,7 +170,7 @@ def load_bound(
     for b in between:
         if b in in_twin:
             continue
-        allowed = [u for u in order if _least(problem, b, u) < math.inf]
+        allowed = [u for u in order if least_ms(problem, b, u) < math.inf]
         if not allowed:
             return math.inf
         for u in allowed:
@@ -178,11 +178,11 @@ def load_bound(
             lp += used[u] >= placed[(b, u)]
         lp += pulp.lpSum(placed[(b, u)] for u in allowed) == 1
         # the block's own path: the least time before it, its time, the least time after it
-        lp += span >= pulp.lpSum((head[b][u] + _least(problem, b, u) + tail[b][u]) * placed[(b, u)] for u in allowed)
+        lp += span >= pulp.lpSum((head[b][u] + least_ms(problem, b, u) + tail[b][u]) * placed[(b, u)] for u in allowed)
     for ci, members in enumerate(twins):
         k = len(members)
         for j, b in enumerate(members[0]):
-            allowed = [u for u in order if _least(problem, b, u) < math.inf]
+            allowed = [u for u in order if least_ms(problem, b, u) < math.inf]
             if not allowed:
                 return math.inf
             for u in allowed:
@@ -190,10 +190,10 @@ def load_bound(
                 lp += k * used[u] >= var
                 some = pulp.LpVariable(f"some_{ci}_{j}_{u}", cat="Binary")  # 1 in a plan where a copy runs on u
                 lp += k * some >= var
-                lp += span >= (head[b][u] + _least(problem, b, u) + tail[b][u]) * some
+                lp += span >= (head[b][u] + least_ms(problem, b, u) + tail[b][u]) * some
             lp += pulp.lpSum(placed[(b, u)] for u in allowed) == k
     copies = {b: len(c) for c in twins for b in c[0]}
-    work = {u: pulp.lpSum(_least(problem, b, u) * v for (b, w), v in placed.items() if w == u) for u in order}
+    work = {u: pulp.lpSum(least_ms(problem, b, u) * v for (b, w), v in placed.items() if w == u) for u in order}
     for u in order:
         mine = [(b, v) for (b, w), v in placed.items() if w == u]
         if not mine:
@@ -209,7 +209,7 @@ def load_bound(
                 some = pulp.LpVariable(f"any_{u}_{side}_{k}", 0, 1)
                 for b, v in chosen:
                     lp += copies.get(b, 1) * some >= v
-                lp += span >= (h + other) * some + pulp.lpSum(_least(problem, b, u) * v for b, v in chosen)
+                lp += span >= (h + other) * some + pulp.lpSum(least_ms(problem, b, u) * v for b, v in chosen)
     for pu, cores in problem.cluster_cores.items():
         mine = [u for u in order if problem.units[u].pu == pu]
         if mine:
@@ -232,7 +232,7 @@ def load_bound(
         bound = pulp.value(span) if status == "optimal" else None
     if bound is None:
         return None
-    first = min((_least(problem, x, u) for u in order), default=0.0) if x >= 0 else 0.0
+    first = min((least_ms(problem, x, u) for u in order), default=0.0) if x >= 0 else 0.0
     return first + bound
 
 
@@ -297,7 +297,7 @@ def configuration_bound(
             else:
                 sink = p.y < n
                 seg = sub.segment(max(p.x, 0), p.y if sink else n - 1, sink=sink)
-                tighter = _latency_bound(seg, min(share, 0.5))
+                tighter = latency_bound(seg, min(share, 0.5))
             if tighter is not None and tighter > spans[p]:
                 spans[p] = tighter
         best[k] = min(sum(spans.values()), ceiling) if ceiling is not None else sum(spans.values())

@@ -793,7 +793,7 @@ def section_paths(problem: Problem) -> tuple[tuple[dict[int, list[float]], dict[
     preds, succs = predecessors(problem), [[] for _ in range(n)]
     for ei, (i, j, _) in enumerate(problem.edges):
         succs[i].append((j, ei))
-    ms = {b: [_least(problem, b, u) for u in units] for b in range(n)}
+    ms = {b: [least_ms(problem, b, u) for u in units] for b in range(n)}
     out = []
     for x, y, between in problem.sections():
         inside = set(between)
@@ -904,7 +904,7 @@ def chain_spans(problem: Problem) -> tuple[tuple[int, int, tuple[float, ...]], .
     for run in (r for r in runs if len(r) >= 3):
         k = run[0]
         # finish[u]: the least time from k's start to the end of the latest block of the run on unit u
-        finish = [_least(problem, k, u) for u in units]
+        finish = [least_ms(problem, k, u) for u in units]
         for j in run[1:]:
             ei = edge[(j - 1, j)]
             arrive = []
@@ -924,7 +924,7 @@ def chain_spans(problem: Problem) -> tuple[tuple[int, int, tuple[float, ...]], .
                 )
             if j - k >= 2:
                 out.append((k, j, tuple(arrive)))
-            finish = [a + _least(problem, j, v) for v, a in enumerate(arrive)]
+            finish = [a + least_ms(problem, j, v) for v, a in enumerate(arrive)]
     problem.derived["chain_spans"] = tuple(out)
     return problem.derived["chain_spans"]
 
@@ -954,7 +954,7 @@ def path_bounds(problem: Problem) -> tuple[tuple[tuple[float, ...], ...], tuple[
     def comm(ei: int, p: str, q: str) -> float:
         return 0.0 if p == q else problem.transfer[(ei, p, q)] + problem.handoff_delay.get((ei, p, q), 0.0)
 
-    ms = [[_least(problem, b, u) for u in units] for b in range(n)]
+    ms = [[least_ms(problem, b, u) for u in units] for b in range(n)]
     preds, succs = predecessors(problem), [[] for _ in range(n)]
     for ei, (i, j, _) in enumerate(problem.edges):
         succs[i].append((j, ei))
@@ -992,11 +992,11 @@ def _path_rows(m: _Model) -> None:
         if any(head[b][u] > 0 for u in on):
             terms = [(m.t[b], 1.0)] + [(m.a[(b, u)], -head[b][u]) for u in on if head[b][u] > 0]
             m.lp.addConstraint(pulp.LpConstraint(pulp.LpAffineExpression(terms), ge, rhs=0.0), f"head_{b}")
-        terms = [(m.L, 1.0), (m.t[b], -1.0)] + [(m.a[(b, u)], -(tail[b][u] + _least(m.problem, b, u))) for u in on]
+        terms = [(m.L, 1.0), (m.t[b], -1.0)] + [(m.a[(b, u)], -(tail[b][u] + least_ms(m.problem, b, u))) for u in on]
         m.lp.addConstraint(pulp.LpConstraint(pulp.LpAffineExpression(terms), ge, rhs=0.0), f"tail_{b}")
 
 
-def _least(problem: Problem, b: int, u: int) -> float:
+def least_ms(problem: Problem, b: int, u: int) -> float:
     """Block b's time on unit u in its faster precision there; inf where u cannot run it."""
     times = [
         t
@@ -1044,7 +1044,7 @@ def segment_bounds(
         sink = y < n
         sub = problem.segment(max(x, 0), y if sink else n - 1, sink=sink)
         part = _within_segment(warm, max(x, 0), y if sink else n - 1) if warm is not None else None
-        span = _latency_bound(sub, left / (len(pairs) - k), part, gap)
+        span = latency_bound(sub, left / (len(pairs) - k), part, gap)
         if span is not None and span > 0:
             out.append((x, y, span))
     problem.derived["segment_bounds"] = tuple(out)
@@ -1062,7 +1062,7 @@ def _within_segment(warm: Assignment, lo: int, hi: int) -> Assignment:
     )
 
 
-def _latency_bound(
+def latency_bound(
     problem: Problem, time_limit: float, warm: Assignment | None = None, gap: float = BOUND_GAP
 ) -> float | None:
     """The proven lower bound on a problem's latency (HiGHS's dual bound of the pure latency ILP), solved to a

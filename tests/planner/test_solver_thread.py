@@ -178,7 +178,7 @@ def test_an_interrupt_of_the_local_search_stops_the_segment_bounds(googlenet_lat
     import planner.search as search
 
     solved: list[int] = []
-    bound = ilp._latency_bound
+    bound = ilp.latency_bound
 
     def slow_bound(problem, *args, **kwargs):
         time.sleep(0.1)  # every segment takes a while: the interrupt comes while the first is solved
@@ -189,7 +189,7 @@ def test_an_interrupt_of_the_local_search_stops_the_segment_bounds(googlenet_lat
         time.sleep(0.05)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(ilp, "_latency_bound", slow_bound)
+    monkeypatch.setattr(ilp, "latency_bound", slow_bound)
     monkeypatch.setattr(search, "polish", interrupted)
     with pytest.raises(KeyboardInterrupt):
         search.solve_objective(googlenet_latency, search.SearchOptions(time_limit=400.0), 0)
