@@ -24,6 +24,7 @@ the frame latency histogram is fed by the pipeline as each frame completes.
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import logging
 import os
@@ -242,7 +243,9 @@ class _Quiet(WSGIRequestHandler):
 
 class _Server(ThreadingMixIn, WSGIServer):
     """One thread per scrape, at most ``MAX_SCRAPES`` at once; TLS handshakes run in the scrape's thread with
-    the idle timeout, never in the accepting one."""
+    the idle timeout, never in the accepting one. When every place is taken, a new connection takes the place of
+    the oldest one that has not sent its request yet (closed at once), so silent connections never keep a
+    scraper out; only when every place holds a request being answered is the new one closed."""
 
     daemon_threads = True
     block_on_close = False
@@ -252,10 +255,29 @@ class _Server(ThreadingMixIn, WSGIServer):
     def server_activate(self) -> None:
         super().server_activate()
         self.slots = threading.BoundedSemaphore(MAX_SCRAPES)
+        self._silent: dict[int, tuple[float, Any]] = {}  # thread -> (accepted at, its socket): no request yet
+        self._silent_lock = threading.Lock()
+
+    def heard(self) -> None:
+        """The calling scrape's request arrived: its place is no longer one a new connection may take."""
+        with self._silent_lock:
+            self._silent.pop(threading.get_ident(), None)
+
+    def _evict_silent(self) -> bool:
+        with self._silent_lock:
+            if not self._silent:
+                return False
+            thread = min(self._silent, key=lambda t: self._silent[t][0])
+            _, sock = self._silent.pop(thread)
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)  # its thread wakes with an error and gives its place back
+        return True
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self.slots.acquire(blocking=False):
-            self.shutdown_request(request)  # over the limit: closed, not queued
+        if not self.slots.acquire(blocking=False) and not (
+            self._evict_silent() and self.slots.acquire(timeout=IDLE_S / 4)
+        ):
+            self.shutdown_request(request)  # every place answers a request: closed, not queued
             return
         try:
             super().process_request(request, client_address)
@@ -263,8 +285,13 @@ class _Server(ThreadingMixIn, WSGIServer):
             self.slots.release()
             raise
 
+    def _silent_until_heard(self, sock: Any) -> None:
+        with self._silent_lock:
+            self._silent[threading.get_ident()] = (time.monotonic(), sock)
+
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
+            self._silent_until_heard(request)
             if self.tls is not None:
                 request.settimeout(IDLE_S)
                 try:
@@ -272,8 +299,10 @@ class _Server(ThreadingMixIn, WSGIServer):
                 except (OSError, ValueError):  # a failed or stalled handshake: nothing to answer
                     self.shutdown_request(request)
                     return
+                self._silent_until_heard(request)  # the TLS socket now holds the connection
             super().process_request_thread(request, client_address)
         finally:
+            self.heard()
             self.slots.release()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
@@ -300,6 +329,7 @@ def serve_metrics(
     expected = f"Bearer {token}" if token else None
 
     def guarded(environ: dict, start_response: Any) -> Any:
+        httpd.heard()  # a request: this connection's place is no longer up for a new one
         # bytes: a header with non-ASCII characters (which WSGI hands over as latin-1) is a wrong token, not a 500
         sent = environ.get("HTTP_AUTHORIZATION", "").encode("latin-1", "replace")
         if expected is not None and not hmac.compare_digest(sent, expected.encode()):

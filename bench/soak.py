@@ -21,7 +21,17 @@ The 3 stages: core 0 (h0), core 1 (h1), and unpinned (h2) (this machine has two 
 
 Before every SIGKILL (and at the end) it prints each agent's resident memory.
 
-Run: .venv/bin/python bench/soak.py [--minutes 10] [--kill-every 120] [--bad-every 30] [--fps 20]
+The agents require a bearer token (--token-file; the soak's clients and the agents' peers send it) and
+serve /metrics on a port of their own when prometheus_client is importable. In both modes a prober
+calls Status on each agent every 0.5 s (2 s deadline) and reports each agent's longest stretch without
+an answer (SIGKILL restarts included). ``--hostile`` adds a hostile client beside the stream for the
+whole soak, about 5 actions/s in all, cycling over every agent: 50 idle TCP connections held 15 s (gRPC
+and metrics ports), tokenless Status / Infer / 8 MiB Infer, Infer with the token but a wrong tensor
+name, dtype, shape or truncated bytes, ProfileOps of a model declaring a [65536, 65536] input or with
+threads=100000, an Infer just over 64 MiB, and metrics scrapes without, with a wrong and with the token.
+Its outcomes are counted by kind, status and host; INTERNAL / UNKNOWN (and HTTP 5xx) are findings.
+
+Run: .venv/bin/python bench/soak.py [--minutes 10] [--kill-every 120] [--bad-every 30] [--fps 20] [--hostile]
 Short iteration: .venv/bin/python bench/soak.py --minutes 3 --kill-every 40
 Memory per peer restart, cheaply: .venv/bin/python bench/soak.py --minutes 2.5 --kill-every 30 --kill h1 --fps 2
 (only h1, a peer of the entry host, is SIGKILLed; --debug-memory also has every agent write what it
@@ -31,8 +41,10 @@ holds before each kill: live pipelines, links, channels, sessions, threads, heap
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import queue
+import secrets
 import shlex
 import signal
 import socket
@@ -298,6 +310,307 @@ class Streamer:
                 self.leftover += len(stream.pending)
 
 
+# gRPC channels of the prober and the hostile client: reconnect soon after an agent is back (gRPC's default
+# backoff grows to minutes), and send messages over the agents' 64 MiB limit so that the agent refuses them
+_PROBE_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 500),
+    ("grpc.max_send_message_length", 256 * 1024 * 1024),
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+]
+
+
+class Prober:
+    """Calls Status (with the token) on each agent every ``every`` s (deadline ``timeout`` s) and keeps each
+    agent's longest stretch without a successful answer (SIGKILL restarts included)."""
+
+    def __init__(self, agents: dict[str, Supervised], token: str, end: float, every: float = 0.5, timeout: float = 2.0) -> None:  # fmt: skip
+        import grpc
+
+        from agents.proto import parapipe_agent_pb2_grpc as rpc
+
+        self.grpc, self.end, self.every, self.timeout = grpc, end, every, timeout
+        self.metadata = (("authorization", f"Bearer {token}"),)
+        self.channels = {h: grpc.insecure_channel(f"127.0.0.1:{a.port}", options=_PROBE_OPTIONS) for h, a in agents.items()}  # fmt: skip
+        self.stubs = {h: rpc.AgentStub(c) for h, c in self.channels.items()}
+        self.longest = dict.fromkeys(agents, 0.0)
+        self.longest_at = dict.fromkeys(agents, 0.0)  # when that stretch began (s after the start)
+        self.calls = {h: {} for h in agents}  # host -> status -> count
+        self.threads = [threading.Thread(target=self._run, args=(h,), daemon=True) for h in agents]
+
+    def start(self, start: float) -> None:
+        self.t0 = start
+        for t in self.threads:
+            t.start()
+
+    def _run(self, host: str) -> None:
+        from agents.proto import parapipe_agent_pb2 as pb
+
+        last_ok = tick = self.t0
+        while True:
+            now = time.monotonic()
+            if now >= self.end:
+                break
+            try:
+                self.stubs[host].Status(pb.StatusRequest(), timeout=self.timeout, metadata=self.metadata)
+                status = "OK"
+            except self.grpc.RpcError as exc:
+                status = exc.code().name if exc.code() else "?"
+            done = time.monotonic()
+            self.calls[host][status] = self.calls[host].get(status, 0) + 1
+            if status == "OK":
+                if done - last_ok > self.longest[host]:
+                    self.longest[host], self.longest_at[host] = done - last_ok, last_ok - self.t0
+                last_ok = done
+            tick += self.every
+            time.sleep(max(0.0, tick - time.monotonic()))
+        if self.end - last_ok > self.longest[host]:  # a stretch still running at the end counts too
+            self.longest[host], self.longest_at[host] = self.end - last_ok, last_ok - self.t0
+
+    def join(self) -> None:
+        for t in self.threads:
+            t.join(10)
+        for c in self.channels.values():
+            c.close()
+
+
+IDLE_CONNECTIONS, IDLE_HOLD_S = 50, 15.0
+OVER_64_MIB = 64 * 1024 * 1024 + 1024
+
+
+def _tiny_onnx(shape: list[int]) -> bytes:
+    """An ONNX model of one Identity node whose float input (and output) is declared with ``shape``."""
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "hostile", [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+class Hostile:
+    """A hostile client beside the legitimate stream: about ``rate`` actions a second in all, until ``end``,
+    cycling through its kinds against every agent (gRPC port, and metrics port when the agents serve metrics).
+    Each action's outcome (gRPC status, HTTP status, or what became of the idle connections) is counted by
+    kind; INTERNAL or UNKNOWN (and HTTP 5xx) are findings, kept with their details."""
+
+    def __init__(self, agents: dict[str, Supervised], token: str, end: float, rate: float = 5.0) -> None:
+        import grpc
+
+        from agents.proto import parapipe_agent_pb2 as pb
+        from agents.proto import parapipe_agent_pb2_grpc as rpc
+
+        self.grpc, self.pb, self.agents, self.token, self.end, self.rate = grpc, pb, agents, token, end, rate
+        self.auth = (("authorization", f"Bearer {token}"),)
+        self.channels = {h: grpc.insecure_channel(f"127.0.0.1:{a.port}", options=_PROBE_OPTIONS) for h, a in agents.items()}  # fmt: skip
+        self.stubs = {h: rpc.AgentStub(c) for h, c in self.channels.items()}
+        self.lock = threading.Lock()
+        self.counts: dict[tuple[str, str, str], int] = {}  # (kind, outcome, host) -> actions
+        self.examples: dict[tuple[str, str], str] = {}  # (kind, outcome) -> what the agent said the first time
+        self.findings: list[str] = []
+        # idle kind -> seconds each connection lived until the agent closed it
+        self.idle_closed: dict[str, list[float]] = {}
+        self.holding: set[tuple[str, str]] = set()  # (kind, host) whose idle connections are held now
+        self.holders: list[threading.Thread] = []
+        self.metrics = all(a.metrics_port_file is not None for a in agents.values())
+
+        def tensor(name: str, dtype: str, shape: tuple[int, ...], data: bytes) -> pb.Tensor:
+            return pb.Tensor(name=name, dtype=dtype, shape=list(shape), data=data)
+
+        ids = np.zeros((1, 128), dtype=np.int64).tobytes()
+        frames = {
+            "Infer, no token": tensor("input_ids", "int64", (1, 128), ids),
+            "Infer 8 MiB, no token": tensor("input_ids", "int64", (1024, 1024), bytes(8 * 1024 * 1024)),
+            "Infer, wrong tensor name": tensor("input_idz", "int64", (1, 128), ids),
+            "Infer, wrong dtype": tensor("input_ids", "float32", (1, 128), np.zeros((1, 128), np.float32).tobytes()),
+            "Infer, wrong shape": tensor("input_ids", "int64", (3, 7, 5), np.zeros(105, np.int64).tobytes()),
+            "Infer, truncated bytes": tensor("input_ids", "int64", (1, 128), ids[:-3]),
+            "Infer just over 64 MiB": tensor("input_ids", "int64", (OVER_64_MIB // 8,), bytes(OVER_64_MIB)),
+        }
+        self.frames = {k: pb.Frame(id=7, tensors=[t]) for k, t in frames.items()}
+        self.profiles = {
+            "ProfileOps, [65536, 65536] input": pb.ProfileRequest(
+                model=_tiny_onnx([65536, 65536]), repeats=3, warmup=1
+            ),
+            "ProfileOps, threads=100000": pb.ProfileRequest(
+                model=_tiny_onnx([1, 4]), threads=100000, repeats=3, warmup=1
+            ),
+        }
+        kinds = ["idle gRPC connections", "Status, no token", *self.frames, *self.profiles]
+        if self.metrics:
+            kinds += ["idle metrics connections", "metrics scrape, no token", "metrics scrape, wrong token"]
+            kinds += ["metrics scrape, token (legitimate)"]
+        self.kinds = kinds
+        self.thread = threading.Thread(target=self._run, name="hostile", daemon=True)
+
+    def _count(self, kind: str, host: str, outcome: str, detail: str = "") -> None:
+        with self.lock:
+            self.counts[(kind, outcome, host)] = self.counts.get((kind, outcome, host), 0) + 1
+            if detail:
+                self.examples.setdefault((kind, outcome), f"{host}: {detail}")
+            if outcome in ("INTERNAL", "UNKNOWN") or outcome.startswith("HTTP 5"):
+                self.findings.append(f"{time.monotonic() - self.t0:6.1f} s {host} {kind}: {outcome}: {detail[:300]}")
+
+    def _call(self, kind: str, host: str, method: str, request, token: bool) -> None:
+        try:
+            getattr(self.stubs[host], method)(request, timeout=10.0, metadata=self.auth if token else None)
+            outcome, detail = "OK", ""
+        except self.grpc.RpcError as exc:
+            outcome = exc.code().name if exc.code() else "?"
+            detail = exc.details() or ""
+        self._count(kind, host, outcome, detail)
+
+    def _scrape(self, kind: str, host: str, header: str | None) -> None:
+        import http.client
+
+        port = self.agents[host].metrics_port()
+        if port is None:
+            return self._count(kind, host, "no metrics port yet")
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5.0)
+        try:
+            conn.request("GET", "/metrics", headers={"Authorization": header} if header else {})
+            resp = conn.getresponse()
+            body = resp.read(300)
+            self._count(kind, host, f"HTTP {resp.status}", body.decode("latin-1"))
+        except ConnectionRefusedError:
+            self._count(kind, host, "connection refused (agent down)")
+        except (OSError, http.client.HTTPException) as exc:
+            self._count(kind, host, type(exc).__name__)
+        finally:
+            conn.close()
+
+    def _idle(self, kind: str, host: str, port: int | None) -> None:
+        """Open ``IDLE_CONNECTIONS`` TCP connections to ``port``, send nothing, hold them ``IDLE_HOLD_S`` s."""
+        import selectors
+
+        try:
+            socks, refused = [], 0
+            for _ in range(IDLE_CONNECTIONS if port else 0):
+                s = socket.socket()
+                s.settimeout(2.0)
+                try:
+                    s.connect(("127.0.0.1", port))
+                    socks.append(s)
+                except OSError:
+                    refused += 1
+                    s.close()
+            opened = time.monotonic()
+            sel = selectors.DefaultSelector()
+            for s in socks:
+                s.setblocking(False)
+                sel.register(s, selectors.EVENT_READ)
+            live, closed = len(socks), []
+            while live and time.monotonic() < opened + IDLE_HOLD_S:
+                for key, _ in sel.select(0.25):
+                    try:
+                        data = key.fileobj.recv(65536)  # the agent's HTTP/2 settings, or b"": it closed
+                    except BlockingIOError:
+                        continue
+                    except OSError:
+                        data = b""
+                    if not data:
+                        sel.unregister(key.fileobj)
+                        closed.append(time.monotonic() - opened)
+                        live -= 1
+            sel.close()
+            for s in socks:
+                s.close()
+            with self.lock:
+                self.idle_closed.setdefault(kind, []).extend(closed)
+            if not socks:
+                outcome = "no port (agent down)" if not port else "connection refused (agent down)"
+            elif live == 0:
+                outcome = f"all closed by the agent within {IDLE_HOLD_S:g} s"
+            elif closed:
+                outcome = f"some closed by the agent, the rest held {IDLE_HOLD_S:g} s"
+            else:
+                outcome = f"all held {IDLE_HOLD_S:g} s (none closed by the agent)"
+            if refused and socks:
+                outcome += f", {refused} refused"
+            self._count(kind, host, outcome)
+        finally:
+            with self.lock:
+                self.holding.discard((kind, host))
+
+    def _act(self, kind: str, host: str) -> bool:
+        """One action; False if it was not started (its idle connections to that agent are still held)."""
+        pb = self.pb
+        if kind.startswith("idle "):
+            with self.lock:
+                if (kind, host) in self.holding:
+                    return False
+                self.holding.add((kind, host))
+            port = self.agents[host].port if kind == "idle gRPC connections" else self.agents[host].metrics_port()
+            t = threading.Thread(target=self._idle, args=(kind, host, port), name="hostile-idle", daemon=True)
+            self.holders.append(t)
+            t.start()
+        elif kind == "Status, no token":
+            self._call(kind, host, "Status", pb.StatusRequest(), token=False)
+        elif kind in self.frames:
+            self._call(kind, host, "Infer", self.frames[kind], token="no token" not in kind)
+        elif kind in self.profiles:
+            self._call(kind, host, "ProfileOps", self.profiles[kind], token=True)
+        elif kind == "metrics scrape, no token":
+            self._scrape(kind, host, None)
+        elif kind == "metrics scrape, wrong token":
+            self._scrape(kind, host, "Bearer not-the-token")
+        elif kind == "metrics scrape, token (legitimate)":
+            self._scrape(kind, host, f"Bearer {self.token}")
+        return True
+
+    def start(self, start: float) -> None:
+        self.t0 = start
+        self.thread.start()
+
+    def _run(self) -> None:
+        tick = time.monotonic()
+        while True:
+            for kind in self.kinds:
+                for host in self.agents:
+                    if time.monotonic() >= self.end:
+                        return
+                    if self._act(kind, host):
+                        tick = max(tick + 1.0 / self.rate, time.monotonic() - 1.0)  # no burst after a slow call
+                        time.sleep(max(0.0, tick - time.monotonic()))
+
+    def join(self) -> None:
+        self.thread.join(30)
+        for t in self.holders:
+            t.join(IDLE_HOLD_S + 10)
+        for c in self.channels.values():
+            c.close()
+
+    def report(self) -> None:
+        total = sum(self.counts.values())
+        print(
+            f"hostile actions {total} (about {self.rate:g}/s, against {', '.join(self.agents)}), by kind and outcome:"
+        )
+        for kind in self.kinds:
+            outcomes: dict[str, dict[str, int]] = {}
+            for (k, o, h), n in self.counts.items():
+                if k == kind:
+                    outcomes.setdefault(o, {})[h] = n
+            print(f"  {kind}: " + ("; ".join(
+                f"{o} {sum(by.values())} ({', '.join(f'{h} {by[h]}' for h in sorted(by))})"
+                for o, by in sorted(outcomes.items())) or "none"))  # fmt: skip
+        print("what the agents said (the first time, per kind and outcome):")
+        for kind in self.kinds:
+            for (k, o), detail in sorted(self.examples.items()):
+                if k == kind and o != "OK" and not o.startswith("HTTP 200"):
+                    print(f"  {kind}, {o}: {' '.join(detail.split())[:150]}")
+        for kind, closed in sorted(self.idle_closed.items()):
+            if closed:
+                closed.sort()
+                print(f"  {kind}: {len(closed)} closed by the agents, after {closed[0]:.1f} s (first) / "
+                      f"{closed[len(closed) // 2]:.1f} s (median) / {closed[-1]:.1f} s (last)")  # fmt: skip
+        print(f"hostile outcomes INTERNAL or UNKNOWN (or HTTP 5xx): {len(self.findings)}")
+        for f in self.findings[:40]:
+            print(f"  {f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--minutes", type=float, default=10.0)
@@ -316,6 +629,12 @@ def main() -> None:
         help="agents trace their memory (--debug-memory); each is asked for a report before every SIGKILL "
         "and at the end (<work>/<host>.memory.jsonl)",
     )
+    parser.add_argument(
+        "--hostile",
+        action="store_true",
+        help="a hostile client beside the stream for the whole soak, about 5 actions/s against every agent: "
+        "idle connections, tokenless calls, bad requests, oversized inputs",
+    )
     args = parser.parse_args()
     path = args.zoo_dir / "bert_tiny.onnx"
     if not path.exists():
@@ -327,21 +646,29 @@ def main() -> None:
     profile = soak_profile()
     plan = flop_pipeline(coarsen(graph, "coarse"), profile, [("s0", 1), ("s1", 1), ("s2", 1)], name="soak-3-stages")
     work = Path(tempfile.mkdtemp(prefix="parapipe-soak-"))
+    token = secrets.token_hex(16)
+    token_file = work / "token"
+    token_file.write_text(token + "\n")
+    token_file.chmod(0o600)
+    metrics = importlib.util.find_spec("prometheus_client") is not None
     compiled = compile_plan(plan, loaded, graph, profile)
     parts = write_bundles(compiled, work / "bundle")
     entry = compiled.manifest.entry
     assert set(parts) == set(HOSTS) and entry == "h0", (sorted(parts), entry)
-    agents = {h: Supervised(h, work, args.debug_memory) for h in HOSTS}
+    agents = {h: Supervised(h, work, token_file, metrics, args.debug_memory) for h in HOSTS}
     for a in agents.values():
         a.client.wait_serving(60)
         a.client.load_bundle(parts[a.host])
     for h in reversed(HOSTS):  # the entry host last
-        peers = [Peer(o, f"127.0.0.1:{agents[o].port}") for o in HOSTS if o != h]
+        peers = [Peer(o, f"127.0.0.1:{agents[o].port}", token=token) for o in HOSTS if o != h]
         agents[h].client.start(parse_manifest((parts[h] / "manifest.json").read_text()).sha256(), peers=peers)
     print(f"# soak: 3-stage bert_tiny plan over hosts {', '.join(HOSTS)} (entry {entry}; one agent each on 127.0.0.1), "
           f"{args.minutes:g} min, SIGKILL every {args.kill_every:g} s (hosts in turn), bad frame every "
           f"{args.bad_every:g} s, {args.fps:g} frames/s streamed (InferStream); each agent under "
           f"{shlex.join(['sh', '-c', '<restart loop>', SUPERVISOR_NAME])}", flush=True)  # fmt: skip
+    print(f"# agents: bearer token (--token-file), work folder {work} (logs <host>.log), {'metrics on (--metrics-port 0)' if metrics else 'no metrics port (prometheus_client is not importable: the hostile client skips its metrics actions)'}; "
+          f"Status probed every 0.5 s on each agent; hostile client: "
+          f"{'on, about 5 actions/s' if args.hostile else 'off'}", flush=True)  # fmt: skip
 
     tally = Tally()
     schedule: queue.Queue = queue.Queue()
@@ -350,6 +677,11 @@ def main() -> None:
     streaming = Streamer(agents[entry].client, tally, schedule, args.minutes * 60 + 300)
     streamer = threading.Thread(target=streaming.run, daemon=True)
     streamer.start()
+    prober = Prober(agents, token, end)
+    prober.start(start)
+    hostile = Hostile(agents, token, end) if args.hostile else None
+    if hostile is not None:
+        hostile.start(start)
     # (host, pid) -> started, rss at 1 min, peak after
     incarnations: dict[tuple[str, int], dict[str, float]] = {}
     kill_order = args.kill.split(",")
@@ -396,6 +728,9 @@ def main() -> None:
     schedule.put(None)
     streamer.join(120)
     tally.gap_until(end)  # a stall at the end of the run counts too
+    prober.join()
+    if hostile is not None:
+        hostile.join()
     unsent = len(streaming.carry)
     while not schedule.empty():  # due frames the streamer never sent (not counted as sent)
         unsent += schedule.get() is not None
@@ -428,7 +763,30 @@ def main() -> None:
                   f"{int(inc['peer_kills'])} (each restarts its part)")  # fmt: skip
         else:
             print(f"{h} agent pid {pid}: lived under a minute")
-    print(f"lost must be 0: {'OK' if lost == 0 else 'FAILED'}")
+    drifts = [
+        ((inc["peak_after"] / inc["rss_1min"] - 1) * 100, (inc["last"] / inc["rss_1min"] - 1) * 100, h, pid)
+        for (h, pid), inc in incarnations.items()
+        if inc["rss_1min"]
+    ]
+    if hostile is not None:
+        hostile.report()
+    else:
+        print("hostile client: off")
+    print("Status probes (token, every 0.5 s, 2 s deadline) by outcome: "
+          + "; ".join(f"{h} " + ", ".join(f"{o} {n}" for o, n in sorted(prober.calls[h].items())) for h in HOSTS))  # fmt: skip
+    print("longest time an agent did not answer Status: " + ", ".join(
+        f"{h} {prober.longest[h]:.2f} s (from {prober.longest_at[h]:.1f} s)" for h in HOSTS))  # fmt: skip
+    if drifts:
+        worst_peak, worst_last = max(drifts), max(drifts, key=lambda d: d[1])
+        print(f"worst RSS drift after 1 min: peak {worst_peak[0]:+.1f}% ({worst_peak[2]} pid {worst_peak[3]}), "
+              f"last {worst_last[1]:+.1f}% ({worst_last[2]} pid {worst_last[3]})")  # fmt: skip
+        drift_ok = f"{'OK' if worst_peak[0] <= 10.0 else 'FAILED'} ({worst_peak[0]:+.1f}%)"
+    else:
+        print("worst RSS drift after 1 min: none (no agent lived a minute)")
+        drift_ok = "n/a"
+    unreachable = max(prober.longest.values())
+    print(f"lost must be 0: {'OK' if lost == 0 else 'FAILED'}; no agent unreachable over 10 s: "
+          f"{'OK' if unreachable <= 10.0 else 'FAILED'} ({unreachable:.2f} s); RSS drift (peak) within 10%: {drift_ok}")  # fmt: skip
 
 
 if __name__ == "__main__":
