@@ -18,7 +18,7 @@ demo: $(STAMP)
 # On two workers (pytest-xdist: the suite is mostly one-core work: solver runs, simulations, one-thread
 # sessions), then the tests that measure CPU time on throttled or contended cores, alone.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2 --durations=25 -m "not exclusive"
+	$(BIN)/python -m pytest -q -n 2 --dist worksteal --durations=25 -m "not exclusive"
 	$(BIN)/python -m pytest -q --durations=5 -m exclusive
 
 # The pure tests only: no agent processes, sshd, systemd, network namespaces, downloaded or exported models.

@@ -333,6 +333,7 @@ def test_precisions_default_by_kind_and_are_validated() -> None:
         pu.pop("precisions")
         pu.pop("fp16_peak_ratio")
         pu.pop("runtime")
+        pu.pop("shares")
     assert before.content_hash() == hashlib.sha256(json.dumps(legacy, sort_keys=True, default=str).encode()).hexdigest()
 
 
