@@ -244,7 +244,9 @@ def _migrated(entries: list[Any], origin: str) -> tuple[list[CostEntry], list[Ca
     for i, raw in enumerate(entries):
         if raw.kind in KINDS:
             times.append(
-                load_record(CostEntry, record_schema(CostEntry).model_validate(raw.model_dump(exclude={"value"}, mode="json")))
+                load_record(
+                    CostEntry, record_schema(CostEntry).model_validate(raw.model_dump(exclude={"value"}, mode="json"))
+                )
             )
             continue
         kind = _V1_CALIBRATION.get((raw.kind, raw.name))
