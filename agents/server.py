@@ -40,8 +40,6 @@ CHUNK_BYTES = 1024 * 1024
 log = logging.getLogger("parapipe.agent")
 
 
-# Concurrent calls per kind; beyond its limit a call is refused with RESOURCE_EXHAUSTED at once.
-# Health checks have their own share, so liveness is answered however many streams are open.
 # connections the gRPC port holds at once (each costs a file descriptor; the usual limit is 1024), how long one
 # may take to finish its handshakes, and how long one without a call in progress is kept
 MAX_CONNECTIONS = 128
@@ -56,6 +54,8 @@ SERVER_BOUNDS = {
     "metrics_scrapes": MAX_SCRAPES,
     "metrics_idle_ms": int(METRICS_IDLE_S * 1000),
 }
+# Concurrent calls per kind; beyond its limit a call is refused with RESOURCE_EXHAUSTED at once.
+# Health checks have their own share, so liveness is answered however many streams are open.
 CALL_LIMITS: dict[str, int] = {
     "Check": 16,
     "Watch": 16,
