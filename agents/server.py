@@ -30,6 +30,7 @@ from agents.memory import bound_arenas, keep_large_buffers
 from agents.metrics import IDLE_S as METRICS_IDLE_S
 from agents.metrics import MAX_SCRAPES
 from agents.peers import AGENT_SERVICE, Peer
+from agents.profiling import profile_ops
 from agents.proto import health_pb2, health_pb2_grpc
 from agents.proto import parapipe_agent_pb2 as pb
 from agents.proto import parapipe_agent_pb2_grpc as rpc
@@ -257,7 +258,7 @@ class AgentServicer(rpc.AgentServicer):
 
     def ProfileOps(self, request, context):
         try:
-            return service.profile_ops(request, stop=lambda: not context.is_active())
+            return profile_ops(request, stop=lambda: not context.is_active())
         except Exception as exc:
             abort(context, exc)
 

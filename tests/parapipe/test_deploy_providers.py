@@ -131,15 +131,21 @@ def test_run_deploy_and_tune_refuse_a_unit_whose_provider_the_board_lacks(sshd, 
                        env=dict(os.environ, PARAPIPE_HOME=str(home)), capture_output=True, timeout=120)  # fmt: skip
 
 
-def test_boards_check_reports_the_providers_and_refuses_a_unit_the_board_cannot_run(sshd, tmp_path) -> None:
-    import json
-
+def _gpubox(sshd, tmp_path: Path) -> tuple[Path, Path, tuple[str, ...]]:
+    """Board ``gpubox`` added over the test's sshd with the profile above: (home, profile file, SSH options)."""
     home = tmp_path / "home"
     profile_path = tmp_path / "local-gpu.toml"
     profile_path.write_text(PROFILE)
     common = ("--host", "127.0.0.1", "--port", str(sshd.port), "--user", sshd.user, "--key", str(sshd.user_key),
               "--known-hosts", str(sshd.known_hosts), "--python", sys.executable, "--workdir", str(tmp_path / "w"))  # fmt: skip
     assert run_cli("boards", "add", "gpubox", *common, "--device", str(profile_path), home=home).returncode == 0
+    return home, profile_path, common
+
+
+def test_boards_check_reports_the_providers_and_refuses_a_unit_the_board_cannot_run(sshd, tmp_path) -> None:
+    import json
+
+    home, _, common = _gpubox(sshd, tmp_path)
     assert run_cli("boards", "add", "cpubox", *common, "--device", "local", home=home).returncode == 0
     refused = run_cli("boards", "check", "gpubox", "--json", home=home)
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
@@ -157,12 +163,7 @@ def test_boards_check_records_the_units_a_board_has_and_plans_for_it_use_only_th
     ``--device BOARD`` (and tune for it) then uses only those, and a unit it lacks is refused by name."""
     import json
 
-    home = tmp_path / "home"
-    profile_path = tmp_path / "local-gpu.toml"
-    profile_path.write_text(PROFILE)
-    common = ("--host", "127.0.0.1", "--port", str(sshd.port), "--user", sshd.user, "--key", str(sshd.user_key),
-              "--known-hosts", str(sshd.known_hosts), "--python", sys.executable, "--workdir", str(tmp_path / "w"))  # fmt: skip
-    assert run_cli("boards", "add", "gpubox", *common, "--device", str(profile_path), home=home).returncode == 0
+    home, profile_path, common = _gpubox(sshd, tmp_path)
     recorded = run_cli("boards", "check", "gpubox", "--record", "--json", home=home)
     assert recorded.returncode == 0, recorded.stderr
     assert json.loads(recorded.stdout)["recorded_units"] == ["cpu"]
